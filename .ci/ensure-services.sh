@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# Make sure the real services the test suite talks to are up, in this order:
+#   PostgreSQL, Redis, a Docker engine, a registry on 127.0.0.1:5000, the busybox
+#   test image in that registry, and Chromium for the browser tests.
+#
+# Idempotent and quick when everything already runs: each step first checks, and only
+# installs (Debian packages, as root) or starts what is missing. One line per service.
+#
+# With CI=true a service that cannot be provided is an error (exit 1): nothing real is
+# skipped in CI. Otherwise it is a warning and the tests that need it fail or skip with
+# their own message.
+set -uo pipefail
+
+CI="${CI:-false}"
+APT_UPDATED=0
+PROBLEMS=0
+
+REGISTRY_ADDR="127.0.0.1:5000"
+REGISTRY_CONFIG="/etc/docker/registry/computepool-ci.yml"
+REGISTRY_STORAGE="/var/lib/docker-registry"
+TEST_IMAGE_REPO="computepool/busybox"
+TEST_IMAGE_TAG="test"
+TEST_IMAGE="$REGISTRY_ADDR/$TEST_IMAGE_REPO:$TEST_IMAGE_TAG"
+DOCKERD_LOG="/var/log/dockerd-ci.log"
+APT_LOG="/var/log/ensure-services-apt.log"
+
+# --- helpers -----------------------------------------------------------------------
+
+say() { printf '%-9s %s\n' "$1:" "$2"; }
+
+# A service is missing and cannot be provided: fatal in CI, a warning elsewhere.
+missing() {
+    if [ "$CI" = "true" ]; then
+        printf '%-9s ERROR: %s (CI=true: nothing real is skipped)\n' "$1:" "$2" >&2
+        exit 1
+    fi
+    printf '%-9s WARNING: %s; tests that need it will fail or skip\n' "$1:" "$2" >&2
+    PROBLEMS=$((PROBLEMS + 1))
+}
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# wait_for SECONDS COMMAND...: retry COMMAND (quietly) until it succeeds or time runs out.
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -ge "$deadline" ] && return 1
+        sleep 0.3
+    done
+}
+
+# apt_install PKG...: install Debian packages as root; `apt-get update` at most once a run.
+# Package scripts must not start services (we start them ourselves, with our own flags
+# and bindings), so a policy-rc.d that refuses starts is put in place if there is none.
+apt_install() {
+    is_root || return 1
+    local policy_added=0 rc=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        policy_added=1
+    fi
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$APT_LOG" 2>&1 && APT_UPDATED=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+        >>"$APT_LOG" 2>&1 || rc=$?
+    [ "$policy_added" -eq 1 ] && rm -f /usr/sbin/policy-rc.d
+    [ "$rc" -ne 0 ] && echo "apt-get install $* failed, see $APT_LOG" >&2
+    return "$rc"
+}
+
+# Start a long-running program detached from this script (it must outlive `make test`).
+spawn() {
+    local log="$1"
+    shift
+    mkdir -p "$(dirname "$log")"
+    setsid nohup "$@" >>"$log" 2>&1 </dev/null &
+}
+
+# --- 1. PostgreSQL -----------------------------------------------------------------
+
+pg_cluster_version() { ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1; }
+
+ensure_postgres() {
+    if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+        say postgres "answering on 127.0.0.1:5432"
+        return
+    fi
+    local action="started"
+    if ! command -v pg_ctlcluster >/dev/null || [ -z "$(pg_cluster_version)" ]; then
+        if ! apt_install postgresql; then
+            missing postgres "not installed and cannot install it (need root and apt)"
+            return
+        fi
+        action="installed and started"
+        # A fresh cluster asks TCP clients for a password; the tests connect as postgres
+        # without one, like on the prepared machines (trust on loopback only).
+        local hba
+        hba="/etc/postgresql/$(pg_cluster_version)/main/pg_hba.conf"
+        sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$(pg_cluster_version)" main start >/dev/null 2>&1
+    if wait_for 30 pg_isready -q -h 127.0.0.1 -p 5432; then
+        say postgres "$action; answering on 127.0.0.1:5432"
+    else
+        missing postgres "does not answer on 127.0.0.1:5432 after start"
+    fi
+}
+
+# --- 2. Redis ----------------------------------------------------------------------
+
+# PING over bash's /dev/tcp, so no redis-cli is needed for the check.
+redis_pong() {
+    local reply
+    exec 3<>/dev/tcp/127.0.0.1/6379 || return 1
+    printf 'PING\r\n' >&3
+    read -r -t 2 reply <&3
+    exec 3>&-
+    [[ "$reply" == "+PONG"* ]]
+}
+
+ensure_redis() {
+    if redis_pong 2>/dev/null; then
+        say redis "answering PING on 127.0.0.1:6379"
+        return
+    fi
+    local action="started"
+    if ! command -v redis-server >/dev/null; then
+        if ! apt_install redis-server; then
+            missing redis "not installed and cannot install it (need root and apt)"
+            return
+        fi
+        action="installed and started"
+    fi
+    mkdir -p /var/lib/redis /var/log/redis
+    # Same command as the prepared machines: loopback only, nothing kept on disk.
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
+        --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log >/dev/null 2>&1
+    if wait_for 15 redis_pong; then
+        say redis "$action; answering PING on 127.0.0.1:6379"
+    else
+        missing redis "does not answer on 127.0.0.1:6379 after start (see /var/log/redis/ci.log)"
+    fi
+}
+
+# --- 3. Docker engine --------------------------------------------------------------
+
+docker_up() { docker info >/dev/null 2>&1; }
+
+# dockerd_attempt FLAGS...: start dockerd in the background; true once it answers,
+# false (and nothing left running) when it exits or does not answer within 60 s.
+dockerd_attempt() {
+    echo "--- ensure-services: dockerd $* ($(date -Is))" >>"$DOCKERD_LOG"
+    spawn "$DOCKERD_LOG" dockerd "$@"
+    local pid=$! deadline=$((SECONDS + 60))
+    until docker_up; do
+        if ! kill -0 "$pid" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+            kill "$pid" 2>/dev/null && wait_for 15 bash -c "! kill -0 $pid"
+            return 1
+        fi
+        sleep 0.3
+    done
+}
+
+start_dockerd() {
+    # No systemd here, so dockerd runs in the background and starts its own containerd.
+    # On these VMs (cgroup v1, ext4 root, full capabilities) overlay2 with the default
+    # bridge and iptables works. Where the kernel refuses overlay mounts or netfilter
+    # (nested containers), fall back to the slow but portable vfs driver without any
+    # network setup; containers then only get --network none / host.
+    DOCKERD_FLAGS="--storage-driver=overlay2"
+    dockerd_attempt --storage-driver=overlay2 && return 0
+    DOCKERD_FLAGS="--storage-driver=vfs --iptables=false --bridge=none"
+    dockerd_attempt --storage-driver=vfs --iptables=false --bridge=none
+}
+
+ensure_docker() {
+    if docker_up; then
+        say docker "engine answering ($(docker version -f '{{.Server.Version}}' 2>/dev/null))"
+        return
+    fi
+    local action="started dockerd"
+    if ! command -v dockerd >/dev/null; then
+        if ! apt_install docker.io; then
+            missing docker "docker.io not installed and cannot install it (need root and apt)"
+            return
+        fi
+        action="installed docker.io and started dockerd"
+    fi
+    if ! is_root; then
+        missing docker "engine not running and only root can start dockerd"
+        return
+    fi
+    if start_dockerd; then
+        local version
+        version="$(docker version -f '{{.Server.Version}}' 2>/dev/null)"
+        say docker "$action $version with $DOCKERD_FLAGS (log $DOCKERD_LOG)"
+    else
+        missing docker "dockerd did not come up (see $DOCKERD_LOG)"
+    fi
+}
+
+# --- 4. Registry on 127.0.0.1:5000 -------------------------------------------------
+
+registry_up() { curl -fsS -o /dev/null --max-time 2 "http://$REGISTRY_ADDR/v2/" 2>/dev/null; }
+
+# True when something listens on port 5000 on all interfaces (must be loopback only).
+registry_exposed() {
+    command -v ss >/dev/null || return 1
+    ss -Hltn 'sport = :5000' | awk '{print $4}' | grep -qvE '^(127\.[0-9.]+|\[::1\]):5000$'
+}
+
+write_registry_config() {
+    mkdir -p "$(dirname "$REGISTRY_CONFIG")" "$REGISTRY_STORAGE"
+    cat >"$REGISTRY_CONFIG" <<EOF
+# Written by .ci/ensure-services.sh: the test registry, loopback only.
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $REGISTRY_STORAGE
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY_ADDR
+  headers:
+    X-Content-Type-Options: [nosniff]
+EOF
+}
+
+ensure_registry() {
+    if registry_up; then
+        if registry_exposed; then
+            missing registry "something on port 5000 listens beyond 127.0.0.1"
+        else
+            say registry "answering on http://$REGISTRY_ADDR/v2/"
+        fi
+        return
+    fi
+    local action="started"
+    if ! command -v docker-registry >/dev/null; then
+        if ! apt_install docker-registry; then
+            missing registry "docker-registry not installed and cannot install it"
+            return
+        fi
+        action="installed and started"
+    fi
+    write_registry_config
+    spawn /var/log/docker-registry-ci.log docker-registry serve "$REGISTRY_CONFIG"
+    if wait_for 20 registry_up; then
+        say registry "$action; answering on http://$REGISTRY_ADDR/v2/ (config $REGISTRY_CONFIG)"
+    else
+        missing registry "does not answer on $REGISTRY_ADDR (see /var/log/docker-registry-ci.log)"
+    fi
+}
+
+# --- 5. busybox test image ---------------------------------------------------------
+
+# Digest of the test image's manifest in the registry, empty when it is not there.
+registry_image_digest() {
+    curl -fsS -I --max-time 5 \
+        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+        "http://$REGISTRY_ADDR/v2/$TEST_IMAGE_REPO/manifests/$TEST_IMAGE_TAG" 2>/dev/null |
+        tr -d '\r' | awk 'tolower($1) == "docker-content-digest:" {print $2}'
+}
+
+# Build FROM scratch: the static busybox and a few applet links, nothing else.
+build_and_push_image() {
+    local ctx applet
+    ctx="$(mktemp -d)"
+    mkdir -p "$ctx/rootfs/bin" "$ctx/rootfs/tmp"
+    chmod 1777 "$ctx/rootfs/tmp"
+    cp /bin/busybox "$ctx/rootfs/bin/busybox"
+    for applet in sh sleep cat echo nproc free ls; do
+        ln -s busybox "$ctx/rootfs/bin/$applet"
+    done
+    cat >"$ctx/Dockerfile" <<'EOF'
+FROM scratch
+COPY rootfs/ /
+ENV PATH=/bin
+CMD ["/bin/sh"]
+EOF
+    # The classic builder: no buildx plugin is needed for a two-line Dockerfile.
+    local rc=0
+    { DOCKER_BUILDKIT=0 docker build -q -t "$TEST_IMAGE" "$ctx" &&
+        docker push -q "$TEST_IMAGE"; } >"$ctx/log" 2>&1 || rc=$?
+    [ "$rc" -ne 0 ] && cat "$ctx/log" >&2
+    rm -rf "$ctx"
+    return "$rc"
+}
+
+ensure_test_image() {
+    local action="" digest
+    if ! [ -x /bin/busybox ] || ! dpkg -s busybox-static >/dev/null 2>&1; then
+        if ! apt_install busybox-static; then
+            missing image "busybox-static not installed and cannot install it"
+            return
+        fi
+        action="installed busybox-static; "
+    fi
+    if ! registry_up || ! docker_up; then
+        missing image "needs the Docker engine and the registry to build $TEST_IMAGE"
+        return
+    fi
+    digest="$(registry_image_digest)"
+    if [ -z "$digest" ]; then
+        if ! build_and_push_image; then
+            missing image "could not build and push $TEST_IMAGE"
+            return
+        fi
+        action="${action}built and pushed; "
+        digest="$(registry_image_digest)"
+    else
+        action="${action}present; "
+    fi
+    if [ -n "$digest" ]; then
+        say image "${action}$REGISTRY_ADDR/$TEST_IMAGE_REPO@$digest"
+    else
+        missing image "$TEST_IMAGE has no manifest digest in the registry"
+    fi
+}
+
+# --- 6. Chromium for the Playwright tests ------------------------------------------
+
+ensure_chromium() {
+    if [ -x /usr/bin/chromium ]; then
+        say chromium "present at /usr/bin/chromium"
+        return
+    fi
+    if apt_install chromium && [ -x /usr/bin/chromium ]; then
+        say chromium "installed at /usr/bin/chromium"
+    else
+        missing chromium "/usr/bin/chromium missing and cannot install Debian's chromium"
+    fi
+}
+
+ensure_postgres
+ensure_redis
+ensure_docker
+ensure_registry
+ensure_test_image
+ensure_chromium
+
+if [ "$PROBLEMS" -gt 0 ]; then
+    echo "services: $PROBLEMS missing (warnings above); continuing because CI is not true" >&2
+fi
+exit 0
