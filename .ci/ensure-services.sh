@@ -26,15 +26,15 @@ APT_LOG="/var/log/ensure-services-apt.log"
 
 # --- helpers -----------------------------------------------------------------------
 
-say() { printf '%-9s %s\n' "$1:" "$2"; }
+say() { printf '%-9s %s\n' "$1:" "${*:2}"; }
 
 # A service is missing and cannot be provided: fatal in CI, a warning elsewhere.
 missing() {
     if [ "$CI" = "true" ]; then
-        printf '%-9s ERROR: %s (CI=true: nothing real is skipped)\n' "$1:" "$2" >&2
+        printf '%-9s ERROR: %s (CI=true: nothing real is skipped)\n' "$1:" "${*:2}" >&2
         exit 1
     fi
-    printf '%-9s WARNING: %s; tests that need it will fail or skip\n' "$1:" "$2" >&2
+    printf '%-9s WARNING: %s; tests that need it will fail or skip\n' "$1:" "${*:2}" >&2
     PROBLEMS=$((PROBLEMS + 1))
 }
 
@@ -190,7 +190,8 @@ ensure_docker() {
         action="installed docker.io and started dockerd"
     fi
     if ! is_root; then
-        missing docker "engine not running and only root can start dockerd"
+        missing docker "engine not answering to this user (not running, or no access to" \
+            "/var/run/docker.sock) and only root can start dockerd"
         return
     fi
     if start_dockerd; then
