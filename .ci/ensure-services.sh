@@ -81,6 +81,7 @@ spawn() {
 
 # --- 1. PostgreSQL -----------------------------------------------------------------
 
+# shellcheck disable=SC2012  # cluster versions are plain numbers such as 15
 pg_cluster_version() { ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1; }
 
 ensure_postgres() {
