@@ -1,0 +1,19 @@
+"""/api/v1/: every app registers its viewsets on one router."""
+
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from jobs.api.views import JobViewSet
+from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
+
+router = DefaultRouter()
+router.register("tenants", TenantViewSet, basename="tenant")
+router.register("pools", PoolViewSet, basename="pool")
+router.register("shapes", ShapeViewSet, basename="shape")
+router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("jobs", JobViewSet, basename="job")
+
+urlpatterns = [
+    path("me", me, name="me"),
+    path("", include(router.urls)),
+]

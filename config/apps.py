@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+from django.contrib.admin.apps import AdminConfig
+
+
+class ProjectConfig(AppConfig):
+    """Project-wide management commands (run the stack, load the demo) and health."""
+
+    name = "config"
+    verbose_name = "Compute Pool"
+
+
+class PolicyAdminConfig(AdminConfig):
+    default_site = "config.admin_site.PolicyAdminSite"

@@ -1,0 +1,14 @@
+"""Test settings: the real services (PostgreSQL, Redis), only made faster where it is safe."""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/computepool")
+
+from .settings import *  # noqa: F403
+from .settings import DATABASES
+
+DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
+    "TEST_DATABASE_NAME", "test_computepool"
+)
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_TASK_ALWAYS_EAGER = True

@@ -1,0 +1,143 @@
+"""Job submission and lifecycle. Every state change writes a JobEvent and publishes it live."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from pools.actors import Actor
+from pools.models import ComputePool, PriorityClass, ResourceShape, Tenant
+from pools.reasons import Reason
+from pools.statemachine import transition
+
+from .choices import JOB_TRANSITIONS, JobState
+from .events import publish_job_event
+from .models import Job, JobEvent
+
+# Fields of a ResourceShape that make up a resource request.
+SHAPE_REQUEST_FIELDS = (
+    "cpu_millicores_min",
+    "cpu_millicores_preferred",
+    "memory_mib_min",
+    "memory_mib_preferred",
+    "gpu_count",
+    "gpu_models",
+    "gpu_memory_mib_min",
+    "gpu_sharing_class",
+    "gpu_milli",
+    "mig_profile",
+    "scratch_mib",
+    "network_class",
+    "architecture",
+    "os",
+    "container_runtime",
+    "regions",
+    "zones",
+    "node_pin",
+)
+
+
+def shape_request(shape: ResourceShape) -> dict:
+    return {field: getattr(shape, field) for field in SHAPE_REQUEST_FIELDS}
+
+
+def job_submit(
+    *,
+    tenant: Tenant,
+    pool: ComputePool,
+    name: str,
+    image: str,
+    actor: Actor,
+    shape: ResourceShape | None = None,
+    resources: dict | None = None,
+    command: list[str] | None = None,
+    env: dict | None = None,
+    priority_class: PriorityClass | None = None,
+    checkpointable: bool = False,
+    max_runtime_s: int = 3600,
+) -> Job:
+    if (shape is None) == (resources is None):
+        raise ValueError("give exactly one of shape or resources")
+    with transaction.atomic():
+        job = Job.objects.create(
+            tenant=tenant,
+            pool=pool,
+            name=name,
+            image=image,
+            shape=shape,
+            resources=shape_request(shape) if shape else resources,
+            command=command or [],
+            env=env or {},
+            priority_class=priority_class,
+            checkpointable=checkpointable,
+            max_runtime_s=max_runtime_s,
+            submitted_by=actor.user,
+        )
+        event = JobEvent.record(
+            job,
+            actor=actor,
+            from_state="",
+            to_state=JobState.QUEUED,
+            reason=Reason.SUBMITTED,
+            message=f"submitted to pool {pool.slug}",
+        )
+        transaction.on_commit(lambda: publish_job_event(job, event))
+    return job
+
+
+def job_transition(
+    *,
+    job: Job,
+    to: str,
+    actor: Actor,
+    reason: str,
+    message: str = "",
+    now=None,
+    changes: dict | None = None,
+    data: dict | None = None,
+) -> Job:
+    return transition(
+        Job,
+        job.pk,
+        to=to,
+        allowed=JOB_TRANSITIONS,
+        event_model=JobEvent,
+        actor=actor,
+        reason=reason,
+        message=message,
+        now=now or timezone.now(),
+        changes=changes,
+        data=data,
+        on_commit=publish_job_event,
+    )
+
+
+def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
+    return job_transition(
+        job=job,
+        to=JobState.CANCELLED,
+        actor=actor,
+        reason=Reason.CANCELLED_BY_USER,
+        message=message or "cancelled",
+    )
+
+
+def job_finish(*, job: Job, actor: Actor, exit_code: int, message: str = "") -> Job:
+    """A process exit: 0 succeeds, anything else fails with the code in the reason."""
+    if exit_code == 0:
+        return job_transition(
+            job=job,
+            to=JobState.SUCCEEDED,
+            actor=actor,
+            reason=Reason.EXITED_ZERO,
+            changes={"exit_code": 0},
+            message=message or "process exited with 0",
+        )
+    return job_transition(
+        job=job,
+        to=JobState.FAILED,
+        actor=actor,
+        reason=Reason.EXITED_NONZERO,
+        changes={"exit_code": exit_code},
+        message=message or f"process exited with {exit_code}",
+    )

@@ -1,0 +1,103 @@
+"""Policy admins edit the catalogue here. Policy versions are immutable: edit = new version."""
+
+from django.contrib import admin
+
+from .actors import Actor
+from .models import (
+    AllowedRegistry,
+    ComputePool,
+    Membership,
+    PriorityClass,
+    Quota,
+    ResourceShape,
+    SchedulingPolicy,
+    SchedulingPolicyVersion,
+    Tenant,
+)
+from .services import policy_version_publish
+
+
+@admin.register(ComputePool)
+class ComputePoolAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "trust_level", "heartbeat_interval_s"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(ResourceShape)
+class ResourceShapeAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "pool",
+        "cpu_millicores_min",
+        "memory_mib_min",
+        "gpu_count",
+        "gpu_sharing_class",
+    ]
+    list_filter = ["pool", "gpu_sharing_class"]
+    search_fields = ["name"]
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    list_display = ["name", "value", "preemptible"]
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "pool", "cpu_millicores", "memory_mib", "gpus", "max_leases"]
+    list_filter = ["pool"]
+
+
+@admin.register(AllowedRegistry)
+class AllowedRegistryAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "pool", "require_digest"]
+
+
+class PolicyVersionInline(admin.TabularInline):
+    model = SchedulingPolicyVersion
+    extra = 0
+    can_delete = False
+    readonly_fields = ["number", "weights", "knobs", "comment", "created_by", "created_at"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(SchedulingPolicy)
+class SchedulingPolicyAdmin(admin.ModelAdmin):
+    list_display = ["pool", "created_at"]
+    inlines = [PolicyVersionInline]
+
+
+@admin.register(SchedulingPolicyVersion)
+class SchedulingPolicyVersionAdmin(admin.ModelAdmin):
+    """Adding here publishes the next number; existing versions are read-only."""
+
+    list_display = ["policy", "number", "comment", "created_by", "created_at"]
+    fields = ["policy", "weights", "knobs", "comment"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields if obj else []
+
+    def save_model(self, request, obj, form, change):
+        version = policy_version_publish(
+            policy=obj.policy,
+            weights=obj.weights,
+            knobs=obj.knobs,
+            comment=obj.comment,
+            actor=Actor.for_user(request.user),
+        )
+        obj.pk, obj.number = version.pk, version.number
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role"]

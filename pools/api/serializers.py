@@ -1,0 +1,115 @@
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers
+
+from pools.choices import TokenScope
+from pools.models import (
+    ApiToken,
+    ComputePool,
+    ResourceShape,
+    SchedulingPolicyVersion,
+    Tenant,
+)
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "slug", "created_at"]
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ComputePool
+        fields = ["id", "name", "slug", "trust_level", "description", "heartbeat_interval_s"]
+
+
+REQUEST_FIELDS = [
+    "cpu_millicores_min",
+    "cpu_millicores_preferred",
+    "memory_mib_min",
+    "memory_mib_preferred",
+    "gpu_count",
+    "gpu_models",
+    "gpu_memory_mib_min",
+    "gpu_sharing_class",
+    "gpu_milli",
+    "mig_profile",
+    "scratch_mib",
+    "network_class",
+    "architecture",
+    "os",
+    "container_runtime",
+    "regions",
+    "zones",
+    "node_pin",
+]
+
+
+class ShapeSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = ResourceShape
+        fields = ["id", "pool", "name", "description", *REQUEST_FIELDS]
+
+
+class ResourceRequestSerializer(serializers.ModelSerializer):
+    """An inline resource request: the fields of a shape, validated by the shape's own rules."""
+
+    class Meta:
+        model = ResourceShape
+        fields = REQUEST_FIELDS
+
+    def validate(self, attrs):
+        shape = ResourceShape(**attrs)
+        try:
+            shape.clean_fields(exclude=["pool", "name"])
+            shape.clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
+        for field in ("cpu_millicores", "memory_mib"):
+            preferred = attrs.get(f"{field}_preferred")
+            if preferred is not None and preferred < attrs[f"{field}_min"]:
+                raise serializers.ValidationError(
+                    {f"{field}_preferred": "Preferred must be at least the minimum."}
+                )
+        return {field: getattr(shape, field) for field in REQUEST_FIELDS}
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TokenScope.choices),
+        default=[TokenScope.READ, TokenScope.WRITE],
+    )
+    ttl_days = serializers.IntegerField(min_value=1, max_value=365, write_only=True, default=90)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "scopes",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "ttl_days",
+        ]
+        read_only_fields = ["prefix", "created_at", "expires_at", "last_used_at", "revoked_at"]
+
+
+class PolicyVersionSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField()
+
+    class Meta:
+        model = SchedulingPolicyVersion
+        fields = ["number", "weights", "knobs", "comment", "created_by", "created_at"]
+        read_only_fields = ["number", "created_by", "created_at"]
+
+    def validate_weights(self, value):
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and v >= 0 for k, v in value.items()
+        ):
+            raise serializers.ValidationError("A map of scorer name to a non-negative number.")
+        return value

@@ -1,0 +1,115 @@
+from datetime import timedelta
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.response import Response
+
+from pools import selectors, services
+from pools.actors import Actor
+from pools.api.permissions import IsPerson, IsPolicyAdminOrReadOnly
+from pools.api.serializers import (
+    ApiTokenSerializer,
+    PolicyVersionSerializer,
+    PoolSerializer,
+    ShapeSerializer,
+    TenantSerializer,
+)
+from pools.choices import PlatformRole
+from pools.roles import has_platform_role, tenant_roles
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+@permission_classes([IsPerson])
+def me(request):
+    user = request.user
+    roles = tenant_roles(user)
+    tenants = selectors.tenants_visible_to(user).filter(pk__in=list(roles))
+    return Response(
+        {
+            "username": user.get_username(),
+            "tenants": [{"slug": t.slug, "role": roles[t.pk]} for t in tenants],
+            "platform_roles": [r for r in PlatformRole.values if has_platform_role(user, r)],
+        }
+    )
+
+
+class TenantViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = TenantSerializer
+    permission_classes = [IsPerson]
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return selectors.tenants_visible_to(self.request.user)
+
+
+class PoolViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = PoolSerializer
+    permission_classes = [IsPerson]
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        return selectors.pools_visible_to(self.request.user)
+
+    @extend_schema(request=PolicyVersionSerializer, responses=PolicyVersionSerializer(many=True))
+    @action(
+        detail=True,
+        methods=["get", "post"],
+        url_path="policy-versions",
+        permission_classes=[IsPolicyAdminOrReadOnly],
+    )
+    def policy_versions(self, request, slug=None):
+        pool = self.get_object()
+        policy = pool.scheduling_policy
+        if request.method == "GET":
+            return Response(PolicyVersionSerializer(policy.versions.all(), many=True).data)
+        serializer = PolicyVersionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        version = services.policy_version_publish(
+            policy=policy,
+            weights=serializer.validated_data["weights"],
+            knobs=serializer.validated_data.get("knobs"),
+            comment=serializer.validated_data.get("comment", ""),
+            actor=Actor.for_user(request.user),
+        )
+        return Response(PolicyVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class ShapeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = ShapeSerializer
+    permission_classes = [IsPerson]
+    filterset_fields = {"pool__slug": ["exact"], "gpu_sharing_class": ["exact"]}
+
+    def get_queryset(self):
+        return selectors.shapes_visible_to(self.request.user)
+
+
+class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """A person's own tokens. The secret is in the create response only."""
+
+    serializer_class = ApiTokenSerializer
+    permission_classes = [IsPerson]
+
+    def get_queryset(self):
+        return selectors.tokens_of(self.request.user)
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        token, secret = services.api_token_issue(
+            user=request.user,
+            name=data["name"],
+            scopes=data["scopes"],
+            ttl=timedelta(days=data["ttl_days"]),
+        )
+        body = ApiTokenSerializer(token).data | {"secret": secret}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        token = get_object_or_404(self.get_queryset(), pk=pk)
+        return Response(ApiTokenSerializer(services.api_token_revoke(token=token)).data)

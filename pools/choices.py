@@ -1,0 +1,41 @@
+from django.db import models
+
+
+class TrustLevel(models.TextChoices):
+    PRIVATE = "private", "Private fleet"
+    MARKETPLACE = "marketplace", "Marketplace"
+
+
+class TenantRole(models.TextChoices):
+    MEMBER = "member", "Tenant member"
+    ADMIN = "admin", "Tenant admin"
+
+
+class PlatformRole(models.TextChoices):
+    """Roles that are not bound to one tenant; held as Django groups of the same name."""
+
+    OPERATOR = "operator", "Operator"
+    POLICY_ADMIN = "policy_admin", "Policy admin"
+
+
+class GpuSharingClass(models.TextChoices):
+    NONE = "none", "No GPU"
+    EXCLUSIVE = "exclusive", "Exclusive whole GPUs"
+    MIG = "mig", "MIG slice (isolated)"
+    TIMESLICE = "timeslice", "Time-sliced share (not isolated)"
+    MPS = "mps", "MPS share (not isolated)"
+
+
+# Isolated classes (memory and compute fenced by hardware) may mix tenants on one device.
+ISOLATED_SHARING = frozenset({GpuSharingClass.EXCLUSIVE, GpuSharingClass.MIG})
+
+
+class Architecture(models.TextChoices):
+    AMD64 = "amd64", "x86-64"
+    ARM64 = "arm64", "ARM64"
+
+
+class TokenScope(models.TextChoices):
+    READ = "read", "Read"
+    WRITE = "write", "Write (submit, lease, cancel)"
+    OPERATE = "operate", "Operate nodes (operators only)"

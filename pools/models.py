@@ -1,0 +1,266 @@
+"""Tenants, roles, pools and the policy objects a policy admin edits in the Django admin."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from .choices import Architecture, GpuSharingClass, PlatformRole, TenantRole, TrustLevel
+from .roles import has_platform_role
+
+
+class TenantQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        if has_platform_role(user, PlatformRole.OPERATOR, PlatformRole.POLICY_ADMIN):
+            return self
+        return self.filter(memberships__user=user)
+
+
+class Tenant(models.Model):
+    objects = TenantQuerySet.as_manager()
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=60, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.slug
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=TenantRole.choices, default=TenantRole.MEMBER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_tenant")
+        ]
+
+    def __str__(self):
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class ComputePool(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=60, unique=True)
+    trust_level = models.CharField(
+        max_length=12, choices=TrustLevel.choices, default=TrustLevel.PRIVATE
+    )
+    description = models.TextField(blank=True)
+    heartbeat_interval_s = models.PositiveIntegerField(default=15)
+    # Allocatable = raw − system reserve − safety margin; the scheduler only sees allocatable.
+    system_reserve_cpu_millicores = models.PositiveIntegerField(default=500)
+    system_reserve_memory_mib = models.PositiveIntegerField(default=1024)
+    safety_margin_percent = models.PositiveSmallIntegerField(default=5)
+    allow_tenant_mixing_on_shared_gpus = models.BooleanField(
+        default=False,
+        help_text="Let time-sliced/MPS shares of one GPU belong to different tenants.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return self.slug
+
+
+class ResourceShape(models.Model):
+    """A catalogue entry: what a workload needs, never which machine it runs on."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="shapes")
+    name = models.SlugField(max_length=60)
+    description = models.CharField(max_length=200, blank=True)
+    cpu_millicores_min = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    cpu_millicores_preferred = models.PositiveIntegerField(null=True, blank=True)
+    memory_mib_min = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_mib_preferred = models.PositiveIntegerField(null=True, blank=True)
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    gpu_models = models.JSONField(default=list, blank=True, help_text="Accepted GPU models/classes")
+    gpu_memory_mib_min = models.PositiveIntegerField(default=0)
+    gpu_sharing_class = models.CharField(
+        max_length=10, choices=GpuSharingClass.choices, default=GpuSharingClass.NONE
+    )
+    gpu_milli = models.PositiveSmallIntegerField(
+        default=0, help_text="Share of one GPU in thousandths (time-slicing and MPS only)"
+    )
+    mig_profile = models.CharField(max_length=20, blank=True, help_text='e.g. "1g.10gb"')
+    scratch_mib = models.PositiveIntegerField(default=0)
+    network_class = models.CharField(max_length=40, blank=True)
+    architecture = models.CharField(
+        max_length=10, choices=Architecture.choices, default=Architecture.AMD64
+    )
+    os = models.CharField(max_length=20, default="linux")
+    container_runtime = models.CharField(max_length=30, default="docker")
+    regions = models.JSONField(default=list, blank=True)
+    zones = models.JSONField(default=list, blank=True)
+    node_pin = models.CharField(max_length=100, blank=True, help_text="Hard pin to a node name")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "name"], name="shape_name_unique_in_pool"),
+            models.CheckConstraint(
+                condition=Q(cpu_millicores_preferred__isnull=True)
+                | Q(cpu_millicores_preferred__gte=models.F("cpu_millicores_min")),
+                name="shape_cpu_preferred_gte_min",
+            ),
+            models.CheckConstraint(
+                condition=Q(memory_mib_preferred__isnull=True)
+                | Q(memory_mib_preferred__gte=models.F("memory_mib_min")),
+                name="shape_memory_preferred_gte_min",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.pool.slug}/{self.name}"
+
+    def clean(self):
+        errors = {}
+        sharing = self.gpu_sharing_class
+        if sharing == GpuSharingClass.NONE and self.gpu_count:
+            errors["gpu_sharing_class"] = "A shape with GPUs needs a sharing class."
+        if sharing != GpuSharingClass.NONE and not self.gpu_count:
+            errors["gpu_count"] = "A GPU sharing class needs at least one GPU."
+        if sharing in (GpuSharingClass.TIMESLICE, GpuSharingClass.MPS):
+            if not 0 < self.gpu_milli < 1000:
+                errors["gpu_milli"] = "Shared classes take a share between 1 and 999 thousandths."
+            if self.gpu_count != 1:
+                errors["gpu_count"] = "A shared-GPU shape takes a share of exactly one GPU."
+        elif self.gpu_milli:
+            errors["gpu_milli"] = "Only time-slicing and MPS take a fractional share."
+        if sharing == GpuSharingClass.MIG and not self.mig_profile:
+            errors["mig_profile"] = "A MIG shape names its profile, e.g. 1g.10gb."
+        if sharing != GpuSharingClass.MIG and self.mig_profile:
+            errors["mig_profile"] = "Only MIG shapes name a profile."
+        if errors:
+            raise ValidationError(errors)
+
+
+class PriorityClass(models.Model):
+    name = models.SlugField(max_length=40, unique=True)
+    value = models.IntegerField(help_text="Higher runs first")
+    preemptible = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-value"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self):
+        return f"{self.name} ({self.value})"
+
+
+class Quota(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="quotas")
+    cpu_millicores = models.PositiveBigIntegerField()
+    memory_mib = models.PositiveBigIntegerField()
+    gpus = models.PositiveIntegerField(default=0)
+    max_leases = models.PositiveIntegerField(default=100)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "pool"], name="one_quota_per_tenant_pool")
+        ]
+
+    def __str__(self):
+        return f"{self.tenant} @ {self.pool}"
+
+
+class SchedulingPolicy(models.Model):
+    """A named policy of a pool; its content lives in immutable numbered versions."""
+
+    pool = models.OneToOneField(
+        ComputePool, on_delete=models.CASCADE, related_name="scheduling_policy"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "scheduling policies"
+
+    def __str__(self):
+        return f"policy of {self.pool}"
+
+    @property
+    def current(self):
+        return self.versions.order_by("-number").first()
+
+
+class SchedulingPolicyVersion(models.Model):
+    policy = models.ForeignKey(SchedulingPolicy, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    weights = models.JSONField(default=dict, help_text="Scorer name → weight")
+    knobs = models.JSONField(default=dict, blank=True, help_text="Other policy settings")
+    comment = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["policy", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "number"], name="policy_version_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.policy.pool} v{self.number}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValidationError("Policy versions are immutable; publish a new version.")
+        super().save(*args, **kwargs)
+
+
+class AllowedRegistry(models.Model):
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="registries")
+    prefix = models.CharField(max_length=200, help_text="e.g. 127.0.0.1:5000/computepool/")
+    require_digest = models.BooleanField(default=True, help_text="Images must be pinned @sha256")
+
+    class Meta:
+        verbose_name_plural = "allowed registries"
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "prefix"], name="registry_prefix_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.prefix} → {self.pool}"
+
+
+def token_digest(secret: str) -> str:
+    # Tokens are 256-bit random, so a fast unsalted hash is safe and lets us look them up.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_token_secret(kind: str) -> str:
+    return f"cp{kind}_{secrets.token_urlsafe(32)}"
+
+
+class ApiToken(models.Model):
+    """A person's API token; only its digest is stored, the secret is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=60)
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise it")
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.user} / {self.name} ({self.prefix}…)"
+
+    def is_valid(self, now) -> bool:
+        return self.revoked_at is None and self.expires_at > now
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes

@@ -1,0 +1,60 @@
+"""The one catalogue of lifecycle reason codes, documented in docs/reason-codes.md.
+
+Every event row carries one of these. Placement rejections (why a node was filtered out) have
+their own catalogue in scheduling/core/reasons.py because the pure core cannot import Django.
+"""
+
+from django.db import models
+
+
+class Reason(models.TextChoices):
+    # generic
+    CREATED = "created", "Created"
+    OPERATOR_ACTION = "operator_action", "Operator action"
+    POLICY_ACTION = "policy_action", "Policy admin action"
+    # nodes
+    ENROLLED = "enrolled", "Enrolled with a token"
+    AGENT_AUTHENTICATED = "agent_authenticated", "Agent authenticated (private fleet)"
+    PROBE_PASSED = "probe_passed", "Validation probe matched the claims"
+    PROBE_MISMATCH = "probe_mismatch", "Validation probe contradicted the claims"
+    DRAIN_REQUESTED = "drain_requested", "Drain requested"
+    DRAIN_COMPLETED = "drain_completed", "Drain completed"
+    DRAIN_CANCELLED = "drain_cancelled", "Drain cancelled"
+    QUARANTINED = "quarantined", "Quarantined"
+    QUARANTINE_RELEASED = "quarantine_released", "Released from quarantine"
+    INVENTORY_DRIFT = "inventory_drift", "Reported inventory drifted from registered"
+    NODE_UNREACHABLE = "node_unreachable", "Heartbeats missed"
+    NODE_RETURNED = "node_returned", "Heartbeats resumed"
+    RETIRED = "retired", "Retired"
+    # leases
+    RESERVED = "reserved", "Capacity reserved"
+    COMMITTED = "committed", "Startup began; lease committed"
+    RENEWED = "renewed", "Lease renewed"
+    RELEASED_BY_CLIENT = "released_by_client", "Released by its holder"
+    RELEASED_JOB_ENDED = "released_job_ended", "Released because the job ended"
+    EXPIRED_UNCOMMITTED = "expired_uncommitted", "Not committed before expiry"
+    EXPIRED_NOT_RENEWED = "expired_not_renewed", "Not renewed before expiry"
+    NODE_SILENT = "node_silent", "The node's agent stopped answering"
+    RECONCILED_RUNNING = "reconciled_running", "Reconciliation confirmed the workload runs"
+    RECONCILED_GONE = "reconciled_gone", "Reconciliation confirmed the workload is gone"
+    UNCERTAIN_DEADLINE = "uncertain_deadline", "Uncertain past its deadline"
+    RESERVATION_UNCLAIMED = "reservation_unclaimed", "Reservation not claimed within tolerance"
+    # jobs
+    SUBMITTED = "submitted", "Submitted"
+    PLACED = "placed", "Placed by the scheduler"
+    CAPACITY_VANISHED = "capacity_vanished", "Capacity vanished before start"
+    IMAGE_INVALID = "image_invalid", "Image invalid or not allowed"
+    IMAGE_PULL_FAILED = "image_pull_failed", "Image pull failed"
+    STARTUP_BEGAN = "startup_began", "Container startup began"
+    STARTUP_TIMED_OUT = "startup_timed_out", "Startup timed out"
+    CONTAINER_STARTED = "container_started", "Container started"
+    CHECKPOINT_REQUESTED = "checkpoint_requested", "Checkpoint requested"
+    CHECKPOINT_DONE = "checkpoint_done", "Checkpoint written"
+    EXITED_ZERO = "exited_zero", "Process exited with 0"
+    EXITED_NONZERO = "exited_nonzero", "Process exited with a non-zero status"
+    OOM_KILLED = "oom_killed", "Killed for exceeding its memory limit"
+    CANCELLED_BY_USER = "cancelled_by_user", "Cancelled by user"
+    PREEMPTED = "preempted", "Preempted for priority"
+    NODE_LOST = "node_lost", "Node lost"
+    LEASE_EXPIRED = "lease_expired", "Its lease expired"
+    REQUEUED = "requeued", "Returned to the queue"

@@ -1,0 +1,139 @@
+"""The one way a stateful row changes state: lock, check the map, save, write the event.
+
+Each app declares its allowed-transitions map in choices.py and calls `transition(...)` from
+its services; nothing else assigns a `state` field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from .actors import Actor
+from .reasons import Reason
+
+
+class TransitionRefused(Exception):
+    """A transition the allowed-transitions map forbids, or a precondition that failed."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class EventBase(models.Model):
+    """Timestamped record of one transition: who, when, from, to, why (reason code), message."""
+
+    subject_field: str = ""  # the FK name to the stateful row, set by subclasses
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor_kind = models.CharField(max_length=8)
+    actor_label = models.CharField(max_length=200)
+    actor_user = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20)
+    reason = models.CharField(max_length=40, choices=Reason.choices)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["at", "id"]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.from_state or '∅'}→{self.to_state} {self.reason}"
+
+    @classmethod
+    def build(
+        cls,
+        subject,
+        *,
+        actor: Actor,
+        from_state: str,
+        to_state: str,
+        reason: str,
+        message: str = "",
+        at=None,
+        data: dict | None = None,
+    ):
+        if reason not in Reason.values:
+            raise ValueError(f"unknown reason code {reason!r}")
+        return cls(
+            **{cls.subject_field: subject},
+            at=at or timezone.now(),
+            actor_kind=actor.kind,
+            actor_label=actor.label,
+            actor_user_id=actor.user_id,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            message=message,
+            data=data or {},
+        )
+
+    @classmethod
+    def record(cls, subject, **kwargs):
+        event = cls.build(subject, **kwargs)
+        event.save()
+        return event
+
+
+def transition(
+    model: type[models.Model],
+    pk: Any,
+    *,
+    to: str,
+    allowed: Mapping[str, frozenset[str]],
+    event_model: type[EventBase],
+    actor: Actor,
+    reason: str,
+    message: str = "",
+    now=None,
+    changes: Mapping[str, Any] | None = None,
+    check: Callable[[Any], None] | None = None,
+    data: dict | None = None,
+    on_commit: Callable[[Any, EventBase], None] | None = None,
+):
+    """Move row `pk` of `model` to state `to`, or raise TransitionRefused having changed nothing.
+
+    `changes` are extra fields saved with the state; `check(obj)` may raise TransitionRefused
+    after the row is locked (e.g. a fencing-token mismatch); `on_commit(obj, event)` runs only
+    once the transaction has committed (Channels, Celery).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        obj = model.objects.select_for_update().get(pk=pk)
+        from_state = obj.state
+        if to not in allowed.get(from_state, frozenset()):
+            raise TransitionRefused(
+                "transition_not_allowed",
+                f"{model._meta.verbose_name} {obj} cannot go from {from_state} to {to}",
+            )
+        if check is not None:
+            check(obj)
+        obj.state = to
+        obj.state_changed_at = now
+        fields = ["state", "state_changed_at"]
+        for field, value in (changes or {}).items():
+            setattr(obj, field, value)
+            fields.append(field)
+        obj.save(update_fields=fields)
+        event = event_model.record(
+            obj,
+            actor=actor,
+            from_state=from_state,
+            to_state=to,
+            reason=reason,
+            message=message,
+            at=now,
+            data=data,
+        )
+        if on_commit is not None:
+            transaction.on_commit(lambda: on_commit(obj, event))
+    return obj
