@@ -1,0 +1,327 @@
+"""Snapshot and decision types of the scheduler core.
+
+All are frozen, slotted dataclasses built from plain values, so a caller can construct them from
+dicts or ORM rows (``NodeView.from_dict``) and the planner can treat them as immutable snapshots.
+Units: CPU in millicores, memory and disk in MiB, GPU capacity in milli-GPU (1000 = one device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# GPU sharing classes. A device is configured for exactly one mode and only serves that class.
+EXCLUSIVE = "exclusive"  # whole devices, one workload each
+MIG = "mig"  # hardware-isolated MIG slices (memory and compute)
+TIMESLICE = "timeslice"  # non-isolated time sharing
+MPS = "mps"  # non-isolated CUDA MPS sharing
+SHARING_CLASSES = (EXCLUSIVE, MIG, TIMESLICE, MPS)
+NON_ISOLATED = frozenset({TIMESLICE, MPS})
+
+SCHEDULABLE_STATES = frozenset({"ready"})
+
+# Gang topologies.
+GANG_NONE = "none"
+COLOCATE_ZONE = "colocate_zone"
+COLOCATE_RACK = "colocate_rack"
+COLOCATE_INTERCONNECT = "colocate_interconnect"  # all replicas on one host's NVLink domain
+SPREAD_HOSTS = "spread_hosts"
+SPREAD_ZONES = "spread_zones"
+GANG_TOPOLOGIES = (
+    GANG_NONE,
+    COLOCATE_ZONE,
+    COLOCATE_RACK,
+    COLOCATE_INTERCONNECT,
+    SPREAD_HOSTS,
+    SPREAD_ZONES,
+)
+
+
+def _from_mapping(cls, data: Mapping[str, Any]):
+    """Build ``cls`` from a mapping, ignoring unknown keys and turning lists into tuples."""
+    names = {f.name for f in fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, set):
+            value = frozenset(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlice:
+    """A MIG instance already carved on a device: profile and memory-slice start position."""
+
+    profile: str
+    start: int
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU device as the scheduler sees it."""
+
+    index: int
+    model: str = ""
+    memory_mib: int = 0
+    free_milli: int = 1000
+    sharing: str = EXCLUSIVE
+    uuid: str = ""
+    mig_slices: tuple[MigSlice, ...] = ()  # MIG instances in use (sharing == "mig")
+    interconnect_group: str = ""  # NVLink/NVSwitch domain; "" means none
+    numa_node: int = 0
+    healthy: bool = True
+    health_flags: tuple[str, ...] = ()  # e.g. "xid_error", "over_temperature", "pcie_degraded"
+    driver_version: str = ""
+    cuda_version: str = ""
+    tenants: tuple[str, ...] = ()  # tenants holding shares of this device (timeslice/mps)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuView:
+        data = dict(data)
+        if "mig_slices" in data:
+            data["mig_slices"] = tuple(
+                s if isinstance(s, MigSlice) else MigSlice(**s) for s in data["mig_slices"]
+            )
+        return _from_mapping(cls, data)
+
+    @property
+    def is_free(self) -> bool:
+        return self.free_milli >= 1000 and not self.mig_slices
+
+
+@dataclass(frozen=True, slots=True)
+class NumaView:
+    """Free CPU and memory on one NUMA node of a host."""
+
+    id: int
+    free_cpu_millicores: int
+    free_memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node of the snapshot: allocatable and free capacity plus everything filters read."""
+
+    name: str
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    scratch_mib: int = 0
+    free_cpu_millicores: int | None = None  # None: equal to allocatable (an empty node)
+    free_memory_mib: int | None = None
+    free_scratch_mib: int | None = None
+    gpus: tuple[GpuView, ...] = ()
+    state: str = "ready"
+    healthy: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    arch: str = "amd64"
+    os: str = "linux"
+    runtimes: frozenset[str] = frozenset({"docker"})
+    region: str = ""
+    zone: str = ""
+    rack: str = ""
+    network_class: str = ""
+    price_per_hour: float = 0.0
+    energy_class: int = 0  # 0 = most efficient
+    warm_images: frozenset[str] = frozenset()
+    trust_level: int = 0
+    tenants: frozenset[str] = frozenset()  # tenants with work on the node
+    workload_labels: frozenset[str] = frozenset()  # "key=value" labels of work on the node
+    numa: tuple[NumaView, ...] = ()
+
+    def __post_init__(self):
+        # Default free capacity to allocatable, so an empty node needs only its size.
+        for total, free in (
+            ("cpu_millicores", "free_cpu_millicores"),
+            ("memory_mib", "free_memory_mib"),
+            ("scratch_mib", "free_scratch_mib"),
+        ):
+            if getattr(self, free) is None:
+                object.__setattr__(self, free, getattr(self, total))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeView:
+        data = dict(data)
+        data["gpus"] = tuple(
+            g if isinstance(g, GpuView) else GpuView.from_dict(g) for g in data.get("gpus", ())
+        )
+        data["numa"] = tuple(
+            n if isinstance(n, NumaView) else NumaView(**n) for n in data.get("numa", ())
+        )
+        for key in ("runtimes", "warm_images", "tenants", "workload_labels"):
+            if key in data:
+                data[key] = frozenset(data[key])
+        return _from_mapping(cls, data)
+
+    @property
+    def gpu_model(self) -> str:
+        return self.gpus[0].model if self.gpus else ""
+
+    @property
+    def free_gpu_milli(self) -> int:
+        return sum(g.free_milli for g in self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one replica asks for. ``preferred_*`` of None means "same as the minimum"."""
+
+    name: str = ""
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    scratch_mib: int = 0
+    preferred_cpu_millicores: int | None = None
+    preferred_memory_mib: int | None = None
+    preferred_scratch_mib: int | None = None
+    gpu_count: int = 0
+    preferred_gpu_count: int | None = None
+    gpu_milli: int = 1000  # per device; < 1000 only for timeslice/mps shares
+    gpu_memory_mib: int = 0  # minimum memory per device
+    preferred_gpu_memory_mib: int | None = None
+    gpu_models: tuple[str, ...] = ()  # empty: any model
+    sharing: str = EXCLUSIVE
+    mig_profile: str = ""  # e.g. "1g.10gb" when sharing == "mig"
+    min_driver_version: str = ""
+    min_cuda_version: str = ""
+    require_interconnect: bool = False  # multi-GPU: all devices in one NVLink group
+    require_numa: bool = False  # CPU/memory from the GPUs' NUMA node
+    arch: str = ""  # empty: any
+    os: str = ""
+    runtime: str = ""
+    regions: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
+    preferred_regions: tuple[str, ...] = ()
+    preferred_zones: tuple[str, ...] = ()
+    network_class: str = ""
+    node_pin: str = ""
+    affinity: Mapping[str, str] = field(default_factory=dict)  # required node labels
+    preferred_affinity: Mapping[str, str] = field(default_factory=dict)
+    anti_affinity: tuple[str, ...] = ()  # "key=value" workload labels to avoid
+    labels: tuple[str, ...] = ()  # this workload's own "key=value" labels
+    min_trust_level: int = 0
+    image: str = ""  # image digest
+    image_archs: tuple[str, ...] = ()  # architectures the image is built for; empty: any
+    require_warm_image: bool = False
+    tenant: str = ""
+    priority: int = 0
+    replicas: int = 1
+    gang: str = GANG_NONE
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Request:
+        return _from_mapping(cls, data)
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpu_count > 0 or (self.sharing == MIG and bool(self.mig_profile))
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A versioned scheduling policy: scorer weights and sharing rules.
+
+    ``weights`` maps scorer names (see ``scheduling.core.scorers.SCORERS``) to weights. The
+    version is echoed in every placement and explanation so decisions can be audited.
+    ``workload`` is the typical request mix fragmentation is measured against (None: a generic
+    mix derived from common shapes). ``integer_scores`` truncates scores to integers 0..100 as
+    the Kubernetes framework does (used by the paper policies in replays).
+    """
+
+    name: str = "default"
+    version: int = 1
+    weights: Mapping[str, float] = field(default_factory=lambda: {"fragmentation": 1.0})
+    gpu_choice: str = "fragmentation"  # fragmentation | best_fit | lowest_index | random
+    allow_tenant_mixing: bool = False
+    integer_scores: bool = False
+    workload: Any = None  # scheduling.core.fragmentation.Workload
+    seed: int = 0  # only for the random policy
+
+    def with_workload(self, workload) -> Policy:
+        from dataclasses import replace
+
+        return replace(self, workload=workload)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One dimension of a placement: what was asked (minimum, preferred) and what was granted."""
+
+    minimum: int
+    preferred: int
+    granted: int
+
+    @property
+    def degraded(self) -> bool:
+        return self.granted < self.preferred
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShare:
+    """Capacity reserved on one GPU: milli-GPU, or a MIG slice (profile at start position)."""
+
+    index: int
+    milli: int = 1000
+    mig_profile: str = ""
+    mig_start: int = -1
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A decision for one replica: where, which devices, what is reserved, and why."""
+
+    node: str
+    request: Request
+    cpu_millicores: int
+    memory_mib: int
+    scratch_mib: int
+    devices: tuple[DeviceShare, ...]
+    grants: Mapping[str, Grant]
+    score: float
+    score_breakdown: Mapping[str, float]
+    policy_version: int
+    policy_name: str = ""
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(d.index for d in self.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class NearMiss:
+    """The node that came closest, and what it lacked (dimension -> missing amount)."""
+
+    node: str
+    reason: str
+    lacking: Mapping[str, int]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why nothing was placed: rejected node counts per reason, and the nearest miss."""
+
+    total_nodes: int
+    reasons: Mapping[str, int]  # reason label -> node count, e.g. "node_not_schedulable(draining)"
+    nearest_miss: NearMiss | None
+    policy_version: int
+    message: str
+    gang_reason: str = ""
+
+    def __bool__(self) -> bool:  # so `if place(...):` reads naturally
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    """All replicas of a gang, placed in one decision."""
+
+    placements: tuple[Placement, ...]
+    topology: str
+    domain: str  # zone/rack/node shared by a colocated gang; "" for spread gangs
+    policy_version: int
