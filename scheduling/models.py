@@ -57,6 +57,22 @@ class Lease(models.Model):
     committed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
+    # A reservation for scheduled work: holds its capacity for the window (start, end) and must
+    # be claimed (committed) within `tolerance_s` of the start, or the sweep releases it.
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    tolerance_s = models.PositiveIntegerField(default=0)
+    # Backfill: short work running inside a reservation's hold before its window opens. Such a
+    # lease holds nothing on the node ledger itself; it borrows from `backfill_of`.
+    backfill_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="backfills"
+    )
+    uncertain_since = models.DateTimeField(null=True, blank=True)
+    # Measured consumption reported by the node's agent (held ≠ consumed).
+    used_cpu_millicores = models.PositiveIntegerField(null=True, blank=True)
+    used_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    used_gpu_milli = models.PositiveIntegerField(null=True, blank=True)
+    usage_reported_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -71,10 +87,21 @@ class Lease(models.Model):
                 name="lease_idempotency_key_unique_per_tenant",
             )
         ]
-        indexes = [models.Index(fields=["state", "expires_at"])]
+        indexes = [
+            models.Index(fields=["state", "expires_at"]),
+            models.Index(fields=["pool", "state"]),
+        ]
 
     def __str__(self):
         return f"lease {self.pk} on {self.node_id} ({self.state})"
+
+    @property
+    def is_reservation(self) -> bool:
+        return self.window_start is not None
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(a.get("milli", 0) for a in self.gpu_allocations)
 
 
 class LeaseEvent(EventBase):
