@@ -1,0 +1,110 @@
+import pytest
+
+from jobs.models import Job
+from pools.models import AllowedRegistry
+
+IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
+
+
+def submit(client, **overrides):
+    body = {
+        "tenant": "vision",
+        "pool": "test",
+        "name": "train",
+        "shape": "cpu-small",
+        "image": IMAGE,
+        "command": ["echo", "hi"],
+    } | overrides
+    body = {key: value for key, value in body.items() if value is not None}
+    return client.post("/api/v1/jobs/", body, format="json")
+
+
+def test_member_submits_by_shape_and_sees_the_event(api, member, cpu_shape):
+    client = api(member)
+    response = submit(client)
+    assert response.status_code == 201, response.json()
+    job = response.json()
+    assert job["state"] == "queued" and job["resources"]["cpu_millicores_min"] == 1000
+    events = client.get(f"/api/v1/jobs/{job['id']}/events/").json()
+    assert [(e["from_state"], e["to_state"], e["reason"]) for e in events] == [
+        ("", "queued", "submitted")
+    ]
+    assert events[0]["actor"] == "user:member"
+
+
+def test_inline_resources_are_validated_by_field(api, member, pool):
+    response = submit(
+        api(member),
+        shape=None,
+        resources={
+            "cpu_millicores_min": 500,
+            "memory_mib_min": 256,
+            "gpu_count": 1,
+            "gpu_sharing_class": "timeslice",
+            "gpu_milli": 1500,
+        },
+    )
+    assert response.status_code == 400
+    assert "gpu_milli" in response.json()["resources"]
+
+
+def test_inline_resources_accepted(api, member, pool):
+    response = submit(
+        api(member),
+        shape=None,
+        resources={
+            "cpu_millicores_min": 500,
+            "memory_mib_min": 256,
+            "gpu_count": 1,
+            "gpu_sharing_class": "mps",
+            "gpu_milli": 250,
+        },
+    )
+    assert response.status_code == 201, response.json()
+    assert response.json()["resources"]["gpu_sharing_class"] == "mps"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"shape": "no-such-shape"}, "shape"),
+        ({"tenant": "nlp"}, "tenant"),
+        ({"pool": "nope"}, "pool"),
+        ({"image": "docker.io/library/busybox"}, "image"),
+        ({"image": "127.0.0.1:5000/computepool/busybox:latest"}, "image"),
+        ({"priority_class": "nope"}, "priority_class"),
+        ({"max_runtime_s": 0}, "max_runtime_s"),
+    ],
+)
+def test_bad_submissions_get_field_errors(api, member, cpu_shape, body, field):
+    response = submit(api(member), **body)
+    assert response.status_code == 400
+    assert field in response.json()
+    assert Job.objects.count() == 0
+
+
+def test_unpinned_images_allowed_when_registry_does_not_require_digest(api, member, cpu_shape):
+    AllowedRegistry.objects.filter(pool=cpu_shape.pool).update(require_digest=False)
+    assert submit(api(member), image="127.0.0.1:5000/computepool/x:1").status_code == 201
+
+
+def test_other_tenants_cannot_see_or_cancel(api, member, outsider, operator, cpu_shape):
+    job_id = submit(api(member)).json()["id"]
+    assert api(outsider).get(f"/api/v1/jobs/{job_id}/").status_code == 404
+    assert api(outsider).post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 404
+    assert api(outsider).get("/api/v1/jobs/").json()["count"] == 0
+    assert api(operator).get(f"/api/v1/jobs/{job_id}/").status_code == 200
+
+
+def test_cancel_then_cancel_again_is_a_conflict(api, member, cpu_shape):
+    client = api(member)
+    job_id = submit(client).json()["id"]
+    response = client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    again = client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert again.status_code == 409 and again.json()["code"] == "transition_not_allowed"
+
+
+def test_malformed_json_is_a_400(api, member, cpu_shape):
+    response = api(member).post("/api/v1/jobs/", "{not json", content_type="application/json")
+    assert response.status_code == 400

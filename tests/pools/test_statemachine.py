@@ -1,0 +1,132 @@
+"""Every transition of every state machine, allowed and refused, through the real services."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.choices import JOB_TRANSITIONS, JobState
+from jobs.models import Job, JobEvent
+from jobs.services import job_submit, job_transition
+from nodes.choices import NODE_TRANSITIONS, NodeState
+from nodes.models import Node, NodeEvent
+from nodes.services import node_register, node_transition
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
+from scheduling.choices import LEASE_TRANSITIONS, LeaseState
+from scheduling.models import Lease, LeaseEvent
+from scheduling.services import lease_transition
+
+
+def _node(pool, system, state):
+    node = node_register(pool=pool, name="n", actor=system, cpu_millicores=1000, memory_mib=1024)
+    Node.objects.filter(pk=node.pk).update(state=state)  # a fixture in that state
+    return node
+
+
+def _job(pool, tenant, system, state):
+    job = job_submit(
+        tenant=tenant,
+        pool=pool,
+        name="j",
+        image="127.0.0.1:5000/computepool/x",
+        actor=system,
+        resources={"cpu_millicores_min": 100, "memory_mib_min": 64},
+    )
+    Job.objects.filter(pk=job.pk).update(state=state)
+    return job
+
+
+def _lease(pool, tenant, system, state):
+    node = _node(pool, system, NodeState.READY)
+    return Lease.objects.create(
+        pool=pool,
+        tenant=tenant,
+        node=node,
+        state=state,
+        cpu_millicores=0,
+        memory_mib=0,
+        expires_at=timezone.now() + timedelta(minutes=5),
+    )
+
+
+MACHINES = {
+    "node": (
+        NodeState,
+        NODE_TRANSITIONS,
+        NodeEvent,
+        "node",
+        lambda obj, to, actor: node_transition(
+            node=obj, to=to, actor=actor, reason=Reason.OPERATOR_ACTION
+        ),
+    ),
+    "job": (
+        JobState,
+        JOB_TRANSITIONS,
+        JobEvent,
+        "job",
+        lambda obj, to, actor: job_transition(job=obj, to=to, actor=actor, reason=Reason.REQUEUED),
+    ),
+    "lease": (
+        LeaseState,
+        LEASE_TRANSITIONS,
+        LeaseEvent,
+        "lease",
+        lambda obj, to, actor: lease_transition(
+            lease=obj, to=to, actor=actor, reason=Reason.RELEASED_BY_CLIENT
+        ),
+    ),
+}
+CASES = [
+    pytest.param(machine, frm, to, to in allowed[frm], id=f"{machine}:{frm}->{to}")
+    for machine, (states, allowed, *_rest) in MACHINES.items()
+    for frm in states.values
+    for to in states.values
+    if frm != to
+]
+
+
+@pytest.mark.parametrize(("machine", "frm", "to", "allowed"), CASES)
+def test_transition(machine, frm, to, allowed, pool, tenant, system):
+    _, _, event_model, subject, change = MACHINES[machine]
+    make = {
+        "node": lambda: _node(pool, system, frm),
+        "job": lambda: _job(pool, tenant, system, frm),
+        "lease": lambda: _lease(pool, tenant, system, frm),
+    }[machine]
+    obj = make()
+    events_before = event_model.objects.filter(**{subject: obj}).count()
+    if allowed:
+        changed = change(obj, to, system)
+        assert changed.state == to
+        event = event_model.objects.filter(**{subject: obj}).latest("id")
+        assert (event.from_state, event.to_state) == (frm, to)
+        assert event.actor_label == "system:tests" and event.reason and event.at
+    else:
+        with pytest.raises(TransitionRefused) as refused:
+            change(obj, to, system)
+        assert refused.value.code == "transition_not_allowed"
+        obj.refresh_from_db()
+        assert obj.state == frm  # nothing half-changed
+        assert event_model.objects.filter(**{subject: obj}).count() == events_before
+
+
+def test_terminal_states_have_no_way_out():
+    from jobs.choices import TERMINAL as JOB_TERMINAL
+    from nodes.choices import TERMINAL as NODE_TERMINAL
+    from scheduling.choices import TERMINAL as LEASE_TERMINAL
+
+    for terminal, allowed in (
+        (JOB_TERMINAL, JOB_TRANSITIONS),
+        (NODE_TERMINAL, NODE_TRANSITIONS),
+        (LEASE_TERMINAL, LEASE_TRANSITIONS),
+    ):
+        assert all(not allowed[state] for state in terminal)
+
+
+def test_unknown_reason_code_is_refused_and_rolls_back(pool, system):
+    node = _node(pool, system, NodeState.REGISTERED)
+    with pytest.raises(ValueError, match="unknown reason code"):
+        node_transition(node=node, to=NodeState.VERIFIED, actor=system, reason="because")
+    node.refresh_from_db()
+    assert node.state == NodeState.REGISTERED
