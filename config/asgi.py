@@ -7,9 +7,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.conf import settings
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
+if settings.DEBUG:  # `make run` serves the console's static files itself
+    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
 
 from config.routing import websocket_urlpatterns  # noqa: E402
 
