@@ -114,6 +114,7 @@ CHANNEL_LAYERS = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "nodes.authentication.NodeCredentialAuthentication",
         "pools.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],

@@ -25,3 +25,40 @@ NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUARANTINED: frozenset({S.VERIFIED, S.READY, S.RETIRED}),
     S.RETIRED: frozenset(),
 }
+
+
+class Reachability(models.TextChoices):
+    """A condition, not a state: an unreachable node keeps its lifecycle state."""
+
+    REACHABLE = "reachable", "Reachable"
+    UNREACHABLE = "unreachable", "Unreachable"
+
+
+class GpuHealth(models.TextChoices):
+    """Why a present device is (un)suitable; anything but OK makes it unschedulable alone."""
+
+    OK = "ok", "OK"
+    ERROR = "error", "Error state (XID / ECC)"
+    TOO_HOT = "too_hot", "Over temperature"
+    DEGRADED_LINK = "degraded_link", "PCIe/NVLink link degraded"
+    HEALTH_CHECK_FAILED = "health_check_failed", "Health check failed"
+    MISSING = "missing", "No longer reported by the node"
+
+
+class ProbeKind(models.TextChoices):
+    VALIDATION = "validation", "Validation (claims vs measured)"
+    RECOVERY = "recovery", "Device recovery"
+
+
+class ProbeState(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    PASSED = "passed", "Passed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class DrainPolicy(models.TextChoices):
+    """What happens at a drain deadline to running work that cannot checkpoint (pool knob)."""
+
+    FAIL = "fail", "Stop it: the job fails with reason drain_deadline"
+    WAIT = "wait", "Let it run to its end; the node stays draining"

@@ -12,7 +12,7 @@ from django.utils import timezone
 from pools.choices import Architecture
 from pools.statemachine import EventBase
 
-from .choices import NodeState
+from .choices import GpuHealth, NodeState, ProbeKind, ProbeState, Reachability
 
 
 class Node(models.Model):
@@ -46,8 +46,36 @@ class Node(models.Model):
     cpu_millicores_reserved = models.PositiveIntegerField(default=0)
     memory_mib_reserved = models.PositiveIntegerField(default=0)
     scratch_mib_reserved = models.PositiveIntegerField(default=0)
-    numa_layout = models.JSONField(default=list, blank=True)
+    numa_layout = models.JSONField(
+        default=list, blank=True, help_text='[{"id": 0, "cpus": [0, 1], "memory_mib": 65536}]'
+    )
+    energy_class = models.CharField(max_length=40, blank=True)
+    identity_fingerprint = models.CharField(
+        max_length=64, blank=True, help_text="SHA-256 of the key or secret the agent enrolled with"
+    )
+    enrollment_token = models.ForeignKey(
+        "nodes.EnrollmentToken",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="nodes",
+    )
+    # conditions: orthogonal to the lifecycle state
+    reachability = models.CharField(
+        max_length=12, choices=Reachability.choices, default=Reachability.REACHABLE
+    )
+    reachability_changed_at = models.DateTimeField(default=timezone.now)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    usage = models.JSONField(default=dict, blank=True, help_text="Current usage, from heartbeats")
+    # inventory: what was registered (claims, updated by reconciliation) and the latest report
+    inventory = models.JSONField(default=dict, blank=True)
+    reported_inventory = models.JSONField(null=True, blank=True)
+    inventory_reported_at = models.DateTimeField(null=True, blank=True)
+    inventory_reconciled_at = models.DateTimeField(null=True, blank=True)
+    # drain: no new placements; at the deadline the remaining work is stopped per pool policy
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    drain_enforced_at = models.DateTimeField(null=True, blank=True)
+    drained_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -80,10 +108,18 @@ class GpuDevice(models.Model):
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=20, blank=True)
     mig_enabled = models.BooleanField(default=False)
+    mig_slices = models.JSONField(
+        default=list, blank=True, help_text='MIG instances: [{"profile": "1g.10gb", "start": 0}]'
+    )
     interconnect_group = models.CharField(max_length=40, blank=True, help_text="NVLink domain")
     numa_node = models.SmallIntegerField(null=True, blank=True)
+    # healthy=False makes this device alone unschedulable; the node keeps serving the others
     healthy = models.BooleanField(default=True)
+    health = models.CharField(max_length=20, choices=GpuHealth.choices, default=GpuHealth.OK)
     health_reason = models.CharField(max_length=200, blank=True)
+    health_flags = models.JSONField(default=list, blank=True)
+    temperature_c = models.SmallIntegerField(null=True, blank=True)
+    health_changed_at = models.DateTimeField(null=True, blank=True)
     # ledger: thousandths of the GPU held (1000 = exclusive), and the MIG slots in use
     milli_reserved = models.PositiveSmallIntegerField(default=0)
     mig_slots_used = models.PositiveIntegerField(default=0, help_text="Bitmask of MIG slots held")
@@ -116,3 +152,102 @@ class NodeEvent(EventBase):
 
     class Meta(EventBase.Meta):
         pass
+
+
+class EnrollmentToken(models.Model):
+    """Lets a node join one pool. Only the digest is stored; the secret is shown once."""
+
+    pool = models.ForeignKey(
+        "pools.ComputePool", on_delete=models.CASCADE, related_name="enrollment_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(uses__lte=F("max_uses")), name="enrollment_token_uses_within_max"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.pool.slug} / {self.name or self.prefix}"
+
+    def refusal(self, now) -> str:
+        """Why this token cannot enroll a node now, or "" when it can."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at <= now:
+            return "expired"
+        if self.uses >= self.max_uses:
+            return "used up"
+        return ""
+
+
+class NodeCredential(models.Model):
+    """A node agent's secret, bound to one node; digest only, expiring, rotated with overlap."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    # set when a newer credential replaced this one: it stays valid until then (overlap)
+    valid_until = models.DateTimeField(null=True, blank=True)
+    replaced_by = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaces"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.node.name} / {self.prefix}…"
+
+    def refusal(self, now) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at <= now:
+            return "expired"
+        if self.valid_until is not None and self.valid_until <= now:
+            return "rotated"
+        return ""
+
+
+class NodeProbe(models.Model):
+    """A validation probe (claims vs measured) or a device recovery probe, and its result."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="probes")
+    gpu = models.ForeignKey(
+        GpuDevice, null=True, blank=True, on_delete=models.CASCADE, related_name="probes"
+    )
+    kind = models.CharField(max_length=12, choices=ProbeKind.choices)
+    state = models.CharField(
+        max_length=10, choices=ProbeState.choices, default=ProbeState.REQUESTED, db_index=True
+    )
+    expected = models.JSONField(default=dict, blank=True, help_text="The claims to compare with")
+    result = models.JSONField(null=True, blank=True)
+    differences = models.JSONField(default=list, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    reported_by = models.ForeignKey(
+        NodeCredential, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} probe {self.pk} of {self.node.name} ({self.state})"

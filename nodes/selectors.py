@@ -1,6 +1,6 @@
 from django.db.models import OuterRef, Subquery
 
-from .models import Node, NodeEvent
+from .models import EnrollmentToken, Node, NodeEvent
 
 
 def nodes_with_latest_event():
@@ -12,6 +12,17 @@ def nodes_with_latest_event():
         .annotate(
             latest_reason=Subquery(latest.values("reason")[:1]),
             latest_message=Subquery(latest.values("message")[:1]),
+            latest_at=Subquery(latest.values("at")[:1]),
         )
         .order_by("pool__slug", "name")
     )
+
+
+def nodes_for_operators():
+    return (
+        Node.objects.select_related("pool").prefetch_related("gpus").order_by("pool__slug", "name")
+    )
+
+
+def enrollment_tokens():
+    return EnrollmentToken.objects.order_by("-created_at", "-id")

@@ -15,6 +15,9 @@ class Actor:
 
     @classmethod
     def for_user(cls, user) -> Actor:
+        """The actor of an authenticated request: a person, or a node agent's principal."""
+        if getattr(user, "is_person", True) is False and getattr(user, "node", None) is not None:
+            return cls.for_node(user.node)
         return cls(kind="user", label=f"user:{user.get_username()}", user=user)
 
     @classmethod

@@ -39,6 +39,7 @@ class Reason(models.TextChoices):
     RECONCILED_GONE = "reconciled_gone", "Reconciliation confirmed the workload is gone"
     UNCERTAIN_DEADLINE = "uncertain_deadline", "Uncertain past its deadline"
     RESERVATION_UNCLAIMED = "reservation_unclaimed", "Reservation not claimed within tolerance"
+    BACKFILL_WINDOW_CLOSED = "backfill_window_closed", "Backfill ended: the reservation was claimed"
     # jobs
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"
@@ -58,3 +59,11 @@ class Reason(models.TextChoices):
     NODE_LOST = "node_lost", "Node lost"
     LEASE_EXPIRED = "lease_expired", "Its lease expired"
     REQUEUED = "requeued", "Returned to the queue"
+    # nodes: enrollment, probes, devices, drain deadlines, credentials
+    PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
+    PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"
+    GPU_UNSUITABLE = "gpu_unsuitable", "A device became unsuitable and unschedulable"
+    GPU_RECOVERED = "gpu_recovered", "A recovery probe passed; the device is schedulable again"
+    DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
+    CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
+    CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"

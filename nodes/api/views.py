@@ -1,0 +1,309 @@
+"""Node API: operators manage nodes and enrollment tokens; a node's agent, with its own
+credential, reports on its own node only."""
+
+from datetime import timedelta
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+
+from jobs.models import Job
+from nodes import selectors, services
+from nodes.api.serializers import (
+    DrainSerializer,
+    EnrollmentTokenSerializer,
+    EnrollSerializer,
+    HeartbeatSerializer,
+    InventorySerializer,
+    MessageSerializer,
+    NodeEventSerializer,
+    NodeSerializer,
+    ProbeResultSerializer,
+    ProbeSerializer,
+    QuarantineSerializer,
+)
+from nodes.authentication import NodeCredentialAuthentication
+from nodes.models import NodeCredential
+from pools.actors import Actor
+from pools.api.permissions import IsOperator
+from pools.choices import TokenScope
+
+
+class IsNodeAgent(BasePermission):
+    """A node agent authenticated with its own node credential."""
+
+    message = "Only a node agent with its node credential may do this."
+
+    def has_permission(self, request, view):
+        user = request.user
+        return (
+            getattr(user, "is_person", True) is False
+            and getattr(user, "node", None) is not None
+            and isinstance(request.auth, NodeCredential)
+        )
+
+
+class IsNotNode(BasePermission):
+    """Anyone holding an enrollment token, but never a node credential: a node cannot enroll
+    other nodes."""
+
+    message = "A node credential cannot enroll nodes."
+
+    def has_permission(self, request, view):
+        return getattr(request.user, "is_person", True) is not False
+
+
+class NodeErrorsMixin:
+    """Scope and enrollment refusals are 403s with a code."""
+
+    def handle_exception(self, exc):
+        if isinstance(exc, services.NodeScopeRefused | services.EnrollmentRefused):
+            exc = PermissionDenied(detail=exc.message, code=exc.code)
+        return super().handle_exception(exc)
+
+
+def credential_body(credential, secret):
+    return {
+        "credential": secret,
+        "credential_prefix": credential.prefix,
+        "credential_expires_at": credential.expires_at,
+    }
+
+
+class EnrollmentTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Operators create enrollment tokens for a pool; the secret is in the create response only."""
+
+    serializer_class = EnrollmentTokenSerializer
+    permission_classes = [IsOperator]
+    required_scope = TokenScope.OPERATE
+
+    def get_queryset(self):
+        return selectors.enrollment_tokens().select_related("pool")
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        token, secret = services.enrollment_token_issue(
+            pool=data["pool"],
+            actor=Actor.for_user(request.user),
+            max_uses=data["max_uses"],
+            ttl=timedelta(hours=data["ttl_hours"]),
+            name=data.get("name", ""),
+        )
+        body = EnrollmentTokenSerializer(token).data | {"secret": secret}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        token = services.enrollment_token_revoke(token=self.get_object())
+        return Response(EnrollmentTokenSerializer(token).data)
+
+
+class EnrollViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
+    """A node presents an enrollment token with its identity and inventory."""
+
+    authentication_classes = [NodeCredentialAuthentication]  # only to refuse node credentials
+    permission_classes = [IsNotNode]
+    serializer_class = EnrollSerializer
+
+    @extend_schema(request=EnrollSerializer, responses={201: dict})
+    def create(self, request):
+        serializer = EnrollSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        secret = data.pop("token")
+        node, credential_secret, probe = services.node_enroll(
+            secret=secret,
+            name=data.pop("name"),
+            inventory=data.pop("inventory"),
+            identity=data.pop("identity", ""),
+            **data,
+        )
+        credential = node.credentials.get()
+        body = {
+            "node": NodeSerializer(node).data,
+            "heartbeat_interval_s": node.pool.heartbeat_interval_s,
+            "probes": ProbeSerializer([probe] if probe else [], many=True).data,
+            **credential_body(credential, credential_secret),
+        }
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
+    """The agent side: everything acts on `request.user.node` and nothing else."""
+
+    permission_classes = [IsNodeAgent]
+    serializer_class = HeartbeatSerializer
+
+    def node(self):
+        return self.request.user.node
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=False, methods=["get"])
+    def me(self, request):
+        return Response(NodeSerializer(self.node()).data)
+
+    @extend_schema(request=HeartbeatSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"])
+    def heartbeat(self, request):
+        serializer = HeartbeatSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = services.node_heartbeat(
+            node=self.node(), actor=Actor.for_user(request.user), **serializer.validated_data
+        )
+        probes = node.probes.filter(state="requested")
+        return Response(
+            {
+                "state": node.state,
+                "reachability": node.reachability,
+                "heartbeat_interval_s": node.pool.heartbeat_interval_s,
+                "drain_deadline": node.drain_deadline,
+                "probes": ProbeSerializer(probes, many=True).data,
+            }
+        )
+
+    @extend_schema(request=InventorySerializer, responses={202: dict})
+    @action(detail=False, methods=["post"])
+    def inventory(self, request):
+        serializer = InventorySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = services.node_inventory_report(node=self.node(), inventory=serializer.validated_data)
+        return Response(
+            {"inventory_reported_at": node.inventory_reported_at}, status=status.HTTP_202_ACCEPTED
+        )
+
+    @extend_schema(responses=ProbeSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def probes(self, request):
+        probes = self.node().probes.filter(state="requested")
+        return Response(ProbeSerializer(probes, many=True).data)
+
+    @extend_schema(request=ProbeResultSerializer, responses=ProbeSerializer)
+    @action(detail=False, methods=["post"], url_path=r"probes/(?P<probe_id>\d+)/result")
+    def probe_result(self, request, probe_id=None):
+        serializer = ProbeResultSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        probe = get_object_or_404(self.node().probes.all(), pk=probe_id)
+        probe = services.probe_result_submit(
+            probe=probe, credential=request.auth, result=serializer.validated_data["result"]
+        )
+        return Response(ProbeSerializer(probe).data)
+
+    @extend_schema(request=None, responses={201: dict})
+    @action(detail=False, methods=["post"], url_path="credential/rotate")
+    def rotate_credential(self, request):
+        credential, secret = services.node_credential_rotate(
+            credential=request.auth, actor=Actor.for_user(request.user)
+        )
+        return Response(credential_body(credential, secret), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/checkpointed")
+    def job_checkpointed(self, request, job_id=None):
+        job = Job.objects.filter(pk=job_id).first()
+        if job is None:
+            raise services.NodeScopeRefused(f"job {job_id} holds no lease on this node")
+        job = services.agent_job_checkpointed(
+            node=self.node(), job=job, actor=Actor.for_user(request.user)
+        )
+        return Response({"job": job.pk, "state": job.state})
+
+
+class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):
+    """Operators: nodes, why they are where they are, and the actions on them."""
+
+    serializer_class = NodeSerializer
+    permission_classes = [IsOperator]
+    filterset_fields = {"pool__slug": ["exact"], "state": ["exact", "in"]}
+
+    def get_queryset(self):
+        return selectors.nodes_for_operators()
+
+    def get_permissions(self):
+        if self.action not in ("list", "retrieve", "events"):
+            self.required_scope = TokenScope.OPERATE
+        return super().get_permissions()
+
+    def actor(self):
+        return Actor.for_user(self.request.user)
+
+    def _message(self, serializer_class=MessageSerializer):
+        serializer = serializer_class(data=self.request.data)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    @extend_schema(responses=NodeEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        return Response(NodeEventSerializer(self.get_object().events.all(), many=True).data)
+
+    @extend_schema(request=DrainSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        data = self._message(DrainSerializer)
+        node = services.node_drain(
+            node=self.get_object(),
+            actor=self.actor(),
+            deadline=data.get("deadline"),
+            message=data.get("message", ""),
+        )
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=MessageSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="cancel-drain")
+    def cancel_drain(self, request, pk=None):
+        data = self._message()
+        node = services.node_drain_cancel(
+            node=self.get_object(), actor=self.actor(), message=data.get("message", "")
+        )
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=QuarantineSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def quarantine(self, request, pk=None):
+        data = self._message(QuarantineSerializer)
+        node = services.node_quarantine(
+            node=self.get_object(), actor=self.actor(), message=data["message"]
+        )
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=MessageSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        data = self._message()
+        node = services.node_release(
+            node=self.get_object(), actor=self.actor(), message=data.get("message", "")
+        )
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=MessageSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def retire(self, request, pk=None):
+        data = self._message()
+        node = services.node_retire(
+            node=self.get_object(), actor=self.actor(), message=data.get("message", "")
+        )
+        return Response(NodeSerializer(node).data)
+
+    @extend_schema(request=MessageSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"], url_path="revoke-credentials")
+    def revoke_credentials(self, request, pk=None):
+        data = self._message()
+        count = services.node_credentials_revoke(
+            node=self.get_object(), actor=self.actor(), message=data.get("message", "")
+        )
+        return Response({"revoked": count})
+
+    @extend_schema(request=None, responses={201: dict})
+    @action(detail=True, methods=["post"], url_path="rotate-credential")
+    def rotate_credential(self, request, pk=None):
+        credential, secret = services.node_credential_reissue(
+            node=self.get_object(), actor=self.actor()
+        )
+        return Response(credential_body(credential, secret), status=status.HTTP_201_CREATED)
