@@ -1,14 +1,793 @@
-"""Lease lifecycle. Every state change writes a LeaseEvent with a reason code."""
+"""Leases: the capacity ledger. Every state change writes a LeaseEvent with a reason code.
+
+The ledger (`Node.*_reserved`, `GpuDevice.milli_reserved`, `GpuDevice.mig_slots_used`) always
+equals the sum of the HOLDING leases that are not backfills. It changes only here, and only by
+guarded compare-and-set UPDATEs in the same transaction as the lease row:
+
+    UPDATE node SET cpu_reserved = cpu_reserved + x ...
+     WHERE id = n AND cpu_reserved <= cpu_allocatable - x AND ... AND state = 'ready'
+
+Reserve = read a snapshot without locks → the pure core places → one short transaction that
+inserts the lease and its event and then applies the guarded UPDATEs (node row first, then its
+GPUs in id order; every path locks lease → node → GPUs in that order, so there is no deadlock).
+"0 rows updated" means another writer took the capacity first: the transaction rolls back and
+the request is re-planned on a fresh snapshot, a bounded number of times. The database CHECK
+constraints are the last line of defence; an IntegrityError from them is a retry, never a 500.
+"""
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.lookups import Exact
 from django.utils import timezone
 
+from nodes.choices import NodeState
+from nodes.models import GpuDevice, Node
 from pools.actors import Actor
-from pools.statemachine import transition
+from pools.models import Quota
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused, transition
+from scheduling.core import types as core
+from scheduling.core.planner import make_context, place
 
-from .choices import LEASE_TRANSITIONS
+from . import snapshot as snap
+from .choices import HOLDING, LEASE_TRANSITIONS, TERMINAL, LeaseState
 from .models import Lease, LeaseEvent
+
+S = LeaseState
+MAX_ATTEMPTS = 6  # plans per reserve; after 2 conflicts the choice among fitting nodes is random
+
+# Reservation policy defaults; a pool overrides them in its scheduling policy knobs.
+RESERVATION_DEFAULTS = {
+    "reservation_max_horizon_s": 7 * 24 * 3600,  # how far ahead a window may start
+    "reservation_max_hold_s": 24 * 3600,  # how long a window may last
+    "reservation_max_tolerance_s": 3600,  # how late a reservation may be claimed
+}
+
+
+class NoCapacity(Exception):
+    """Nothing fits now (409): reason codes with node counts and the nearest miss."""
+
+    status = 409
+    code = "no_capacity"
+
+    def __init__(self, explanation: dict):
+        super().__init__(explanation.get("message", "no capacity"))
+        self.explanation = {"code": self.code, **explanation}
+
+
+class NeverFits(NoCapacity):
+    """The shape cannot fit in the pool even on an empty node (422)."""
+
+    status = 422
+    code = "never_fits"
+
+
+@dataclass(frozen=True)
+class Window:
+    """A reservation window: capacity is held for [start, end) and must be claimed by
+    start + tolerance."""
+
+    start: datetime
+    end: datetime
+    tolerance: timedelta = timedelta(minutes=5)
+
+    @classmethod
+    def coerce(cls, value) -> Window | None:
+        if value is None or isinstance(value, Window):
+            return value
+        if isinstance(value, dict):
+            tolerance = value.get("tolerance", value.get("tolerance_s", 300))
+            return cls(value["start"], value["end"], _as_timedelta(tolerance))
+        start, end, *rest = value
+        return cls(start, end, _as_timedelta(rest[0]) if rest else timedelta(minutes=5))
+
+
+class _Conflict(Exception):
+    """A guarded UPDATE matched 0 rows: someone else took the capacity first."""
+
+
+def _as_timedelta(value) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+def _explanation_dict(explanation: core.Explanation, **extra) -> dict:
+    near = explanation.nearest_miss
+    return {
+        "message": explanation.message,
+        "total_nodes": explanation.total_nodes,
+        "reasons": dict(explanation.reasons),
+        "nearest_miss": (
+            {"node": near.node, "reason": near.reason, "lacking": dict(near.lacking)}
+            if near
+            else None
+        ),
+        "policy_version": explanation.policy_version,
+        **extra,
+    }
+
+
+def _authorize(lease: Lease, actor: Actor) -> None:
+    """A node's credential acts only on leases of that node."""
+    if actor.kind == "node" and getattr(actor.node, "pk", None) != lease.node_id:
+        raise TransitionRefused("not_your_lease", "This node does not hold that lease.")
+
+
+# --- reserve ---------------------------------------------------------------------------------
+
+
+def lease_reserve(
+    *,
+    pool,
+    tenant,
+    request: dict,
+    actor: Actor,
+    duration,
+    job=None,
+    idempotency_key: str = "",
+    window=None,
+    now=None,
+) -> Lease:
+    """Atomically select a node, reserve capacity on it and return the lease.
+
+    Raises NoCapacity (409) when nothing fits now, NeverFits (422) when nothing ever could,
+    TransitionRefused("quota_exceeded" | "reservation_*") when policy refuses.
+    """
+    now = now or timezone.now()
+    if idempotency_key:
+        existing = Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    duration = _as_timedelta(duration)
+    if duration <= timedelta(0):
+        raise TransitionRefused("invalid_duration", "A lease lasts a positive duration.")
+    window = Window.coerce(window)
+    expires_at = now + duration
+    if window is not None:
+        expires_at = _check_window(pool, window, now)
+    req = snap.core_request(request, tenant.pk)
+    policy = snap.pool_policy(pool)
+    conflicts = 0
+    for attempt in range(MAX_ATTEMPTS):
+        view = snap.pool_snapshot(pool.pk)
+        chosen_policy = policy
+        if attempt >= 2:  # spread: pick at random among the nodes that fit
+            chosen_policy = replace(policy, weights={"random": 1.0})
+        ctx = make_context(view.nodes, chosen_policy, rng=random.Random())
+        result = place(req, view.nodes, chosen_policy, ctx)
+        if isinstance(result, core.Explanation):
+            if window is None:
+                lease = _try_backfill(
+                    pool, tenant, req, request, actor, now, expires_at, job, idempotency_key
+                )
+                if lease is not None:
+                    return lease
+            raise _refusal(pool, req, policy, result, conflicts)
+        try:
+            return _apply_reserve(
+                pool=pool,
+                tenant=tenant,
+                request=request,
+                actor=actor,
+                placement=result,
+                view=view,
+                expires_at=expires_at,
+                window=window,
+                job=job,
+                idempotency_key=idempotency_key,
+                now=now,
+            )
+        except _Conflict:
+            conflicts += 1
+        except IntegrityError:
+            if idempotency_key:
+                existing = Lease.objects.filter(
+                    tenant=tenant, idempotency_key=idempotency_key
+                ).first()
+                if existing is not None:
+                    return existing
+            conflicts += 1
+    raise NoCapacity(
+        {
+            "message": f"capacity contended: {conflicts} conflicting writers in {MAX_ATTEMPTS} "
+            "attempts; retry",
+            "total_nodes": len(view.nodes),
+            "reasons": {"capacity_contention": conflicts},
+            "nearest_miss": None,
+            "policy_version": policy.version,
+            "conflicts": conflicts,
+        }
+    )
+
+
+def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:
+    """409 with counts over every non-retired node, or 422 when an empty pool could not fit."""
+    empty = snap.pool_snapshot(
+        pool.pk, states=[s for s in NodeState.values if s != NodeState.RETIRED], empty=True
+    )
+    ever = place(req, empty.nodes, policy)
+    if isinstance(ever, core.Explanation):
+        return NeverFits(_explanation_dict(ever, conflicts=conflicts))
+    everything = snap.all_nodes_snapshot(pool.pk)
+    now_result = place(req, everything.nodes, policy)
+    if isinstance(now_result, core.Explanation):  # else capacity appeared meanwhile
+        explanation = now_result
+    return NoCapacity(_explanation_dict(explanation, conflicts=conflicts))
+
+
+def _check_window(pool, window: Window, now) -> datetime:
+    knobs = {**RESERVATION_DEFAULTS, **snap.pool_knobs(pool)}
+    if window.end <= window.start:
+        raise TransitionRefused("reservation_window_invalid", "The window ends before it starts.")
+    if window.start < now:
+        raise TransitionRefused("reservation_window_invalid", "The window starts in the past.")
+    if (window.start - now).total_seconds() > knobs["reservation_max_horizon_s"]:
+        raise TransitionRefused(
+            "reservation_horizon_exceeded",
+            f"Windows may start at most {knobs['reservation_max_horizon_s']} s ahead.",
+        )
+    if (window.end - window.start).total_seconds() > knobs["reservation_max_hold_s"]:
+        raise TransitionRefused(
+            "reservation_hold_exceeded",
+            f"Windows may last at most {knobs['reservation_max_hold_s']} s.",
+        )
+    if window.tolerance.total_seconds() > knobs["reservation_max_tolerance_s"]:
+        raise TransitionRefused(
+            "reservation_tolerance_exceeded",
+            f"Tolerance may be at most {knobs['reservation_max_tolerance_s']} s.",
+        )
+    return min(window.start + window.tolerance, window.end)
+
+
+def _check_quota(pool, tenant, cpu: int, memory: int, gpus: int) -> None:
+    """Inside the apply transaction; the quota row lock serialises a tenant's reserves."""
+    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+    if quota is None:
+        return
+    held = list(
+        Lease.objects.filter(
+            tenant=tenant, pool=pool, state__in=HOLDING, backfill_of__isnull=True
+        ).values_list("cpu_millicores", "memory_mib", "gpu_allocations")
+    )
+    used_cpu = sum(r[0] for r in held) + cpu
+    used_mem = sum(r[1] for r in held) + memory
+    used_gpus = sum(len(r[2]) for r in held) + gpus
+    over = []
+    if len(held) + 1 > quota.max_leases:
+        over.append(f"leases {len(held) + 1} > {quota.max_leases}")
+    if used_cpu > quota.cpu_millicores:
+        over.append(f"cpu_millicores {used_cpu} > {quota.cpu_millicores}")
+    if used_mem > quota.memory_mib:
+        over.append(f"memory_mib {used_mem} > {quota.memory_mib}")
+    if used_gpus > quota.gpus:
+        over.append(f"gpus {used_gpus} > {quota.gpus}")
+    if over:
+        raise TransitionRefused("quota_exceeded", "Quota exceeded: " + ", ".join(over))
+
+
+def _gpu_allocations(placement: core.Placement, view: snap.Snapshot, node_id: int) -> list[dict]:
+    node = view.node(placement.node)
+    by_index = {g.index: g for g in node.gpus}
+    out = []
+    for share in placement.devices:
+        gpu_id = view.gpu_ids[(node_id, share.index)]
+        if share.mig_profile:
+            g = by_index[share.index]
+            mask = snap.mig_mask(g.model, g.memory_mib, share.mig_profile, share.mig_start)
+            out.append(
+                {
+                    "gpu": gpu_id,
+                    "index": share.index,
+                    "milli": 0,
+                    "mig_slots": mask,
+                    "mig_profile": share.mig_profile,
+                }
+            )
+        else:
+            out.append({"gpu": gpu_id, "index": share.index, "milli": share.milli, "mig_slots": 0})
+    return sorted(out, key=lambda a: a["gpu"])
+
+
+def _placement_record(placement: core.Placement) -> dict:
+    return {
+        "node": placement.node,
+        "score": placement.score,
+        "score_breakdown": dict(placement.score_breakdown),
+        "grants": {
+            k: {"minimum": g.minimum, "preferred": g.preferred, "granted": g.granted}
+            for k, g in placement.grants.items()
+        },
+        "policy": placement.policy_name,
+    }
+
+
+def _apply_reserve(
+    *, pool, tenant, request, actor, placement, view, expires_at, window, job, idempotency_key, now
+) -> Lease:
+    node_id = view.node_ids[placement.node]
+    allocations = _gpu_allocations(placement, view, node_id)
+    with transaction.atomic():
+        _check_quota(pool, tenant, placement.cpu_millicores, placement.memory_mib, len(allocations))
+        lease = Lease(
+            pool=pool,
+            tenant=tenant,
+            node_id=node_id,
+            job=job,
+            state=S.RESERVED,
+            state_changed_at=now,
+            cpu_millicores=placement.cpu_millicores,
+            memory_mib=placement.memory_mib,
+            scratch_mib=placement.scratch_mib,
+            gpu_allocations=allocations,
+            request=request,
+            placement=_placement_record(placement),
+            policy_version=placement.policy_version,
+            expires_at=expires_at,
+            idempotency_key=idempotency_key,
+            created_by=actor.user,
+            created_at=now,
+            window_start=window.start if window else None,
+            window_end=window.end if window else None,
+            tolerance_s=int(window.tolerance.total_seconds()) if window else 0,
+        )
+        lease.save(force_insert=True)
+        LeaseEvent.record(
+            lease,
+            actor=actor,
+            from_state="",
+            to_state=S.RESERVED,
+            reason=Reason.RESERVED,
+            message=f"reserved on {placement.node}"
+            + (f" for the window from {window.start:%Y-%m-%d %H:%M}" if window else ""),
+            at=now,
+            data={"node": placement.node, "score": placement.score},
+        )
+        _take_capacity(lease, allow_mixing=pool.allow_tenant_mixing_on_shared_gpus)
+    return lease
+
+
+def _take_capacity(lease: Lease, *, allow_mixing: bool) -> None:
+    """Guarded increments: node row first, then its GPUs in id order. Raises _Conflict."""
+    cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
+    updated = Node.objects.filter(
+        pk=lease.node_id,
+        state=NodeState.READY,
+        cpu_millicores_reserved__lte=F("cpu_millicores_allocatable") - cpu,
+        memory_mib_reserved__lte=F("memory_mib_allocatable") - mem,
+        scratch_mib_reserved__lte=F("scratch_mib_allocatable") - scratch,
+    ).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") + cpu,
+        memory_mib_reserved=F("memory_mib_reserved") + mem,
+        scratch_mib_reserved=F("scratch_mib_reserved") + scratch,
+    )
+    if not updated:
+        raise _Conflict
+    for alloc in lease.gpu_allocations:  # sorted by GPU id
+        gpus = GpuDevice.objects.filter(pk=alloc["gpu"], node_id=lease.node_id, healthy=True)
+        if alloc["mig_slots"]:
+            mask = alloc["mig_slots"]
+            updated = gpus.filter(
+                Exact(F("mig_slots_used").bitand(mask), 0), mig_enabled=True
+            ).update(mig_slots_used=F("mig_slots_used") + mask)
+        elif alloc["milli"] >= 1000:
+            updated = gpus.filter(milli_reserved=0, mig_enabled=False, mig_slots_used=0).update(
+                milli_reserved=1000
+            )
+        else:
+            milli = alloc["milli"]
+            gpus = gpus.filter(milli_reserved__lte=1000 - milli, mig_enabled=False)
+            if allow_mixing:
+                updated = gpus.update(milli_reserved=F("milli_reserved") + milli)
+            else:
+                updated = gpus.filter(
+                    Q(share_tenant__isnull=True) | Q(share_tenant_id=lease.tenant_id)
+                ).update(milli_reserved=F("milli_reserved") + milli, share_tenant=lease.tenant_id)
+        if not updated:
+            raise _Conflict
+
+
+def _return_capacity(lease: Lease) -> None:
+    """Guarded decrements in the same lock order; a backfill holds nothing on the ledger."""
+    if lease.backfill_of_id is not None:
+        return
+    cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
+    updated = Node.objects.filter(
+        pk=lease.node_id,
+        cpu_millicores_reserved__gte=cpu,
+        memory_mib_reserved__gte=mem,
+        scratch_mib_reserved__gte=scratch,
+    ).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") - cpu,
+        memory_mib_reserved=F("memory_mib_reserved") - mem,
+        scratch_mib_reserved=F("scratch_mib_reserved") - scratch,
+    )
+    if not updated:
+        raise RuntimeError(f"ledger of node {lease.node_id} is below lease {lease.pk}")
+    for alloc in sorted(lease.gpu_allocations, key=lambda a: a["gpu"]):
+        gpus = GpuDevice.objects.filter(pk=alloc["gpu"])
+        if alloc["mig_slots"]:
+            mask = alloc["mig_slots"]
+            updated = gpus.filter(Exact(F("mig_slots_used").bitand(mask), mask)).update(
+                mig_slots_used=F("mig_slots_used") - mask
+            )
+        else:
+            milli = alloc["milli"]
+            updated = gpus.filter(milli_reserved__gte=milli).update(
+                milli_reserved=F("milli_reserved") - milli,
+                share_tenant=Case(
+                    When(milli_reserved=milli, then=Value(None)), default=F("share_tenant")
+                ),
+            )
+        if not updated:
+            raise RuntimeError(f"ledger of GPU {alloc['gpu']} is below lease {lease.pk}")
+
+
+# --- backfill --------------------------------------------------------------------------------
+
+
+def _try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempotency_key):
+    """Short work declared to end before a reservation's window may run on its held capacity."""
+    candidates = list(
+        Lease.objects.filter(
+            pool=pool,
+            state=S.RESERVED,
+            window_start__gte=expires_at,
+            backfill_of__isnull=True,
+        ).order_by("window_start", "id")[:20]
+    )
+    if not candidates:
+        return None
+    policy = snap.pool_policy(pool)
+    for parent in candidates:
+        view = snap.reservation_view(parent)
+        if view is None:
+            continue
+        result = place(req, [view], policy)
+        if isinstance(result, core.Explanation):
+            continue
+        try:
+            with transaction.atomic():
+                locked = Lease.objects.select_for_update().get(pk=parent.pk)
+                if locked.state != S.RESERVED or locked.window_start < expires_at:
+                    continue
+                fresh = snap.reservation_view(locked)
+                if fresh is None or isinstance(place(req, [fresh], policy), core.Explanation):
+                    continue
+                by_index = {a["index"]: a for a in locked.gpu_allocations}
+                allocations = sorted(
+                    (
+                        {
+                            "gpu": by_index[d.index]["gpu"],
+                            "index": d.index,
+                            "milli": d.milli,
+                            "mig_slots": 0,
+                        }
+                        for d in result.devices
+                    ),
+                    key=lambda a: a["gpu"],
+                )
+                lease = Lease.objects.create(
+                    pool=pool,
+                    tenant=tenant,
+                    node_id=locked.node_id,
+                    job=job,
+                    state=S.RESERVED,
+                    state_changed_at=now,
+                    cpu_millicores=result.cpu_millicores,
+                    memory_mib=result.memory_mib,
+                    scratch_mib=result.scratch_mib,
+                    gpu_allocations=allocations,
+                    request=request,
+                    placement={**_placement_record(result), "backfill_of": locked.pk},
+                    policy_version=result.policy_version,
+                    expires_at=expires_at,
+                    idempotency_key=idempotency_key,
+                    created_by=actor.user,
+                    created_at=now,
+                    backfill_of=locked,
+                )
+                LeaseEvent.record(
+                    lease,
+                    actor=actor,
+                    from_state="",
+                    to_state=S.RESERVED,
+                    reason=Reason.RESERVED,
+                    message=f"backfilled into reservation {locked.pk} on {result.node}, "
+                    f"ends before {locked.window_start:%Y-%m-%d %H:%M}",
+                    at=now,
+                    data={"backfill_of": locked.pk},
+                )
+                return lease
+        except IntegrityError:
+            if idempotency_key:
+                return Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+            raise
+    return None
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+
+
+def _fencing_check(token, now, *, allow_expired: bool = False):
+    def check(obj: Lease):
+        if int(token) != obj.fencing_token:
+            raise TransitionRefused(
+                "fencing_token_mismatch", "Stale fencing token: another attempt holds this lease."
+            )
+        if not allow_expired and obj.expires_at <= now:
+            raise TransitionRefused("lease_expired", f"The lease expired at {obj.expires_at}.")
+
+    return check
+
+
+def lease_commit(*, lease: Lease, fencing_token, actor: Actor, now=None) -> Lease:
+    """Startup began: reserved → committed. A reservation is claimed within its tolerance."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    token_check = _fencing_check(fencing_token, now)
+
+    def check(obj: Lease):
+        token_check(obj)
+        if obj.window_start is not None and now < obj.window_start:
+            raise TransitionRefused(
+                "reservation_window_not_open",
+                f"The reservation's window opens at {obj.window_start}.",
+            )
+
+    with transaction.atomic():
+        lease = lease_transition(
+            lease=lease,
+            to=S.COMMITTED,
+            actor=actor,
+            reason=Reason.COMMITTED,
+            now=now,
+            check=check,
+            changes={"committed_at": now},
+        )
+        if lease.window_start is not None:
+            # The claim holds the capacity until the window's end, not longer.
+            lease.expires_at = lease.window_end
+            lease.save(update_fields=["expires_at"])
+            _close_backfills(lease, actor, now)
+    return lease
+
+
+def _close_backfills(parent: Lease, actor: Actor, now) -> None:
+    for child in parent.backfills.filter(state__in=HOLDING).order_by("id"):
+        lease_transition(
+            lease=child,
+            to=S.EXPIRED,
+            actor=actor,
+            reason=Reason.BACKFILL_WINDOW_CLOSED,
+            message=f"reservation {parent.pk} was claimed",
+            now=now,
+            changes={"ended_at": now},
+        )
+
+
+def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None) -> Lease:
+    """Extend a live lease to now + duration (capped by its window or backfill deadline)."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    duration = _as_timedelta(duration)
+    if duration <= timedelta(0):
+        raise TransitionRefused("invalid_duration", "A renewal lasts a positive duration.")
+    with transaction.atomic():
+        obj = (
+            Lease.objects.select_for_update(of=("self",))
+            .select_related("backfill_of")
+            .get(pk=lease.pk)
+        )
+        if obj.state not in (S.RESERVED, S.COMMITTED):
+            raise TransitionRefused(
+                "transition_not_allowed", f"A {obj.state} lease cannot be renewed."
+            )
+        _fencing_check(fencing_token, now)(obj)
+        cap = None
+        if obj.window_start is not None:
+            cap = obj.window_end if obj.state == S.COMMITTED else obj.expires_at
+        if obj.backfill_of_id is not None:
+            cap = obj.backfill_of.window_start
+        wanted = now + duration
+        new_expiry = min(wanted, cap) if cap else wanted
+        if new_expiry <= obj.expires_at and cap is not None and wanted > cap:
+            raise TransitionRefused(
+                "hold_cap_reached", f"This lease cannot be held beyond {cap} (policy cap)."
+            )
+        previous = obj.expires_at
+        obj.expires_at = max(new_expiry, obj.expires_at)
+        obj.save(update_fields=["expires_at"])
+        LeaseEvent.record(
+            obj,
+            actor=actor,
+            from_state=obj.state,
+            to_state=obj.state,
+            reason=Reason.RENEWED,
+            message=f"expires at {obj.expires_at:%Y-%m-%d %H:%M:%S}",
+            at=now,
+            data={"previous_expires_at": previous.isoformat()},
+        )
+    return obj
+
+
+def _end(lease: Lease, *, to: str, actor: Actor, reason: str, message: str, now, check=None):
+    """A transition out of HOLDING with the capacity returned in the same transaction."""
+    with transaction.atomic():
+        lease = lease_transition(
+            lease=lease,
+            to=to,
+            actor=actor,
+            reason=reason,
+            message=message,
+            now=now,
+            check=check,
+            changes={"ended_at": now},
+        )
+        _return_capacity(lease)
+        if lease.window_start is not None:
+            _close_backfills(lease, actor, now)
+    return lease
+
+
+def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "", now=None):
+    """Explicit and idempotent: releasing an ended lease returns it unchanged."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    with transaction.atomic():
+        current = Lease.objects.select_for_update().get(pk=lease.pk)
+        if current.state in TERMINAL:
+            return current
+        return _end(current, to=S.RELEASED, actor=actor, reason=reason, message=message, now=now)
+
+
+def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
+    """committed → uncertain: the node's agent stopped answering; capacity stays held."""
+    now = now or timezone.now()
+    return lease_transition(
+        lease=lease,
+        to=S.UNCERTAIN,
+        actor=actor,
+        reason=Reason.NODE_SILENT,
+        now=now,
+        changes={"uncertain_since": now},
+    )
+
+
+def lease_reconcile(*, lease: Lease, running: bool, actor: Actor, now=None) -> Lease:
+    """uncertain → committed when the workload still runs, else released (capacity back)."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    if running:
+        with transaction.atomic():
+            current = Lease.objects.select_for_update().get(pk=lease.pk)
+            expires_at = max(current.expires_at, now + settings.LEASE_DEFAULT_TTL)
+            if current.window_end is not None:
+                expires_at = min(expires_at, max(current.window_end, current.expires_at))
+            return lease_transition(
+                lease=current,
+                to=S.COMMITTED,
+                actor=actor,
+                reason=Reason.RECONCILED_RUNNING,
+                now=now,
+                changes={"uncertain_since": None, "expires_at": expires_at},
+            )
+    return _end(
+        lease,
+        to=S.RELEASED,
+        actor=actor,
+        reason=Reason.RECONCILED_GONE,
+        message="reconciliation found no running workload",
+        now=now,
+        check=_require_state(S.UNCERTAIN),
+    )
+
+
+def _require_state(state):
+    def check(obj):
+        if obj.state != state:
+            raise TransitionRefused(
+                "transition_not_allowed", f"Only a {state} lease can do this, not {obj.state}."
+            )
+
+    return check
+
+
+def lease_report_usage(
+    *,
+    lease: Lease,
+    actor: Actor,
+    cpu_millicores: int,
+    memory_mib: int,
+    gpu_milli: int = 0,
+    now=None,
+) -> Lease:
+    """The agent's measured consumption of a committed lease (accounting: held vs consumed)."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    updated = Lease.objects.filter(pk=lease.pk, state=S.COMMITTED).update(
+        used_cpu_millicores=cpu_millicores,
+        used_memory_mib=memory_mib,
+        used_gpu_milli=gpu_milli,
+        usage_reported_at=now,
+    )
+    if not updated:
+        raise TransitionRefused("transition_not_allowed", "Usage is reported on committed leases.")
+    lease.refresh_from_db()
+    return lease
+
+
+# --- sweeps ----------------------------------------------------------------------------------
+
+
+def _sweep(queryset, *, to: str, reason_for, actor: Actor, now, batch: int = 500) -> int:
+    """Each lease in its own short transaction; SKIP LOCKED lets several sweepers share."""
+    count = 0
+    ids = list(queryset.order_by("id").values_list("id", flat=True)[:batch])
+    for pk in ids:
+        with transaction.atomic():
+            lease = queryset.select_for_update(skip_locked=True).filter(pk=pk).first()
+            if lease is None:
+                continue  # someone else ended it, or holds it right now
+            _end(
+                lease,
+                to=to,
+                actor=actor,
+                reason=reason_for(lease),
+                message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
+                now=now,
+            )
+            count += 1
+    return count
+
+
+def expire_leases(*, now) -> int:
+    """Reserved or committed leases past their expiry → expired, capacity returned."""
+    due = Lease.objects.filter(state__in=(S.RESERVED, S.COMMITTED), expires_at__lte=now).exclude(
+        state=S.RESERVED, window_start__isnull=False
+    )
+    return _sweep(
+        due,
+        to=S.EXPIRED,
+        reason_for=lambda lease: (
+            Reason.EXPIRED_UNCOMMITTED if lease.state == S.RESERVED else Reason.EXPIRED_NOT_RENEWED
+        ),
+        actor=Actor.system("lease-expiry"),
+        now=now,
+    )
+
+
+def expire_uncertain(*, now, deadline) -> int:
+    """Uncertain longer than `deadline` (a timedelta or seconds) → expired, capacity returned."""
+    cutoff = now - _as_timedelta(deadline)
+    due = Lease.objects.filter(state=S.UNCERTAIN, uncertain_since__lte=cutoff)
+    return _sweep(
+        due,
+        to=S.EXPIRED,
+        reason_for=lambda lease: Reason.UNCERTAIN_DEADLINE,
+        actor=Actor.system("lease-uncertain"),
+        now=now,
+    )
+
+
+def release_unclaimed_reservations(*, now) -> int:
+    """Reservations not claimed within their tolerance → released with a reason."""
+    due = Lease.objects.filter(state=S.RESERVED, window_start__isnull=False, expires_at__lte=now)
+    return _sweep(
+        due,
+        to=S.RELEASED,
+        reason_for=lambda lease: Reason.RESERVATION_UNCLAIMED,
+        actor=Actor.system("reservations"),
+        now=now,
+    )
+
+
+# --- the one transition helper ---------------------------------------------------------------
 
 
 def lease_transition(

@@ -1,0 +1,154 @@
+from django.conf import settings
+from rest_framework import serializers
+
+from jobs.services import shape_request
+from pools.api.serializers import ResourceRequestSerializer
+from pools.models import ComputePool, Tenant
+from pools.roles import tenant_roles
+from pools.selectors import resolve_shape
+from scheduling.models import Lease, LeaseEvent
+
+MAX_DURATION_S = 7 * 24 * 3600
+
+
+class LeaseEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_label")
+
+    class Meta:
+        model = LeaseEvent
+        fields = ["at", "actor", "from_state", "to_state", "reason", "message", "data"]
+
+
+class LeaseSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    node = serializers.SerializerMethodField()
+    fencing_token = serializers.CharField(read_only=True, help_text="Send back on commit/renew")
+    held = serializers.SerializerMethodField()
+    consumed = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lease
+        fields = [
+            "id",
+            "pool",
+            "tenant",
+            "node",
+            "node_id",
+            "job",
+            "state",
+            "state_changed_at",
+            "cpu_millicores",
+            "memory_mib",
+            "scratch_mib",
+            "gpu_allocations",
+            "request",
+            "placement",
+            "policy_version",
+            "fencing_token",
+            "expires_at",
+            "committed_at",
+            "ended_at",
+            "window_start",
+            "window_end",
+            "tolerance_s",
+            "backfill_of",
+            "held",
+            "consumed",
+            "idempotency_key",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_node(self, lease) -> str:
+        # The placement record names the node: no query for the node row.
+        return lease.placement.get("node") or lease.node.name
+
+    def get_held(self, lease) -> dict:
+        holding = lease.state in ("reserved", "committed", "uncertain")
+        return {
+            "cpu_millicores": lease.cpu_millicores if holding else 0,
+            "memory_mib": lease.memory_mib if holding else 0,
+            "scratch_mib": lease.scratch_mib if holding else 0,
+            "gpu_milli": lease.gpu_milli if holding else 0,
+        }
+
+    def get_consumed(self, lease) -> dict | None:
+        if lease.usage_reported_at is None:
+            return None
+        return {
+            "cpu_millicores": lease.used_cpu_millicores,
+            "memory_mib": lease.used_memory_mib,
+            "gpu_milli": lease.used_gpu_milli,
+            "reported_at": lease.usage_reported_at,
+        }
+
+
+class WindowSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    tolerance_s = serializers.IntegerField(min_value=0, max_value=7 * 24 * 3600, default=300)
+
+    def validate(self, attrs):
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": "The window must end after it starts."})
+        return attrs
+
+
+class LeaseCreateSerializer(serializers.Serializer):
+    pool = serializers.SlugField()
+    tenant = serializers.SlugField()
+    shape = serializers.SlugField(required=False, help_text="A catalogue shape of the pool")
+    resources = ResourceRequestSerializer(required=False, help_text="Or an inline shape")
+    duration_s = serializers.IntegerField(min_value=1, max_value=MAX_DURATION_S, required=False)
+    window = WindowSerializer(required=False)
+
+    def validate_tenant(self, slug):
+        user = self.context["request"].user
+        roles = tenant_roles(user)
+        tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None or (tenant.pk not in roles and not self.context.get("operator")):
+            # The same answer for "does not exist" and "not yours": tenants stay invisible.
+            raise serializers.ValidationError("No tenant of yours has this slug.")
+        return tenant
+
+    def validate_pool(self, slug):
+        pool = ComputePool.objects.filter(slug=slug).first()
+        if pool is None:
+            raise serializers.ValidationError("No pool has this slug.")
+        return pool
+
+    def validate(self, attrs):
+        pool = attrs["pool"]
+        if ("shape" in attrs) == ("resources" in attrs):
+            raise serializers.ValidationError(
+                {"shape": "Give exactly one of shape (a catalogue name) or resources (inline)."}
+            )
+        if "shape" in attrs:
+            shape = resolve_shape(pool, attrs["shape"])
+            if shape is None:
+                raise serializers.ValidationError({"shape": f"Pool {pool.slug} has no such shape."})
+            attrs["request"] = shape_request(shape)
+        else:
+            attrs["request"] = dict(attrs["resources"])
+        if "duration_s" not in attrs:
+            attrs["duration_s"] = int(settings.LEASE_DEFAULT_TTL.total_seconds())
+        return attrs
+
+
+class FencedSerializer(serializers.Serializer):
+    fencing_token = serializers.IntegerField()
+
+
+class RenewSerializer(FencedSerializer):
+    duration_s = serializers.IntegerField(min_value=1, max_value=MAX_DURATION_S, required=False)
+
+
+class ReleaseSerializer(serializers.Serializer):
+    message = serializers.CharField(max_length=500, required=False, default="")
+
+
+class UsageSerializer(serializers.Serializer):
+    cpu_millicores = serializers.IntegerField(min_value=0)
+    memory_mib = serializers.IntegerField(min_value=0)
+    gpu_milli = serializers.IntegerField(min_value=0, default=0)

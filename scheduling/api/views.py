@@ -1,0 +1,195 @@
+"""/api/v1/compute-leases: reserve, commit, renew, release; GET the leases you may see.
+
+People act on their tenants' leases (operators on all); a node's agent (request.user is a
+NodePrincipal) only on leases of its own node. Leases of others are 404, never 403.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+
+from pools.actors import Actor
+from pools.api.permissions import IsOperator, IsPerson, TokenScopeAllows
+from pools.models import ComputePool, Tenant
+from pools.reasons import Reason
+from pools.roles import is_operator
+from scheduling import selectors, services
+from scheduling.api.serializers import (
+    FencedSerializer,
+    LeaseCreateSerializer,
+    LeaseEventSerializer,
+    LeaseSerializer,
+    ReleaseSerializer,
+    RenewSerializer,
+    UsageSerializer,
+)
+
+
+def _is_node(user) -> bool:
+    return getattr(user, "is_person", True) is False and getattr(user, "node", None) is not None
+
+
+class IsPersonOrNode(BasePermission):
+    """A signed-in person (with the token scope needed) or a node's agent."""
+
+    message = "Authentication as a person or a node is required."
+
+    def has_permission(self, request, view):
+        user = request.user
+        if user and getattr(user, "is_authenticated", False) and _is_node(user):
+            return True
+        return IsPerson().has_permission(request, view)
+
+
+class IsNodeOrOperator(BasePermission):
+    message = "Only the node's agent (or an operator) reports usage."
+
+    def has_permission(self, request, view):
+        user = request.user
+        if user and getattr(user, "is_authenticated", False) and _is_node(user):
+            return True
+        return IsOperator().has_permission(request, view)
+
+
+def actor_for(user) -> Actor:
+    return Actor.for_node(user.node) if _is_node(user) else Actor.for_user(user)
+
+
+class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = LeaseSerializer
+    permission_classes = [IsPersonOrNode]
+    filterset_fields = {
+        "state": ["exact", "in"],
+        "tenant__slug": ["exact"],
+        "pool__slug": ["exact"],
+    }
+
+    def get_permissions(self):
+        if self.action == "create":
+            return [IsPerson()]
+        if self.action == "usage":
+            return [IsNodeOrOperator()]
+        if self.action in ("accounting",):
+            return [IsPerson()]
+        return [IsPersonOrNode()]
+
+    def get_queryset(self):
+        return selectors.leases_visible_to(self.request.user)
+
+    @extend_schema(request=LeaseCreateSerializer, responses={201: LeaseSerializer})
+    def create(self, request, *args, **kwargs):
+        user = request.user
+        context = {"request": request, "operator": is_operator(user)}
+        serializer = LeaseCreateSerializer(data=request.data, context=context)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        window = data.get("window")
+        try:
+            lease = services.lease_reserve(
+                pool=data["pool"],
+                tenant=data["tenant"],
+                request=data["request"],
+                actor=Actor.for_user(user),
+                duration=timedelta(seconds=data["duration_s"]),
+                idempotency_key=request.headers.get("Idempotency-Key", "")[:100],
+                window=(
+                    services.Window(
+                        window["start"], window["end"], timedelta(seconds=window["tolerance_s"])
+                    )
+                    if window
+                    else None
+                ),
+            )
+        except services.NoCapacity as refusal:
+            return Response(refusal.explanation, status=refusal.status)
+        return Response(LeaseSerializer(lease).data, status=status.HTTP_201_CREATED)
+
+    def _lease(self):
+        return self.get_object()
+
+    @extend_schema(request=FencedSerializer, responses=LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def commit(self, request, pk=None):
+        body = FencedSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        lease = services.lease_commit(
+            lease=self._lease(),
+            fencing_token=body.validated_data["fencing_token"],
+            actor=actor_for(request.user),
+        )
+        return Response(LeaseSerializer(lease).data)
+
+    @extend_schema(request=RenewSerializer, responses=LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def renew(self, request, pk=None):
+        body = RenewSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        seconds = body.validated_data.get("duration_s") or int(
+            settings.LEASE_DEFAULT_TTL.total_seconds()
+        )
+        lease = services.lease_renew(
+            lease=self._lease(),
+            fencing_token=body.validated_data["fencing_token"],
+            actor=actor_for(request.user),
+            duration=timedelta(seconds=seconds),
+        )
+        return Response(LeaseSerializer(lease).data)
+
+    @extend_schema(request=ReleaseSerializer, responses=LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        body = ReleaseSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        lease = services.lease_release(
+            lease=self._lease(),
+            actor=actor_for(request.user),
+            reason=Reason.RELEASED_BY_CLIENT,
+            message=body.validated_data["message"],
+        )
+        return Response(LeaseSerializer(lease).data)
+
+    @extend_schema(request=UsageSerializer, responses=LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def usage(self, request, pk=None):
+        body = UsageSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        lease = services.lease_report_usage(
+            lease=self._lease(), actor=actor_for(request.user), **body.validated_data
+        )
+        return Response(LeaseSerializer(lease).data)
+
+    @extend_schema(responses=LeaseEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        return Response(LeaseEventSerializer(self._lease().events.all(), many=True).data)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=False, methods=["get"])
+    def accounting(self, request):
+        """Held vs consumed for each tenant you may see (?tenant=slug&pool=slug to narrow)."""
+        tenants = Tenant.objects.visible_to(request.user)
+        if not is_operator(request.user):
+            tenants = tenants.filter(memberships__user=request.user)
+        if request.query_params.get("tenant"):
+            tenants = tenants.filter(slug=request.query_params["tenant"])
+        pool = None
+        if request.query_params.get("pool"):
+            pool = get_object_or_404(ComputePool, slug=request.query_params["pool"])
+        return Response(
+            [selectors.tenant_accounting(t, pool) for t in tenants.distinct().order_by("slug")]
+        )
+
+
+@extend_schema(responses={200: dict})
+@api_view(["GET"])
+@permission_classes([IsOperator, TokenScopeAllows])
+def pool_capacity(request, slug):
+    """Operators: allocatable, reserved, used, free, fragmented, draining, unhealthy."""
+    pool = get_object_or_404(ComputePool, slug=slug)
+    return Response(selectors.pool_capacity(pool))

@@ -1,0 +1,322 @@
+"""The thin adapter between the database and the pure scheduler core.
+
+`pool_snapshot` reads the schedulable nodes of a pool and their GPUs in two plain queries, with
+no locks, and turns them into core `NodeView`s whose free capacity is allocatable − reserved.
+The snapshot may be stale by the time it is used; the apply step in `scheduling.services`
+guards every capacity change with a compare-and-set UPDATE, so staleness costs a retry, never
+an overcommit.
+
+Conventions of the adapter (documented in docs/leases.md):
+- node names are unique within a pool, so a `NodeView.name` is the node's name;
+- a GPU's sharing mode: MIG when `mig_enabled`, else the node label `gpu-sharing`
+  (`exclusive` | `timeslice` | `mps`), default `exclusive`;
+- MIG slices in use come from the `mig_slots_used` bitmask (one slot per bit);
+- tenants are identified by their primary key as a string.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from nodes.choices import SCHEDULABLE, NodeState
+from nodes.models import GpuDevice, Node
+from pools.choices import GpuSharingClass
+from scheduling.core import types as core
+from scheduling.core.mig import profiles_for
+from scheduling.core.policies import DEFAULT_POLICY
+from scheduling.core.scorers import SCORERS
+
+SHARING_LABEL = "gpu-sharing"
+_SHARING_MODES = {core.EXCLUSIVE, core.TIMESLICE, core.MPS}
+
+_NODE_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "architecture",
+    "os",
+    "runtimes",
+    "labels",
+    "region",
+    "zone",
+    "rack",
+    "network_class",
+    "cpu_millicores_allocatable",
+    "memory_mib_allocatable",
+    "scratch_mib_allocatable",
+    "cpu_millicores_reserved",
+    "memory_mib_reserved",
+    "scratch_mib_reserved",
+)
+_GPU_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "model",
+    "memory_mib",
+    "mig_enabled",
+    "interconnect_group",
+    "numa_node",
+    "healthy",
+    "driver_version",
+    "cuda_version",
+    "milli_reserved",
+    "mig_slots_used",
+    "share_tenant_id",
+)
+
+
+class Snapshot:
+    """Core node views plus what the apply step needs to map a placement back to rows."""
+
+    __slots__ = ("gpu_ids", "node_ids", "nodes")
+
+    def __init__(self, nodes, node_ids, gpu_ids):
+        self.nodes: list[core.NodeView] = nodes
+        self.node_ids: dict[str, int] = node_ids  # node name → id
+        self.gpu_ids: dict[tuple[int, int], int] = gpu_ids  # (node id, gpu index) → gpu id
+
+    def node(self, name: str) -> core.NodeView:
+        return next(n for n in self.nodes if n.name == name)
+
+
+def mig_slices_from_mask(mask: int) -> tuple[core.MigSlice, ...]:
+    # A slot per bit: `occupied_slices` counts an unknown profile as one slice.
+    return tuple(core.MigSlice("", bit) for bit in range(8) if mask >> bit & 1)
+
+
+def mig_mask(model: str, memory_mib: int, profile: str, start: int) -> int:
+    size = profiles_for(model, memory_mib)[profile].slices
+    return ((1 << size) - 1) << start
+
+
+def _gpu_view(row: dict, sharing_mode: str, *, empty: bool = False) -> core.GpuView:
+    if row["mig_enabled"]:
+        mask = 0 if empty else row["mig_slots_used"]
+        slices = mig_slices_from_mask(mask)
+        return core.GpuView(
+            index=row["index"],
+            model=row["model"],
+            memory_mib=row["memory_mib"],
+            free_milli=max(0, 1000 - 125 * len(slices)),
+            sharing=core.MIG,
+            uuid=row["uuid"],
+            mig_slices=slices,
+            interconnect_group=row["interconnect_group"],
+            numa_node=row["numa_node"] or 0,
+            healthy=row["healthy"],
+            driver_version=row["driver_version"],
+            cuda_version=row["cuda_version"],
+        )
+    tenant = row["share_tenant_id"]
+    return core.GpuView(
+        index=row["index"],
+        model=row["model"],
+        memory_mib=row["memory_mib"],
+        free_milli=1000 if empty else 1000 - row["milli_reserved"],
+        sharing=sharing_mode,
+        uuid=row["uuid"],
+        interconnect_group=row["interconnect_group"],
+        numa_node=row["numa_node"] or 0,
+        healthy=row["healthy"],
+        driver_version=row["driver_version"],
+        cuda_version=row["cuda_version"],
+        tenants=(str(tenant),) if tenant is not None and not empty else (),
+    )
+
+
+def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
+    labels = row["labels"] if isinstance(row["labels"], dict) else {}
+    mode = labels.get(SHARING_LABEL, core.EXCLUSIVE)
+    if mode not in _SHARING_MODES:
+        mode = core.EXCLUSIVE
+    cpu, mem, scratch = (
+        row["cpu_millicores_allocatable"],
+        row["memory_mib_allocatable"],
+        row["scratch_mib_allocatable"],
+    )
+    return core.NodeView(
+        name=row["name"],
+        cpu_millicores=cpu,
+        memory_mib=mem,
+        scratch_mib=scratch,
+        free_cpu_millicores=cpu if empty else cpu - row["cpu_millicores_reserved"],
+        free_memory_mib=mem if empty else mem - row["memory_mib_reserved"],
+        free_scratch_mib=scratch if empty else scratch - row["scratch_mib_reserved"],
+        gpus=tuple(_gpu_view(g, mode, empty=empty) for g in gpus),
+        state=NodeState.READY if empty else row["state"],
+        labels={str(k): str(v) for k, v in labels.items()},
+        arch=row["architecture"],
+        os=row["os"],
+        runtimes=frozenset(row["runtimes"] or ("docker",)),
+        region=row["region"],
+        zone=row["zone"],
+        rack=row["rack"],
+        network_class=row["network_class"],
+    )
+
+
+def pool_snapshot(pool_id: int, *, states=SCHEDULABLE, empty: bool = False) -> Snapshot:
+    """Nodes of the pool in `states` as core views: two queries, no locks.
+
+    `empty=True` views every node as ready and empty (allocatable only): what the pool could
+    ever offer, used to tell "never fits" (422) from "not now" (409).
+    """
+    rows = list(
+        Node.objects.filter(pool_id=pool_id, state__in=list(states))
+        .order_by("name")
+        .values(*_NODE_FIELDS)
+    )
+    gpus_by_node: dict[int, list[dict]] = {}
+    if rows:
+        gpu_rows = GpuDevice.objects.filter(
+            node__pool_id=pool_id, node__state__in=list(states)
+        ).values(*_GPU_FIELDS)
+        for g in sorted(gpu_rows, key=lambda g: (g["node_id"], g["index"])):
+            gpus_by_node.setdefault(g["node_id"], []).append(g)
+    nodes, node_ids, gpu_ids = [], {}, {}
+    for row in rows:
+        gpus = gpus_by_node.get(row["id"], [])
+        nodes.append(_node_view(row, gpus, empty=empty))
+        node_ids[row["name"]] = row["id"]
+        for g in gpus:
+            gpu_ids[(row["id"], g["index"])] = g["id"]
+    return Snapshot(nodes, node_ids, gpu_ids)
+
+
+def all_nodes_snapshot(pool_id: int) -> Snapshot:
+    """Every node of the pool that is not retired, as it is now (for explanations)."""
+    states = [s for s in NodeState.values if s != NodeState.RETIRED]
+    return pool_snapshot(pool_id, states=states)
+
+
+def core_request(request: dict, tenant_id: int | str = "") -> core.Request:
+    """A validated shape/request dict (pools.api.serializers.REQUEST_FIELDS) as a core Request."""
+    sharing = request.get("gpu_sharing_class") or GpuSharingClass.NONE
+    gpu_count = int(request.get("gpu_count") or 0)
+    if sharing == GpuSharingClass.NONE:
+        sharing, gpu_count = core.EXCLUSIVE, 0
+    gpu_milli = 1000
+    if sharing in (core.TIMESLICE, core.MPS) and request.get("gpu_milli"):
+        gpu_milli = int(request["gpu_milli"])
+    return core.Request(
+        cpu_millicores=int(request.get("cpu_millicores_min") or 0),
+        preferred_cpu_millicores=request.get("cpu_millicores_preferred"),
+        memory_mib=int(request.get("memory_mib_min") or 0),
+        preferred_memory_mib=request.get("memory_mib_preferred"),
+        scratch_mib=int(request.get("scratch_mib") or 0),
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=int(request.get("gpu_memory_mib_min") or 0),
+        gpu_models=tuple(request.get("gpu_models") or ()),
+        sharing=sharing,
+        mig_profile=request.get("mig_profile") or "",
+        arch=request.get("architecture") or "",
+        os=request.get("os") or "",
+        runtime=request.get("container_runtime") or "",
+        regions=tuple(request.get("regions") or ()),
+        zones=tuple(request.get("zones") or ()),
+        network_class=request.get("network_class") or "",
+        node_pin=request.get("node_pin") or "",
+        tenant=str(tenant_id),
+    )
+
+
+# Policies change rarely; a pool's current version is cached a few seconds per process so the
+# hot path does not read it on every request.
+_POLICY_CACHE: dict[int, tuple[float, core.Policy]] = {}
+POLICY_CACHE_SECONDS = 5.0
+
+
+def pool_policy(pool) -> core.Policy:
+    now = time.monotonic()
+    cached = _POLICY_CACHE.get(pool.pk)
+    if cached and now - cached[0] < POLICY_CACHE_SECONDS:
+        return cached[1]
+    from pools.models import SchedulingPolicyVersion
+
+    version = (
+        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
+        .order_by("-number")
+        .values("number", "weights")
+        .first()
+    )
+    policy = replace(DEFAULT_POLICY, allow_tenant_mixing=pool.allow_tenant_mixing_on_shared_gpus)
+    if version:
+        weights = {k: float(v) for k, v in (version["weights"] or {}).items() if k in SCORERS}
+        policy = replace(policy, version=version["number"], weights=weights or policy.weights)
+    _POLICY_CACHE[pool.pk] = (now, policy)
+    return policy
+
+
+def pool_knobs(pool) -> dict:
+    from pools.models import SchedulingPolicyVersion
+
+    version = (
+        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
+        .order_by("-number")
+        .values_list("knobs", flat=True)
+        .first()
+    )
+    return version if isinstance(version, dict) else {}
+
+
+def reservation_view(parent) -> core.NodeView | None:
+    """What a reservation holds, minus its live backfills, as one node for the core.
+
+    Backfill runs inside the reservation's hold, so it is placed against this view; MIG slices
+    held by a reservation are not offered to backfill.
+    """
+    from scheduling.choices import HOLDING
+
+    row = Node.objects.filter(pk=parent.node_id).values(*_NODE_FIELDS).first()
+    if row is None:
+        return None
+    children = list(
+        parent.backfills.filter(state__in=HOLDING).values(
+            "tenant_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+        )
+    )
+    used_milli: dict[int, int] = {}
+    tenants: dict[int, set[str]] = {}
+    for child in children:
+        for alloc in child["gpu_allocations"]:
+            used_milli[alloc["gpu"]] = used_milli.get(alloc["gpu"], 0) + alloc["milli"]
+            if alloc["milli"] < 1000:
+                tenants.setdefault(alloc["gpu"], set()).add(str(child["tenant_id"]))
+    held = [a for a in parent.gpu_allocations if not a.get("mig_slots")]
+    gpu_rows = {
+        g["id"]: g
+        for g in GpuDevice.objects.filter(pk__in=[a["gpu"] for a in held]).values(*_GPU_FIELDS)
+    }
+    labels = row["labels"] if isinstance(row["labels"], dict) else {}
+    mode = labels.get(SHARING_LABEL, core.EXCLUSIVE)
+    if mode not in _SHARING_MODES:
+        mode = core.EXCLUSIVE
+    gpus = []
+    for alloc in held:
+        g = gpu_rows.get(alloc["gpu"])
+        if g is None:
+            continue
+        base = _gpu_view(g, mode, empty=True)
+        gpus.append(
+            replace(
+                base,
+                free_milli=max(0, alloc["milli"] - used_milli.get(alloc["gpu"], 0)),
+                tenants=tuple(sorted(tenants.get(alloc["gpu"], ()))),
+            )
+        )
+    node = _node_view(row, [], empty=True)
+    return replace(
+        node,
+        cpu_millicores=parent.cpu_millicores,
+        memory_mib=parent.memory_mib,
+        scratch_mib=parent.scratch_mib,
+        free_cpu_millicores=parent.cpu_millicores - sum(c["cpu_millicores"] for c in children),
+        free_memory_mib=parent.memory_mib - sum(c["memory_mib"] for c in children),
+        free_scratch_mib=parent.scratch_mib - sum(c["scratch_mib"] for c in children),
+        gpus=tuple(gpus),
+        state=row["state"],
+    )

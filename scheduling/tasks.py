@@ -1,0 +1,33 @@
+"""Thin Celery tasks: each sweep takes `now` (default: the time it runs) and is safe to run on
+several workers at once (per-lease transactions with SKIP LOCKED; a second run finds nothing)."""
+
+from datetime import datetime, timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from scheduling import services
+
+UNCERTAIN_DEADLINE = timedelta(minutes=10)
+
+
+def _now(now):
+    if now is None:
+        return timezone.now()
+    return datetime.fromisoformat(now) if isinstance(now, str) else now
+
+
+@shared_task(name="scheduling.expire_leases")
+def expire_leases(now=None) -> int:
+    return services.expire_leases(now=_now(now))
+
+
+@shared_task(name="scheduling.expire_uncertain")
+def expire_uncertain(now=None, deadline_s=None) -> int:
+    deadline = timedelta(seconds=deadline_s) if deadline_s is not None else UNCERTAIN_DEADLINE
+    return services.expire_uncertain(now=_now(now), deadline=deadline)
+
+
+@shared_task(name="scheduling.release_unclaimed_reservations")
+def release_unclaimed_reservations(now=None) -> int:
+    return services.release_unclaimed_reservations(now=_now(now))
