@@ -418,7 +418,8 @@ def node_enroll(
         refusal = token.refusal(now)
         if refusal:
             raise EnrollmentRefused(f"Enrollment token {token.prefix}… is {refusal}.")
-        EnrollmentToken.objects.filter(pk=token.pk).update(uses=token.uses + 1)
+        token.uses += 1
+        token.save(update_fields=["uses"])
         pool = token.pool
         claims = normalize_inventory(inventory)
         node = node_register(
@@ -636,7 +637,11 @@ def probe_result_submit(
     now = now or timezone.now()
     actor = Actor.for_node(credential.node)
     with transaction.atomic():
-        probe = NodeProbe.objects.select_for_update().select_related("node", "gpu").get(pk=probe.pk)
+        probe = (
+            NodeProbe.objects.select_for_update(of=("self",))
+            .select_related("node", "gpu")
+            .get(pk=probe.pk)
+        )
         if probe.node_id != credential.node_id:
             raise NodeScopeRefused(f"probe {probe.pk} belongs to another node")
         if probe.state != ProbeState.REQUESTED:
