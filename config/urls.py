@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/", include("config.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("pools.urls")),
     path("", include("nodes.urls")),
     path("", include("jobs.urls")),
 ]
