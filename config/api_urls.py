@@ -6,7 +6,6 @@ from rest_framework.routers import DefaultRouter
 from jobs.api.views import JobViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
 from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
-from scheduling.api.views import LeaseViewSet, pool_capacity
 
 router = DefaultRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
@@ -18,10 +17,9 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
 router.register("enroll", EnrollViewSet, basename="enroll")
 router.register("agent", AgentViewSet, basename="agent")
-router.register("compute-leases", LeaseViewSet, basename="compute-lease")
 
 urlpatterns = [
     path("me", me, name="me"),
-    path("pools/<slug:slug>/capacity", pool_capacity, name="pool-capacity"),
+    path("", include("scheduling.api.urls")),
     path("", include(router.urls)),
 ]

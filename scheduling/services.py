@@ -182,6 +182,7 @@ def lease_reserve(
                 job=job,
                 idempotency_key=idempotency_key,
                 now=now,
+                attempts=attempt + 1,
             )
         except _Conflict:
             conflicts += 1
@@ -308,7 +309,19 @@ def _placement_record(placement: core.Placement) -> dict:
 
 
 def _apply_reserve(
-    *, pool, tenant, request, actor, placement, view, expires_at, window, job, idempotency_key, now
+    *,
+    pool,
+    tenant,
+    request,
+    actor,
+    placement,
+    view,
+    expires_at,
+    window,
+    job,
+    idempotency_key,
+    now,
+    attempts=1,
 ) -> Lease:
     node_id = view.node_ids[placement.node]
     allocations = _gpu_allocations(placement, view, node_id)
@@ -326,7 +339,7 @@ def _apply_reserve(
             scratch_mib=placement.scratch_mib,
             gpu_allocations=allocations,
             request=request,
-            placement=_placement_record(placement),
+            placement={**_placement_record(placement), "attempts": attempts},
             policy_version=placement.policy_version,
             expires_at=expires_at,
             idempotency_key=idempotency_key,

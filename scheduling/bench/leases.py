@@ -1,0 +1,240 @@
+"""The leases API throughput benchmark: real HTTP clients against a real server on loopback.
+
+`run(clients, seconds, url=None, ...)` seeds a pool (nodes with room for every grant the run can
+make), starts `workers` daphne processes sharing one listening socket on a free loopback port
+(unless `url` names a running server that uses the same database), runs `clients` threads that
+each POST /api/v1/compute-leases in a loop over a keep-alive connection, then checks the ledger
+and removes everything it seeded. Returns one dict of figures.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+BASE_DIR = settings.BASE_DIR
+
+
+def seed(nodes: int, cpu_per_node: int, memory_per_node: int):
+    from nodes.services import node_mark_ready, node_register, node_verify
+    from pools.actors import Actor
+    from pools.choices import TenantRole
+    from pools.services import api_token_issue, membership_set, pool_create, tenant_create
+
+    tag = secrets.token_hex(4)
+    system = Actor.system("bench")
+    with transaction.atomic():
+        pool = pool_create(
+            name=f"bench {tag}",
+            slug=f"bench-{tag}",
+            system_reserve_cpu_millicores=0,
+            system_reserve_memory_mib=0,
+            safety_margin_percent=0,
+        )
+        tenant = tenant_create(name=f"bench {tag}", slug=f"bench-{tag}")
+        user = get_user_model().objects.create_user(username=f"bench-{tag}")
+        membership_set(user=user, tenant=tenant, role=TenantRole.MEMBER)
+        _, secret = api_token_issue(user=user, name="bench")
+        for i in range(nodes):
+            node = node_register(
+                pool=pool,
+                name=f"bench-{i:03d}",
+                actor=system,
+                cpu_millicores=cpu_per_node,
+                memory_mib=memory_per_node,
+            )
+            node = node_verify(node=node, actor=system)
+            node_mark_ready(node=node, actor=system)
+    return pool, tenant, user, secret
+
+
+def cleanup(pool, tenant, user) -> None:
+    from nodes.models import Node
+    from scheduling.models import Lease
+
+    with transaction.atomic():
+        Lease.objects.filter(pool=pool).delete()
+        Node.objects.filter(pool=pool).delete()
+        pool.delete()
+        tenant.delete()
+        user.delete()
+
+
+def start_servers(workers: int, env: dict) -> tuple[str, list[subprocess.Popen]]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    port = listener.getsockname()[1]
+    fd = listener.fileno()
+    daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
+    procs = [
+        subprocess.Popen(
+            [daphne, "--fd", str(fd), "-v", "0", "config.asgi:application"],
+            cwd=BASE_DIR,
+            env=env,
+            pass_fds=(fd,),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(workers)
+    ]
+    listener.close()  # the children hold it
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/api/v1/")
+            conn.getresponse().read()
+            conn.close()
+            # one more per worker, so each has imported Django before the clock starts
+            for _ in range(workers * 4):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/api/v1/")
+                conn.getresponse().read()
+                conn.close()
+            return url, procs
+        except OSError:
+            if any(p.poll() is not None for p in procs):
+                err = b"".join(p.stderr.read() or b"" for p in procs if p.poll() is not None)
+                raise RuntimeError(f"server failed to start: {err.decode()[-2000:]}") from None
+            time.sleep(0.2)
+    raise RuntimeError("server did not answer within 60 s")
+
+
+def stop_servers(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+class Client(threading.Thread):
+    def __init__(self, url, token, body, stop_at, warm_until):
+        super().__init__(daemon=True)
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.body = json.dumps(body)
+        self.stop_at, self.warm_until = stop_at, warm_until
+        self.latencies: list[float] = []
+        self.granted = self.refused = self.errors = self.conflicts = 0
+        self.error_samples: list[str] = []
+
+    def run(self):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        while True:
+            started = time.perf_counter()
+            if started >= self.stop_at:
+                break
+            try:
+                conn.request("POST", "/api/v1/compute-leases", self.body, self.headers)
+                response = conn.getresponse()
+                payload = response.read()
+                status = response.status
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+                status, payload = 0, repr(exc).encode()
+            elapsed = time.perf_counter() - started
+            if started < self.warm_until:
+                continue
+            if status == 201:
+                self.granted += 1
+                self.latencies.append(elapsed)
+                attempts = json.loads(payload).get("placement", {}).get("attempts", 1)
+                self.conflicts += attempts - 1
+            elif status == 409:
+                self.refused += 1
+                self.conflicts += json.loads(payload).get("conflicts", 0)
+            else:
+                self.errors += 1
+                if len(self.error_samples) < 3:
+                    self.error_samples.append(f"{status}: {payload[:200]!r}")
+        conn.close()
+
+
+def _percentile(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def run(
+    *,
+    clients: int,
+    seconds: float,
+    url: str | None = None,
+    workers: int = 2,
+    nodes: int = 16,
+    warmup: float = 1.0,
+) -> dict:
+    from scheduling import selectors
+
+    # room for every grant: 100 millicores and 64 MiB each
+    pool, tenant, user, secret = seed(nodes, 1000 * 1000, 1024 * 1024)
+    procs = []
+    try:
+        if url is None:
+            env = dict(os.environ)
+            env["DJANGO_SETTINGS_MODULE"] = "scheduling.bench.leases_settings"
+            env["DATABASE_URL"] = os.environ["DATABASE_URL"]
+            url, procs = start_servers(workers, env)
+        body = {
+            "pool": pool.slug,
+            "tenant": tenant.slug,
+            "resources": {"cpu_millicores_min": 100, "memory_mib_min": 64},
+            "duration_s": 600,
+        }
+        start = time.perf_counter()
+        warm_until = start + warmup
+        stop_at = warm_until + seconds
+        threads = [Client(url, secret, body, stop_at, warm_until) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        latencies = [x for t in threads for x in t.latencies]
+        granted = sum(t.granted for t in threads)
+        result = {
+            "clients": clients,
+            "seconds": seconds,
+            "workers": workers if procs else None,
+            "nodes": nodes,
+            "url": url,
+            "grants": granted,
+            "grants_per_s": round(granted / seconds, 1),
+            "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+            "p99_ms": round(1000 * _percentile(latencies, 0.99), 1) if latencies else None,
+            "max_ms": round(1000 * max(latencies), 1) if latencies else None,
+            "refused_409": sum(t.refused for t in threads),
+            "conflicts": sum(t.conflicts for t in threads),
+            "errors": sum(t.errors for t in threads),
+            "error_samples": [s for t in threads for s in t.error_samples][:5],
+        }
+    finally:
+        stop_servers(procs)
+    result["overcommitted_nodes"] = selectors.overcommitted_nodes(pool)
+    result["ledger_problems"] = len(selectors.ledger_problems(pool))
+    cleanup(pool, tenant, user)
+    return result

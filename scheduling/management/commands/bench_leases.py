@@ -1,0 +1,77 @@
+"""python manage.py bench_leases --clients N --seconds S --json
+
+Measures the leases API over real HTTP against a server it starts on a free loopback port
+(or --url), over PostgreSQL: DATABASE_URL, or postgres://postgres@127.0.0.1:5432/computepool_bench.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/computepool_bench"
+
+
+def _ensure_database(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    with psycopg.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        user=parts.username or "postgres",
+        password=parts.password,
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+class Command(BaseCommand):
+    help = "Benchmark lease grants through the HTTP API (one JSON object with --json)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--clients", type=int, default=16)
+        parser.add_argument("--seconds", type=float, default=10.0)
+        parser.add_argument("--url", default=None, help="An already running server")
+        parser.add_argument("--workers", type=int, default=2, help="Server processes")
+        parser.add_argument("--nodes", type=int, default=16)
+        parser.add_argument("--warmup", type=float, default=1.0)
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **opts):
+        engine = settings.DATABASES["default"]["ENGINE"]
+        if "postgresql" not in engine:
+            # Re-run over PostgreSQL: the concurrency guarantees are proven there.
+            url = os.environ.get("DATABASE_URL") or DEFAULT_URL
+            if "postgres" not in url:
+                url = DEFAULT_URL
+            _ensure_database(url)
+            env = {**os.environ, "DATABASE_URL": url}
+            sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+        os.environ.setdefault("DATABASE_URL", DEFAULT_URL)
+        call_command("migrate", verbosity=0, interactive=False)
+        from scheduling.bench.leases import run
+
+        result = run(
+            clients=opts["clients"],
+            seconds=opts["seconds"],
+            url=opts["url"],
+            workers=opts["workers"],
+            nodes=opts["nodes"],
+            warmup=opts["warmup"],
+        )
+        if opts["json"]:
+            self.stdout.write(json.dumps(result))
+        else:
+            for key, value in result.items():
+                self.stdout.write(f"{key:>20}: {value}")
