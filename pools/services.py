@@ -129,3 +129,12 @@ def api_token_revoke(*, token: ApiToken, now=None) -> ApiToken:
 
 def tenant_create(*, name: str, slug: str) -> Tenant:
     return Tenant.objects.create(name=name, slug=slug)
+
+
+def api_tokens_purge(*, now, keep=timedelta(days=30)) -> int:
+    """Forget tokens expired or revoked more than `keep` ago (they can never work again)."""
+    cutoff = now - keep
+    expired = ApiToken.objects.filter(expires_at__lt=cutoff)
+    revoked = ApiToken.objects.filter(revoked_at__lt=cutoff)
+    deleted, _ = (expired | revoked).delete()
+    return deleted

@@ -1,0 +1,11 @@
+"""Thin Celery tasks for pools; each calls one service with `now`."""
+
+from celery import shared_task
+from django.utils import timezone
+
+from . import services
+
+
+@shared_task(name="pools.purge_api_tokens")
+def purge_api_tokens() -> int:
+    return services.api_tokens_purge(now=timezone.now())
