@@ -1,19 +1,80 @@
-"""Operator console pages for nodes."""
+"""Operator console pages for nodes: where each node is, why, and the actions on it."""
+
+from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import render
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from jobs.views import console_context
+from pools.actors import Actor
 from pools.roles import is_operator
+from pools.statemachine import TransitionRefused
 
+from . import services
 from .selectors import nodes_with_latest_event
+
+
+def _operator_only(request):
+    if not is_operator(request.user):
+        raise PermissionDenied("Only operators see nodes.")
 
 
 @login_required
 def nodes_page(request):
-    if not is_operator(request.user):
-        raise PermissionDenied("Only operators see nodes.")
+    _operator_only(request)
     return render(
         request, "console/nodes.html", console_context(request, nodes=nodes_with_latest_event())
     )
+
+
+@login_required
+def node_detail(request, pk: int):
+    _operator_only(request)
+    node = get_object_or_404(nodes_with_latest_event(), pk=pk)
+    events = node.events.order_by("-at", "-id")[:200]
+    return render(
+        request,
+        "console/node_detail.html",
+        console_context(request, node=node, events=events, probes=node.probes.all()[:20]),
+    )
+
+
+def _drain(node, actor, request):
+    minutes = int(request.POST.get("deadline_minutes") or 0)
+    deadline = timezone.now() + timedelta(minutes=minutes) if minutes > 0 else None
+    return services.node_drain(node=node, actor=actor, deadline=deadline)
+
+
+ACTIONS = {
+    "drain": _drain,
+    "cancel-drain": lambda node, actor, request: services.node_drain_cancel(node=node, actor=actor),
+    "quarantine": lambda node, actor, request: services.node_quarantine(
+        node=node, actor=actor, message=request.POST.get("message") or "quarantined from console"
+    ),
+    "release": lambda node, actor, request: services.node_release(node=node, actor=actor),
+    "retire": lambda node, actor, request: services.node_retire(node=node, actor=actor),
+}
+
+
+@login_required
+@require_POST
+def node_action(request, pk: int, action: str):
+    """An htmx post: run the service, answer with the node's refreshed row."""
+    _operator_only(request)
+    if action not in ACTIONS:
+        raise Http404("No such action.")
+    node = get_object_or_404(nodes_with_latest_event(), pk=pk)
+    error = ""
+    try:
+        ACTIONS[action](node, Actor.for_user(request.user), request)
+    except TransitionRefused as refused:
+        error = refused.message
+    if not request.htmx:
+        return redirect("console-nodes")
+    node = nodes_with_latest_event().get(pk=pk)
+    status = 409 if error else 200
+    return render(request, "console/_node_row.html", {"node": node, "error": error}, status=status)
