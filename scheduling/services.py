@@ -248,7 +248,7 @@ def _check_window(pool, window: Window, now) -> datetime:
 
 def _check_quota(pool, tenant, cpu: int, memory: int, gpus: int) -> None:
     """Inside the apply transaction; the quota row lock serialises a tenant's reserves."""
-    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+    quota = next(iter(Quota.objects.select_for_update().filter(tenant=tenant, pool=pool)), None)
     if quota is None:
         return
     held = list(

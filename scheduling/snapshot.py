@@ -16,8 +16,11 @@ Conventions of the adapter (documented in docs/leases.md):
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
+
+from django.db import connection
 
 from nodes.choices import SCHEDULABLE, NodeState
 from nodes.models import GpuDevice, Node
@@ -158,24 +161,41 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
     )
 
 
+def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[dict]]]:
+    """Nodes and their GPUs in one query (GPUs aggregated as JSON per node), no locks."""
+    node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
+    gpu_cols = ", ".join(
+        f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
+    )
+    sql = (
+        f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
+        f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
+        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) "
+        f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
+        "ORDER BY n.name"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pool_id, states])
+        raw = cursor.fetchall()
+    rows, gpus_by_node = [], {}
+    for record in raw:
+        row = dict(zip(_NODE_FIELDS, record[:-1], strict=True))
+        for key in ("labels", "runtimes"):
+            if isinstance(row[key], str):
+                row[key] = json.loads(row[key])
+        gpus = record[-1]
+        gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
+        rows.append(row)
+    return rows, gpus_by_node
+
+
 def pool_snapshot(pool_id: int, *, states=SCHEDULABLE, empty: bool = False) -> Snapshot:
     """Nodes of the pool in `states` as core views: two queries, no locks.
 
     `empty=True` views every node as ready and empty (allocatable only): what the pool could
     ever offer, used to tell "never fits" (422) from "not now" (409).
     """
-    rows = list(
-        Node.objects.filter(pool_id=pool_id, state__in=list(states))
-        .order_by("name")
-        .values(*_NODE_FIELDS)
-    )
-    gpus_by_node: dict[int, list[dict]] = {}
-    if rows:
-        gpu_rows = GpuDevice.objects.filter(
-            node__pool_id=pool_id, node__state__in=list(states)
-        ).values(*_GPU_FIELDS)
-        for g in sorted(gpu_rows, key=lambda g: (g["node_id"], g["index"])):
-            gpus_by_node.setdefault(g["node_id"], []).append(g)
+    rows, gpus_by_node = _read(pool_id, list(states))
     nodes, node_ids, gpu_ids = [], {}, {}
     for row in rows:
         gpus = gpus_by_node.get(row["id"], [])

@@ -1,14 +1,30 @@
+import time
+
 from django.conf import settings
 from rest_framework import serializers
 
 from jobs.services import shape_request
 from pools.api.serializers import ResourceRequestSerializer
 from pools.models import ComputePool, Tenant
-from pools.roles import tenant_roles
+from pools.roles import is_operator
 from pools.selectors import resolve_shape
 from scheduling.models import Lease, LeaseEvent
 
 MAX_DURATION_S = 7 * 24 * 3600
+POOL_CACHE_SECONDS = 5.0
+_POOLS: dict[str, tuple[float, ComputePool]] = {}
+
+
+def cached_pool(slug: str) -> ComputePool | None:
+    """Pools change rarely; a few seconds of caching per process saves a query per reserve."""
+    now = time.monotonic()
+    hit = _POOLS.get(slug)
+    if hit and now - hit[0] < POOL_CACHE_SECONDS:
+        return hit[1]
+    pool = ComputePool.objects.filter(slug=slug).first()
+    if pool is not None:
+        _POOLS[slug] = (now, pool)
+    return pool
 
 
 class LeaseEventSerializer(serializers.ModelSerializer):
@@ -60,6 +76,9 @@ class LeaseSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    def to_representation(self, lease):
+        return lease_representation(lease)
+
     def get_node(self, lease) -> str:
         # The placement record names the node: no query for the node row.
         return lease.placement.get("node") or lease.node.name
@@ -84,6 +103,61 @@ class LeaseSerializer(serializers.ModelSerializer):
         }
 
 
+def _iso(value):
+    if value is None:
+        return None
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def lease_representation(lease: Lease) -> dict:
+    """LeaseSerializer's output, built directly: the hot path skips DRF's per-instance field
+    construction (a few milliseconds per request)."""
+    holding = lease.state in ("reserved", "committed", "uncertain")
+    consumed = None
+    if lease.usage_reported_at is not None:
+        consumed = {
+            "cpu_millicores": lease.used_cpu_millicores,
+            "memory_mib": lease.used_memory_mib,
+            "gpu_milli": lease.used_gpu_milli,
+            "reported_at": _iso(lease.usage_reported_at),
+        }
+    return {
+        "id": lease.pk,
+        "pool": lease.pool.slug,
+        "tenant": lease.tenant.slug,
+        "node": lease.placement.get("node") or lease.node.name,
+        "node_id": lease.node_id,
+        "job": lease.job_id,
+        "state": lease.state,
+        "state_changed_at": _iso(lease.state_changed_at),
+        "cpu_millicores": lease.cpu_millicores,
+        "memory_mib": lease.memory_mib,
+        "scratch_mib": lease.scratch_mib,
+        "gpu_allocations": lease.gpu_allocations,
+        "request": lease.request,
+        "placement": lease.placement,
+        "policy_version": lease.policy_version,
+        "fencing_token": str(lease.fencing_token),
+        "expires_at": _iso(lease.expires_at),
+        "committed_at": _iso(lease.committed_at),
+        "ended_at": _iso(lease.ended_at),
+        "window_start": _iso(lease.window_start),
+        "window_end": _iso(lease.window_end),
+        "tolerance_s": lease.tolerance_s,
+        "backfill_of": lease.backfill_of_id,
+        "held": {
+            "cpu_millicores": lease.cpu_millicores if holding else 0,
+            "memory_mib": lease.memory_mib if holding else 0,
+            "scratch_mib": lease.scratch_mib if holding else 0,
+            "gpu_milli": lease.gpu_milli if holding else 0,
+        },
+        "consumed": consumed,
+        "idempotency_key": lease.idempotency_key,
+        "created_at": _iso(lease.created_at),
+    }
+
+
 class WindowSerializer(serializers.Serializer):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
@@ -105,15 +179,16 @@ class LeaseCreateSerializer(serializers.Serializer):
 
     def validate_tenant(self, slug):
         user = self.context["request"].user
-        roles = tenant_roles(user)
-        tenant = Tenant.objects.filter(slug=slug).first()
-        if tenant is None or (tenant.pk not in roles and not self.context.get("operator")):
+        tenant = Tenant.objects.filter(slug=slug, memberships__user=user).first()
+        if tenant is None and is_operator(user):
+            tenant = Tenant.objects.filter(slug=slug).first()
+        if tenant is None:
             # The same answer for "does not exist" and "not yours": tenants stay invisible.
             raise serializers.ValidationError("No tenant of yours has this slug.")
         return tenant
 
     def validate_pool(self, slug):
-        pool = ComputePool.objects.filter(slug=slug).first()
+        pool = cached_pool(slug)
         if pool is None:
             raise serializers.ValidationError("No pool has this slug.")
         return pool

@@ -85,8 +85,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=LeaseCreateSerializer, responses={201: LeaseSerializer})
     def create(self, request, *args, **kwargs):
         user = request.user
-        context = {"request": request, "operator": is_operator(user)}
-        serializer = LeaseCreateSerializer(data=request.data, context=context)
+        serializer = LeaseCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         window = data.get("window")

@@ -10,6 +10,7 @@ and removes everything it seeded. Returns one dict of figures.
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import secrets
@@ -74,17 +75,41 @@ def cleanup(pool, tenant, user) -> None:
         user.delete()
 
 
-def start_servers(workers: int, env: dict) -> tuple[str, list[subprocess.Popen]]:
+def server_command(server: str, fd: int) -> list[str]:
+    if server == "uvicorn":
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--fd",
+            str(fd),
+            "--http",
+            "httptools" if importlib.util.find_spec("httptools") else "h11",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "config.asgi:application",
+        ]
+    daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
+    return [daphne, "--fd", str(fd), "-v", "0", "config.asgi:application"]
+
+
+def default_server() -> str:
+    return "uvicorn" if importlib.util.find_spec("uvicorn") else "daphne"
+
+
+def start_servers(workers: int, env: dict, server: str) -> tuple[str, list[subprocess.Popen]]:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(1024)
     port = listener.getsockname()[1]
     fd = listener.fileno()
-    daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
     procs = [
         subprocess.Popen(
-            [daphne, "--fd", str(fd), "-v", "0", "config.asgi:application"],
+            server_command(server, fd),
             cwd=BASE_DIR,
             env=env,
             pass_fds=(fd,),
@@ -188,6 +213,7 @@ def run(
     workers: int = 2,
     nodes: int = 16,
     warmup: float = 1.0,
+    server: str | None = None,
 ) -> dict:
     from scheduling import selectors
 
@@ -199,7 +225,8 @@ def run(
             env = dict(os.environ)
             env["DJANGO_SETTINGS_MODULE"] = "scheduling.bench.leases_settings"
             env["DATABASE_URL"] = os.environ["DATABASE_URL"]
-            url, procs = start_servers(workers, env)
+            server = server or default_server()
+            url, procs = start_servers(workers, env, server)
         body = {
             "pool": pool.slug,
             "tenant": tenant.slug,
@@ -219,6 +246,7 @@ def run(
         result = {
             "clients": clients,
             "seconds": seconds,
+            "server": server if procs else "external",
             "workers": workers if procs else None,
             "nodes": nodes,
             "url": url,

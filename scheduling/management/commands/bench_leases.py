@@ -46,6 +46,7 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2, help="Server processes")
         parser.add_argument("--nodes", type=int, default=16)
         parser.add_argument("--warmup", type=float, default=1.0)
+        parser.add_argument("--server", choices=["uvicorn", "daphne"], default=None)
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
@@ -69,6 +70,7 @@ class Command(BaseCommand):
             workers=opts["workers"],
             nodes=opts["nodes"],
             warmup=opts["warmup"],
+            server=opts["server"],
         )
         if opts["json"]:
             self.stdout.write(json.dumps(result))
