@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from .models import GpuDevice, Node, NodeEvent
+from .models import EnrollmentToken, GpuDevice, Node, NodeCredential, NodeEvent, NodeProbe
 
 
 class GpuInline(admin.TabularInline):
@@ -22,3 +22,23 @@ class NodeAdmin(admin.ModelAdmin):
 class NodeEventAdmin(admin.ModelAdmin):
     list_display = ["at", "node", "from_state", "to_state", "reason", "actor_label"]
     list_filter = ["reason"]
+
+
+@admin.register(EnrollmentToken)
+class EnrollmentTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued through the API (the secret is shown once); here they are read."""
+
+    list_display = ["prefix", "pool", "name", "uses", "max_uses", "expires_at", "revoked_at"]
+    readonly_fields = ["digest", "prefix", "uses"]
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "node", "created_at", "expires_at", "valid_until", "revoked_at"]
+    readonly_fields = ["digest", "prefix", "replaced_by"]
+
+
+@admin.register(NodeProbe)
+class NodeProbeAdmin(admin.ModelAdmin):
+    list_display = ["pk", "node", "kind", "state", "requested_at", "completed_at"]
+    list_filter = ["kind", "state"]
