@@ -1,6 +1,8 @@
 import time
 
 from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from rest_framework import serializers
 
 from jobs.services import shape_request
@@ -25,6 +27,11 @@ def cached_pool(slug: str) -> ComputePool | None:
     if pool is not None:
         _POOLS[slug] = (now, pool)
     return pool
+
+
+@receiver([post_save, post_delete], sender=ComputePool)
+def _forget_pool(sender, instance, **kwargs):
+    _POOLS.pop(instance.slug, None)
 
 
 class LeaseEventSerializer(serializers.ModelSerializer):

@@ -130,3 +130,35 @@ def lmember(ltenant, django_user_model):
     user = django_user_model.objects.create_user(username="lmember", password="x")
     membership_set(user=user, tenant=ltenant, role=TenantRole.MEMBER)
     return user
+
+
+@pytest.fixture
+def loutsider(ltenant2, django_user_model):
+    user = django_user_model.objects.create_user(username="loutsider", password="x")
+    membership_set(user=user, tenant=ltenant2, role=TenantRole.MEMBER)
+    return user
+
+
+@pytest.fixture
+def loperator(db, django_user_model):
+    from pools.choices import PlatformRole
+    from pools.services import platform_role_grant
+
+    user = django_user_model.objects.create_user(username="loperator", password="x")
+    platform_role_grant(user=user, role=PlatformRole.OPERATOR)
+    return user
+
+
+def api_client(user=None, scopes=("read", "write"), node=None):
+    """A bearer-token client for a person, a node principal's client, or an anonymous one."""
+    from rest_framework.test import APIClient
+
+    from pools.services import api_token_issue
+
+    client = APIClient()
+    if node is not None:
+        client.force_authenticate(user=FakeNodePrincipal(node))
+    elif user is not None:
+        _, secret = api_token_issue(user=user, name="t", scopes=list(scopes))
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
