@@ -3,8 +3,8 @@
 `read_gpus(nvml)` is the one code path: it takes an object exposing the pynvml functions it
 calls. On a node that object is the real `pynvml` module (`load_nvml()`); in tests it is a
 `RecordedNvml` that answers the same calls from a recorded device set
-(tests/nodes/fixtures/nvml_*.json, written by `record(nvml)` on a real machine with
-`python -m nodes.inventory record > nvml_<name>.json`).
+(tests/worker_agent/fixtures/nvml_*.json, written by `record(nvml)` on a real machine with
+`python -m worker_agent.inventory record > nvml_<name>.json`).
 
 The result has two parts: the inventory (what scheduling needs, registered at enrollment and
 reconciled later) and per-device health readings (sent with heartbeats).

@@ -5,26 +5,24 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nodes import services
-from nodes.choices import GpuHealth, NodeState
-from nodes.inventory import (
+from worker_agent.inventory import (
     RecordedNvml,
     _interconnect_groups,
-    inventory_only,
     load_nvml,
     read_gpus,
     record,
 )
-from pools.actors import Actor
-
-from .conftest import inventory
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvml_h100_sxm_x4.json"
 
 
+def recorded_reading() -> dict:
+    return read_gpus(RecordedNvml.from_file(FIXTURE))
+
+
 @pytest.fixture
 def reading():
-    return read_gpus(RecordedNvml.from_file(FIXTURE))
+    return recorded_reading()
 
 
 def test_inventory_has_what_scheduling_needs(reading):
@@ -41,37 +39,9 @@ def test_inventory_has_what_scheduling_needs(reading):
     assert gpus[0]["uuid"].startswith("GPU-")
 
 
-def test_health_readings_flag_the_unsuitable_device(reading):
-    by_uuid = {h["uuid"]: h for h in reading["health"]}
-    hot = by_uuid[reading["gpus"][3]["uuid"]]
-    assert (hot["temperature_c"], hot["slowdown_temperature_c"]) == (91, 87)
-    assert (hot["pcie_link_width"], hot["pcie_link_width_max"], hot["nvlink_down"]) == (8, 16, 2)
-    health, flags, why = services.gpu_health_evaluate(hot)
-    assert health == GpuHealth.TOO_HOT
-    assert flags == ["over_temperature", "pcie_degraded"]
-    assert "91°C ≥ 87°C" in why
-    for gpu in reading["gpus"][:3]:
-        assert services.gpu_health_evaluate(by_uuid[gpu["uuid"]])[0] == GpuHealth.OK
-
-
 def test_recording_round_trips_through_the_same_calls(reading):
     replayed = read_gpus(RecordedNvml(record(RecordedNvml.from_file(FIXTURE))))
     assert replayed == reading
-
-
-def test_nvml_inventory_enrolls_and_heartbeats_through_the_services(
-    reading, private_pool, operator
-):
-    _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
-    inv = inventory(gpus=0) | {"gpus": inventory_only(reading)}
-    node, _, _ = services.node_enroll(secret=secret, name="h100-a", inventory=inv)
-    assert node.gpus.get(index=2).mig_slices[1]["profile"] == "1g.10gb"
-    assert node.gpus.get(index=1).numa_node is None
-    node = services.node_heartbeat(node=node, actor=Actor.for_node(node), gpus=reading["health"])
-    assert node.state == NodeState.READY
-    healthy = dict(node.gpus.values_list("index", "healthy"))
-    assert healthy == {0: True, 1: True, 2: True, 3: False}
-    assert node.gpus.get(index=3).health == GpuHealth.TOO_HOT
 
 
 def test_interconnect_groups_join_direct_links_and_shared_switches():
