@@ -31,7 +31,7 @@ def _profiles(memory_gib_per_slice: int) -> dict[str, MigProfile]:
         (f"7g.{8 * m}gb", 8, (0,), 8 * m, 7),
     ]
     return {
-        name: MigProfile(name, slices, starts, mem * 1024, round(g * 1000 / 7))
+        name: MigProfile(name, slices, starts, mem * 1024, g * 1000 // 7)
         for name, slices, starts, mem, g in table
     }
 

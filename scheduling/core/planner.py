@@ -39,9 +39,10 @@ _GIB = 1024
 def make_context(nodes, policy: Policy, peers=(), rng: Random | None = None) -> ScoreContext:
     max_cpu = max((n.cpu_millicores for n in nodes), default=1) or 1
     max_gpu = max((1000 * len(n.gpus) for n in nodes), default=1000) or 1000
+    workload = policy.workload or _GENERIC
     return ScoreContext(
         policy=policy,
-        workload=policy.workload or _GENERIC,
+        workload=workload,
         max_cpu=max_cpu,
         max_gpu_milli=max_gpu,
         peers=tuple(peers),
@@ -85,7 +86,11 @@ def _share_candidates(devices, req: Request, policy: Policy, ctx: ScoreContext):
         return [ctx.rng.choice(devices)]
     if policy.gpu_choice == "lowest_index":
         return [devices[0]]
-    seen, out = set(), []  # fragmentation: every distinct free level, lowest index first
+    # fragmentation: every distinct free level; the first candidate wins score ties, so
+    # "fragmentation_tight" offers the tightest device first, plain FGD the lowest index.
+    if policy.gpu_choice == "fragmentation_tight":
+        devices = sorted(devices, key=lambda d: (d.free_milli, d.index))
+    seen, out = set(), []
     for d in devices:
         if d.free_milli not in seen:
             seen.add(d.free_milli)
@@ -197,9 +202,8 @@ def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bo
             devices = filters.eligible_devices(req, node, policy)
             if isinstance(devices, str):
                 return devices
-        if req.preferred_gpu_count and req.preferred_gpu_count > count:
-            if len(devices) >= req.preferred_gpu_count:
-                count = req.preferred_gpu_count
+        if req.preferred_gpu_count and count < req.preferred_gpu_count <= len(devices):
+            count = req.preferred_gpu_count
     if req.require_numa and node.numa:
         devices = _numa_devices(req, node, devices, cpu, mem)
         if devices is None:
@@ -213,6 +217,22 @@ def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bo
         if best is None or total > best[0]:
             best = (total, fit, breakdown, count, gpu_mem)
     return best
+
+
+def _degraded(req: Request, result) -> int:
+    """How many preferred dimensions the evaluated fit had to degrade to the minimum."""
+    _, fit, _, count, gpu_mem = result
+    missed = 0
+    for preferred, granted in (
+        (req.preferred_cpu_millicores, fit.cpu),
+        (req.preferred_memory_mib, fit.memory),
+        (req.preferred_scratch_mib, fit.scratch),
+        (req.preferred_gpu_count, count),
+        (req.preferred_gpu_memory_mib, gpu_mem),
+    ):
+        if preferred is not None and granted < preferred:
+            missed += 1
+    return missed
 
 
 def _grants(req: Request, fit: Fit, count: int, gpu_mem: int) -> dict[str, Grant]:
@@ -263,7 +283,8 @@ def place(
             rejected[node.name] = result
             continue
         feasible.append((node, result))
-        key = (result[0], _neg_name(node.name))
+        # Nodes that grant more preferred values win first, then the score, then the name.
+        key = (-_degraded(request, result), result[0], _neg_name(node.name))
         if best is None or key > best[0]:
             best = (key, node, result)
     if not feasible:

@@ -38,12 +38,22 @@ PAPER_POLICIES: dict[str, Policy] = {
     ),
 }
 
+# The product default: FGD's fragmentation gradient, truncated to the same 0..100 integer
+# scale (coarse buckets make near-equal moves tie), measured against the *whole* workload mix
+# including memory (see ``DEFAULT_WORKLOAD``), and ties broken towards nodes already running
+# work (``node_in_use``) before the node name, so empty nodes stay whole for large requests.
+# The weights make the order lexicographic: fragmentation first, then the tie-breaker.
 DEFAULT_POLICY = Policy(
     name="default",
     version=DEFAULT_POLICY_VERSION,
-    weights={"fragmentation": 1.0, "gpu_best_fit": 0.02},
+    weights={"paper_fgd": 1000.0, "node_in_use": 1.0},
     gpu_choice="fragmentation",
+    integer_scores=True,
 )
+
+#: How each policy's typical workload is measured from a trace (``typical_workload`` options).
+DEFAULT_WORKLOAD = {"with_memory": True, "coverage": 1.0}
+PAPER_WORKLOAD = {"with_memory": False, "coverage": 0.95}
 
 POLICY_NAMES = ("default", *PAPER_POLICIES)
 
@@ -62,5 +72,6 @@ def policy_for(name: str, trace_pods=None, seed: int = 0) -> Policy:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     policy = replace(policy, seed=seed)
     if trace_pods is not None:
-        policy = policy.with_workload(typical_workload(trace_pods))
+        options = DEFAULT_WORKLOAD if name == "default" else PAPER_WORKLOAD
+        policy = policy.with_workload(typical_workload(trace_pods, **options))
     return policy

@@ -25,7 +25,7 @@ import numpy as np
 from . import filters, planner
 from .fragmentation import Shape, Workload
 from .policies import policy_for
-from .types import EXCLUSIVE, TIMESLICE, GpuView, NodeView, Request
+from .types import EXCLUSIVE, TIMESLICE, GpuView, NodeView, Policy, Request
 
 CURVE_MAX = 130
 
@@ -94,8 +94,13 @@ def pod_request(pod: Pod) -> Request:
     )
 
 
-def typical_workload(pods: list[Pod], with_memory: bool = False) -> Workload:
-    """FGD's typical pods: shapes covering 95% of the original trace (before tuning)."""
+def typical_workload(
+    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95
+) -> Workload:
+    """FGD's typical pods: shapes covering ``coverage`` of the original trace (before tuning).
+
+    The paper uses 95% and ignores memory; the product default uses every shape, with memory.
+    """
     counts = Counter(
         Shape(
             p.cpu_milli,
@@ -106,7 +111,7 @@ def typical_workload(pods: list[Pod], with_memory: bool = False) -> Workload:
         )
         for p in pods
     )
-    return Workload.from_counts(counts)
+    return Workload.from_counts(counts, coverage)
 
 
 def build_arrivals(pods: list[Pod], seed: int, tune: float, capacity_milli: int) -> list[Pod]:
@@ -157,11 +162,13 @@ def replay_run(
     seed: int,
     tune: float = 1.3,
     progress: Callable[[int], None] | None = None,
+    policy: Policy | None = None,
 ) -> RunResult:
+    """One replay: one trace, one policy (by name, or an explicit ``policy``), one seed."""
     started = time.perf_counter()
     capacity = sum(1000 * len(n.gpus) for n in nodes)
     arrivals = build_arrivals(pods, seed, tune, capacity)
-    policy = policy_for(policy_name, pods, seed)
+    policy = policy or policy_for(policy_name, pods, seed)
     nodes = list(nodes)
     ctx = planner.make_context(nodes, policy, rng=Random(seed + 7919))
     pick_random = "random" in policy.weights
@@ -191,7 +198,9 @@ def replay_run(
         if chosen < 0:
             failed += 1
         else:
-            placement = planner._placement(cache.request, nodes[chosen], cache.results[chosen], policy)
+            placement = planner._placement(
+                cache.request, nodes[chosen], cache.results[chosen], policy
+            )
             nodes[chosen] = planner.apply_placement(nodes[chosen], placement)
             change_log.append(chosen)
             allocated += sum(d.milli for d in placement.devices)
@@ -296,10 +305,23 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def replay(nodes_path: str, pods_path: str, policy_name: str, seeds, tune=1.3, progress=None):
+def replay(
+    nodes_path: str,
+    pods_path: str,
+    policy_name: str,
+    seeds,
+    tune: float = 1.3,
+    progress: Callable[[int], None] | None = None,
+    on_run: Callable[[RunResult], None] | None = None,
+) -> dict:
+    """Replay ``pods_path`` on ``nodes_path`` once per seed; returns the ``summarize`` report."""
     nodes = read_nodes(nodes_path)
     pods = read_pods(pods_path)
-    runs = [replay_run(nodes, pods, policy_name, s, tune, progress) for s in seeds]
+    runs = []
+    for seed in seeds:
+        runs.append(replay_run(nodes, pods, policy_name, seed, tune, progress))
+        if on_run:
+            on_run(runs[-1])
     trace = pods_path.rsplit("/", 1)[-1].removesuffix(".csv")
     return summarize(trace, policy_name, runs)
 

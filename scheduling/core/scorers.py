@@ -76,6 +76,19 @@ def bin_pack(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float
     return sum(used) / len(used) if used else 0.0
 
 
+def node_packing(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
+    """``bin_pack`` in percent (0..100), to serve as an integer tie-breaker."""
+    return 100.0 * bin_pack(req, node, fit, ctx)
+
+
+def node_in_use(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
+    """100 for a node that already runs work: avoid opening empty nodes (keeps them whole)."""
+    in_use = node.free_cpu_millicores < node.cpu_millicores or any(
+        f < 1000 for f in fit.frees_before
+    )
+    return 100.0 if in_use else 0.0
+
+
 def spread(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     return 1.0 - bin_pack(req, node, fit, ctx)
 
@@ -184,6 +197,8 @@ def constant(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float
 SCORERS = {
     "fragmentation": fragmentation,
     "bin_pack": bin_pack,
+    "node_packing": node_packing,
+    "node_in_use": node_in_use,
     "spread": spread,
     "failure_domain_spread": failure_domain_spread,
     "locality": locality,
