@@ -75,14 +75,33 @@ def cleanup(pool, tenant, user) -> None:
         user.delete()
 
 
-def server_command(server: str, fd: int) -> list[str]:
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def default_server() -> str:
+    return "uvicorn" if importlib.util.find_spec("uvicorn") else "daphne"
+
+
+def start_servers(workers: int, env: dict, server: str) -> tuple[str, list[subprocess.Popen]]:
+    """uvicorn: one supervisor with `workers` processes on one TCP socket; daphne: `workers`
+    processes sharing a listening socket by file descriptor."""
+    port = _free_port()
     if server == "uvicorn":
-        return [
+        # --host/--port, not --fd: uvicorn takes an inherited fd for a Unix socket and would
+        # then not set TCP_NODELAY, adding ~40 ms of Nagle/delayed-ACK stall to every response.
+        command = [
             sys.executable,
             "-m",
             "uvicorn",
-            "--fd",
-            str(fd),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
             "--http",
             "httptools" if importlib.util.find_spec("httptools") else "h11",
             "--lifespan",
@@ -92,42 +111,35 @@ def server_command(server: str, fd: int) -> list[str]:
             "warning",
             "config.asgi:application",
         ]
-    daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
-    return [daphne, "--fd", str(fd), "-v", "0", "config.asgi:application"]
-
-
-def default_server() -> str:
-    return "uvicorn" if importlib.util.find_spec("uvicorn") else "daphne"
-
-
-def start_servers(workers: int, env: dict, server: str) -> tuple[str, list[subprocess.Popen]]:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1024)
-    port = listener.getsockname()[1]
-    fd = listener.fileno()
-    procs = [
-        subprocess.Popen(
-            server_command(server, fd),
-            cwd=BASE_DIR,
-            env=env,
-            pass_fds=(fd,),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(workers)
-    ]
-    listener.close()  # the children hold it
+        procs = [
+            subprocess.Popen(
+                command, cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+        ]
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1024)
+        fd = listener.fileno()
+        daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
+        procs = [
+            subprocess.Popen(
+                [daphne, "--fd", str(fd), "-v", "0", "config.asgi:application"],
+                cwd=BASE_DIR,
+                env=env,
+                pass_fds=(fd,),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(workers)
+        ]
+        listener.close()  # the children hold it
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/api/v1/")
-            conn.getresponse().read()
-            conn.close()
-            # one more per worker, so each has imported Django before the clock starts
+            # a few requests per worker, so each has imported Django before the clock starts
             for _ in range(workers * 4):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/api/v1/")
@@ -165,8 +177,15 @@ class Client(threading.Thread):
         self.granted = self.refused = self.errors = self.conflicts = 0
         self.error_samples: list[str] = []
 
-    def run(self):
+    def connect(self) -> http.client.HTTPConnection:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn.connect()
+        # small request/response writes: never wait on Nagle + delayed ACK (40 ms stalls)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def run(self):
+        conn = self.connect()
         while True:
             started = time.perf_counter()
             if started >= self.stop_at:
@@ -178,7 +197,10 @@ class Client(threading.Thread):
                 status = response.status
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+                try:
+                    conn = self.connect()
+                except OSError:
+                    time.sleep(0.05)
                 status, payload = 0, repr(exc).encode()
             elapsed = time.perf_counter() - started
             if started < self.warm_until:
