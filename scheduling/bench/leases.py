@@ -13,6 +13,7 @@ import http.client
 import importlib.util
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -85,41 +86,45 @@ def default_server() -> str:
     return "uvicorn" if importlib.util.find_spec("uvicorn") else "daphne"
 
 
-def start_servers(workers: int, env: dict, server: str) -> tuple[str, list[subprocess.Popen]]:
-    """uvicorn: one supervisor with `workers` processes on one TCP socket; daphne: `workers`
-    processes sharing a listening socket by file descriptor."""
-    port = _free_port()
+def start_servers(workers: int, env: dict, server: str) -> tuple[list[str], list[subprocess.Popen]]:
+    """uvicorn: `workers` processes on their own ports; daphne: `workers` processes sharing a
+    listening socket by file descriptor. Returns the base URLs and the processes."""
     if server == "uvicorn":
-        # --host/--port, not --fd: uvicorn takes an inherited fd for a Unix socket and would
-        # then not set TCP_NODELAY, adding ~40 ms of Nagle/delayed-ACK stall to every response.
-        command = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--http",
-            "httptools" if importlib.util.find_spec("httptools") else "h11",
-            "--lifespan",
-            "off",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "config.asgi:application",
-        ]
+        # One single-process uvicorn per worker, each on its own port; clients spread over them.
+        # (--host/--port, not --fd, and not --workers: an inherited or re-pickled socket loses
+        # TCP_NODELAY on accepted connections, adding ~40 ms Nagle/delayed-ACK stalls.)
+        ports = [_free_port() for _ in range(workers)]
         procs = [
             subprocess.Popen(
-                command, cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--http",
+                    "httptools" if importlib.util.find_spec("httptools") else "h11",
+                    "--lifespan",
+                    "off",
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                    "config.asgi:application",
+                ],
+                cwd=BASE_DIR,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
             )
+            for port in ports
         ]
     else:
+        ports = [_free_port()]
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
+        listener.bind(("127.0.0.1", ports[0]))
         listener.listen(1024)
         fd = listener.fileno()
         daphne = os.path.join(os.path.dirname(sys.executable), "daphne")
@@ -135,17 +140,17 @@ def start_servers(workers: int, env: dict, server: str) -> tuple[str, list[subpr
             for _ in range(workers)
         ]
         listener.close()  # the children hold it
-    url = f"http://127.0.0.1:{port}"
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             # a few requests per worker, so each has imported Django before the clock starts
-            for _ in range(workers * 4):
+            for port in ports * 4:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/api/v1/")
                 conn.getresponse().read()
                 conn.close()
-            return url, procs
+            return urls, procs
         except OSError:
             if any(p.poll() is not None for p in procs):
                 err = b"".join(p.stderr.read() or b"" for p in procs if p.poll() is not None)
@@ -166,8 +171,9 @@ def stop_servers(procs) -> None:
 
 
 class Client(threading.Thread):
-    def __init__(self, url, token, body, stop_at, warm_until):
+    def __init__(self, url, token, body, stop_at, warm_until, interval=0.0):
         super().__init__(daemon=True)
+        self.interval = interval  # > 0: open loop, one request every `interval` seconds
         parts = urlsplit(url)
         self.host, self.port = parts.hostname, parts.port or 80
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -186,7 +192,13 @@ class Client(threading.Thread):
 
     def run(self):
         conn = self.connect()
+        next_at = time.perf_counter() + random.random() * self.interval
         while True:
+            if self.interval:
+                pause = next_at - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                next_at += self.interval
             started = time.perf_counter()
             if started >= self.stop_at:
                 break
@@ -236,6 +248,7 @@ def run(
     nodes: int = 16,
     warmup: float = 1.0,
     server: str | None = None,
+    rate: float = 0.0,
 ) -> dict:
     from scheduling import selectors
 
@@ -248,7 +261,9 @@ def run(
             env["DJANGO_SETTINGS_MODULE"] = "scheduling.bench.leases_settings"
             env["DATABASE_URL"] = os.environ["DATABASE_URL"]
             server = server or default_server()
-            url, procs = start_servers(workers, env, server)
+            urls, procs = start_servers(workers, env, server)
+        else:
+            urls = [url]
         body = {
             "pool": pool.slug,
             "tenant": tenant.slug,
@@ -258,7 +273,11 @@ def run(
         start = time.perf_counter()
         warm_until = start + warmup
         stop_at = warm_until + seconds
-        threads = [Client(url, secret, body, stop_at, warm_until) for _ in range(clients)]
+        interval = clients / rate if rate else 0.0
+        threads = [
+            Client(urls[i % len(urls)], secret, body, stop_at, warm_until, interval)
+            for i in range(clients)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -268,10 +287,11 @@ def run(
         result = {
             "clients": clients,
             "seconds": seconds,
+            "offered_rate": rate or None,
             "server": server if procs else "external",
             "workers": workers if procs else None,
             "nodes": nodes,
-            "url": url,
+            "url": urls[0] if len(urls) == 1 else urls,
             "grants": granted,
             "grants_per_s": round(granted / seconds, 1),
             "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,

@@ -47,6 +47,13 @@ class Command(BaseCommand):
         parser.add_argument("--nodes", type=int, default=16)
         parser.add_argument("--warmup", type=float, default=1.0)
         parser.add_argument("--server", choices=["uvicorn", "daphne"], default=None)
+        parser.add_argument(
+            "--rate",
+            type=float,
+            default=0.0,
+            help="Open loop: total requests/s offered, spread over the clients (default: closed "
+            "loop, each client sends its next request when the previous one answers)",
+        )
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
@@ -71,6 +78,7 @@ class Command(BaseCommand):
             nodes=opts["nodes"],
             warmup=opts["warmup"],
             server=opts["server"],
+            rate=opts["rate"],
         )
         if opts["json"]:
             self.stdout.write(json.dumps(result))
