@@ -232,6 +232,45 @@ class Client(threading.Thread):
         conn.close()
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu_s(pids) -> float:
+    """User + system CPU seconds of these processes (Linux /proc; 0 elsewhere)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / _TICK
+
+
+def _postgres_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().startswith("postgres"):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def _machine_busy() -> tuple[int, int]:
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]
+    except OSError:
+        return 0, 0
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
 def _percentile(values, q):
     if not values:
         return None
@@ -278,10 +317,18 @@ def run(
             Client(urls[i % len(urls)], secret, body, stop_at, warm_until, interval)
             for i in range(clients)
         ]
+        server_pids = [p.pid for p in procs]
+        pg_before = {pid: _proc_cpu_s([pid]) for pid in _postgres_pids()}
+        server_before = _proc_cpu_s(server_pids)
+        busy_before = _machine_busy()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        busy_after = _machine_busy()
+        server_cpu = _proc_cpu_s(server_pids) - server_before
+        # backends that ended during the run are missed; new ones count from zero
+        pg_cpu = sum(_proc_cpu_s([pid]) - pg_before.get(pid, 0.0) for pid in _postgres_pids())
         latencies = [x for t in threads for x in t.latencies]
         granted = sum(t.granted for t in threads)
         result = {
@@ -301,6 +348,12 @@ def run(
             "conflicts": sum(t.conflicts for t in threads),
             "errors": sum(t.errors for t in threads),
             "error_samples": [s for t in threads for s in t.error_samples][:5],
+            # where the CPU went (the whole run including warm-up; Linux only)
+            "server_cpu_ms_per_grant": round(1000 * server_cpu / granted, 2) if granted else None,
+            "postgres_cpu_ms_per_grant": round(1000 * pg_cpu / granted, 2) if granted else None,
+            "machine_busy_percent": round(
+                100 * (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1])
+            ),
         }
     finally:
         stop_servers(procs)
