@@ -83,13 +83,47 @@ def _free_port() -> int:
 
 
 def default_server() -> str:
-    return "uvicorn" if importlib.util.find_spec("uvicorn") else "daphne"
+    for name in ("gunicorn", "uvicorn"):
+        if importlib.util.find_spec(name):
+            return name
+    return "daphne"
 
 
-def start_servers(workers: int, env: dict, server: str) -> tuple[list[str], list[subprocess.Popen]]:
-    """uvicorn: `workers` processes on their own ports; daphne: `workers` processes sharing a
+def start_servers(
+    workers: int, env: dict, server: str, threads: int = 8
+) -> tuple[list[str], list[subprocess.Popen]]:
+    """gunicorn: `workers` gthread processes with `threads` threads each, on one port;
+    uvicorn: `workers` processes on their own ports; daphne: `workers` processes sharing a
     listening socket by file descriptor. Returns the base URLs and the processes."""
-    if server == "uvicorn":
+    if server == "gunicorn":
+        ports = [_free_port()]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "--bind",
+                    f"127.0.0.1:{ports[0]}",
+                    "--workers",
+                    str(workers),
+                    "--worker-class",
+                    "gthread",
+                    "--threads",
+                    str(threads),
+                    "--backlog",
+                    "2048",
+                    "--log-level",
+                    "warning",
+                    "scheduling.bench.wsgi:application",
+                ],
+                cwd=BASE_DIR,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        ]
+    elif server == "uvicorn":
         # One single-process uvicorn per worker, each on its own port; clients spread over them.
         # (--host/--port, not --fd, and not --workers: an inherited or re-pickled socket loses
         # TCP_NODELAY on accepted connections, adding ~40 ms Nagle/delayed-ACK stalls.)
@@ -248,6 +282,21 @@ def _proc_cpu_s(pids) -> float:
     return total / _TICK
 
 
+def _with_children(pids) -> list[int]:
+    """The processes and their children (gunicorn workers live under the master)."""
+    found = list(pids)
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent in pids:
+                found.append(int(entry))
+    return found
+
+
 def _postgres_pids() -> list[int]:
     pids = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -288,6 +337,7 @@ def run(
     warmup: float = 1.0,
     server: str | None = None,
     rate: float = 0.0,
+    threads: int = 8,
 ) -> dict:
     from scheduling import selectors
 
@@ -300,7 +350,7 @@ def run(
             env["DJANGO_SETTINGS_MODULE"] = "scheduling.bench.leases_settings"
             env["DATABASE_URL"] = os.environ["DATABASE_URL"]
             server = server or default_server()
-            urls, procs = start_servers(workers, env, server)
+            urls, procs = start_servers(workers, env, server, threads)
         else:
             urls = [url]
         body = {
@@ -317,7 +367,7 @@ def run(
             Client(urls[i % len(urls)], secret, body, stop_at, warm_until, interval)
             for i in range(clients)
         ]
-        server_pids = [p.pid for p in procs]
+        server_pids = _with_children([p.pid for p in procs])
         pg_before = {pid: _proc_cpu_s([pid]) for pid in _postgres_pids()}
         server_before = _proc_cpu_s(server_pids)
         busy_before = _machine_busy()

@@ -46,7 +46,13 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2, help="Server processes")
         parser.add_argument("--nodes", type=int, default=16)
         parser.add_argument("--warmup", type=float, default=1.0)
-        parser.add_argument("--server", choices=["uvicorn", "daphne"], default=None)
+        parser.add_argument(
+            "--server",
+            choices=["gunicorn", "uvicorn", "daphne"],
+            default=None,
+            help="Default: gunicorn (WSGI, gthread) when installed, else uvicorn, else daphne",
+        )
+        parser.add_argument("--threads", type=int, default=8, help="Threads per gunicorn worker")
         parser.add_argument(
             "--rate",
             type=float,
@@ -79,6 +85,7 @@ class Command(BaseCommand):
             warmup=opts["warmup"],
             server=opts["server"],
             rate=opts["rate"],
+            threads=opts["threads"],
         )
         if opts["json"]:
             self.stdout.write(json.dumps(result))
