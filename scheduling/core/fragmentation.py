@@ -40,11 +40,13 @@ class Workload:
     _mem_cuts: list[int] = field(init=False)
     _memo: dict = field(init=False)
     _by_band: list = field(init=False)
+    pinned_models: frozenset[str] = field(init=False)  # models some typical shape is pinned to
 
     def __post_init__(self):
         self._cpu_cuts = sorted({s.cpu_millicores for s in self.shapes})
         self._mem_cuts = sorted({s.memory_mib for s in self.shapes})
         self._memo = {}
+        self.pinned_models = frozenset().union(*(s.models for s in self.shapes))
         # Terms as plain tuples for the inner loop: (cpu, mem, milli, count, models, p).
         self._by_band = [
             (s.cpu_millicores, s.memory_mib, s.gpu_milli, s.gpu_count, s.models, p)
@@ -52,19 +54,20 @@ class Workload:
         ]
 
     @classmethod
-    def from_counts(cls, counts: Counter | dict, coverage: float = 0.95) -> Workload:
+    def from_counts(
+        cls, counts: Counter | dict, coverage: float = 0.95, keep_constrained: bool = False
+    ) -> Workload:
         """Keep the most frequent shapes covering ``coverage`` of requests (FGD's typical pods).
 
-        Ties in count go to the larger shape tuple, as in the paper's simulator.
+        Ties in count go to the larger shape tuple, as in the paper's simulator. With
+        ``keep_constrained`` the coverage rule applies to requests that accept any GPU model only:
+        requests pinned to some models are all kept, so the measure protects scarce models even
+        when each pinned shape is rare.
         """
-        total = sum(counts.values())
-        ordered = sorted(counts.items(), key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
-        kept, running = [], 0
-        for shape, count in ordered:
-            kept.append((shape, count))
-            running += count
-            if running >= coverage * total:
-                break
+        free = {s: c for s, c in counts.items() if not (keep_constrained and s.models)}
+        kept = _most_frequent(free, coverage) if free else []
+        kept += [(s, c) for s, c in counts.items() if keep_constrained and s.models]
+        kept.sort(key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
         kept_total = sum(c for _, c in kept)
         return cls(tuple(s for s, _ in kept), tuple(c / kept_total for _, c in kept))
 
@@ -106,6 +109,18 @@ class Workload:
                     stranded += r
             expected += p * (total_free if fitting < k_m else stranded)
         return expected
+
+
+def _most_frequent(counts: dict, coverage: float) -> list[tuple[Shape, int]]:
+    total = sum(counts.values())
+    ordered = sorted(counts.items(), key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
+    kept, running = [], 0
+    for shape, count in ordered:
+        kept.append((shape, count))
+        running += count
+        if running >= coverage * total:
+            break
+    return kept
 
 
 def _shape_key(shape: Shape) -> tuple:

@@ -11,7 +11,7 @@ from . import filters
 from . import reasons as r
 from .fragmentation import generic_workload
 from .mig import free_starts, occupied_slices, profiles_for
-from .scorers import SCORERS, Fit, ScoreContext, gpu_class
+from .scorers import Fit, ScoreContext, active_scorers, gpu_class
 from .types import (
     COLOCATE_INTERCONNECT,
     COLOCATE_RACK,
@@ -161,9 +161,9 @@ def score_fit(req, node, fit, ctx) -> tuple[float, dict[str, float]]:
     policy = ctx.policy
     breakdown = {}
     total = 0.0
-    for name, weight in policy.weights.items():
-        value = SCORERS[name](req, node, fit, ctx)
-        if policy.integer_scores:
+    for name, weight, scorer in active_scorers(req, ctx):
+        value = scorer(req, node, fit, ctx)
+        if policy.integer_scores or name in policy.truncated:
             value = math.floor(value)
         breakdown[name] = value
         total += weight * value
@@ -475,7 +475,7 @@ def _place_sequence(req, replicas, nodes, ctx, topology):
             candidates = [n for n in nodes if n.zone not in used_zones]
         if not candidates:
             return _explain(req, nodes, {}, ctx.policy, message="no domain left")
-        step_ctx = replace(ctx, peers=tuple(peers))
+        step_ctx = replace(ctx, peers=tuple(peers), active=(None, ()))
         result = place(req, candidates, ctx.policy, step_ctx)
         if isinstance(result, Explanation):
             return result

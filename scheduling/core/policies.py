@@ -38,17 +38,26 @@ PAPER_POLICIES: dict[str, Policy] = {
     ),
 }
 
-# The product default: FGD's fragmentation gradient, truncated to the same 0..100 integer
-# scale (coarse buckets make near-equal moves tie), measured against the *whole* workload mix
-# including memory (see ``DEFAULT_WORKLOAD``), and ties broken towards nodes already running
-# work (``node_in_use``) before the node name, so empty nodes stay whole for large requests.
-# The weights make the order lexicographic: fragmentation first, then the tie-breaker.
+# The product default (see docs/scheduler.md): FGD's fragmentation gradient on its 0..100
+# integer scale, measured against the whole request mix including memory (DEFAULT_WORKLOAD);
+# ties broken towards nodes already running work, then towards the tightest node unless its
+# GPU model is one that model-pinned requests depend on, then by node name. The weights make the
+# order lexicographic. Preference scorers (locality, affinity, warm image, replica spread) come
+# first when a request expresses them; they are 0 otherwise, as in the trace replay.
 DEFAULT_POLICY = Policy(
     name="default",
     version=DEFAULT_POLICY_VERSION,
-    weights={"paper_fgd": 1000.0, "node_in_use": 1.0},
+    weights={
+        "affinity": 1e9,
+        "locality": 1e9,
+        "failure_domain_spread": 1e9,
+        "warm_image": 1e8,
+        "paper_fgd": 1e6,
+        "node_in_use": 1e3,
+        "best_fit_unpinned": 1.0,
+    },
     gpu_choice="fragmentation",
-    integer_scores=True,
+    truncated=("paper_fgd", "node_in_use", "best_fit_unpinned"),
 )
 
 #: How each policy's typical workload is measured from a trace (``typical_workload`` options).

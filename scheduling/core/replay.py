@@ -95,7 +95,7 @@ def pod_request(pod: Pod) -> Request:
 
 
 def typical_workload(
-    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95
+    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95, keep_constrained=False
 ) -> Workload:
     """FGD's typical pods: shapes covering ``coverage`` of the original trace (before tuning).
 
@@ -111,7 +111,7 @@ def typical_workload(
         )
         for p in pods
     )
-    return Workload.from_counts(counts, coverage)
+    return Workload.from_counts(counts, coverage, keep_constrained)
 
 
 def build_arrivals(pods: list[Pod], seed: int, tune: float, capacity_milli: int) -> list[Pod]:
@@ -153,6 +153,7 @@ class RunResult:
     pods: int
     seconds: float
     events: list[tuple[int, float]] = field(default_factory=list)
+    failures: list[tuple[int, Pod]] = field(default_factory=list)  # (arrival index, pod)
 
 
 def replay_run(
@@ -179,6 +180,7 @@ def replay_run(
     arrived = 0
     failed = 0
     events: list[tuple[int, float]] = []
+    failures: list[tuple[int, Pod]] = []
     for step, pod in enumerate(arrivals):
         cache = caches.get(pod.shape_key)
         if cache is None:
@@ -197,6 +199,7 @@ def replay_run(
                 chosen = -1
         if chosen < 0:
             failed += 1
+            failures.append((step, pod))
         else:
             placement = planner._placement(
                 cache.request, nodes[chosen], cache.results[chosen], policy
@@ -215,6 +218,21 @@ def replay_run(
         pods=len(arrivals),
         seconds=time.perf_counter() - started,
         events=events,
+        failures=failures,
+    )
+
+
+def _signature(node: NodeView) -> tuple:
+    """Everything a replay node can differ in besides its name (``read_nodes`` sets the rest
+    to defaults and ``apply_placement`` changes only these), so equal signatures evaluate
+    equally. Many nodes are still untouched copies of a few machine types."""
+    return (
+        node.cpu_millicores,
+        node.memory_mib,
+        node.free_cpu_millicores,
+        node.free_memory_mib,
+        node.workload_labels,
+        tuple((g.model, g.free_milli, g.tenants) for g in node.gpus),
     )
 
 
@@ -222,10 +240,15 @@ def _new_cache(pod: Pod, nodes, policy, ctx, count: int) -> _ShapeCache:
     request = pod_request(pod)
     scores = np.full(count, -np.inf)
     results: list = [None] * count
+    seen: dict[tuple, object] = {}
     for i, node in enumerate(nodes):
-        if filters.static_reason(request, node, policy):
-            continue
-        result = planner.evaluate(request, node, ctx, static_checked=True)
+        key = _signature(node)
+        result = seen.get(key)
+        if result is None:
+            result = filters.static_reason(request, node, policy) or planner.evaluate(
+                request, node, ctx, static_checked=True
+            )
+            seen[key] = result
         if not isinstance(result, str):
             scores[i] = result[0]
             results[i] = result

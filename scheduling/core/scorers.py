@@ -39,6 +39,7 @@ class ScoreContext:
     max_gpu_milli: int = 1
     peers: tuple[NodeView, ...] = ()  # nodes already holding replicas of the same gang/group
     rng: Random = field(default_factory=Random)
+    active: tuple = (None, ())  # (request, scorers that can tell nodes apart for it)
 
 
 def gpu_demand(req: Request) -> int:
@@ -185,6 +186,17 @@ def paper_best_fit(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) ->
     return 100 * (1 - (0.5 * cpu_left + 0.5 * gpu_left))
 
 
+def best_fit_unpinned(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
+    """``paper_best_fit`` on nodes whose GPU model no model-pinned request depends on, else 0.
+
+    Packing the smallest nodes first keeps large ones whole, but when some requests accept only
+    certain models, small nodes of those models are exactly what they need.
+    """
+    if node.gpus and node.gpu_model in ctx.workload.pinned_models:
+        return 0.0
+    return paper_best_fit(req, node, fit, ctx)
+
+
 def paper_fgd(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     delta = fragmentation(req, node, fit, ctx)  # in GPUs, = (F - F') / 1000
     return 100.0 / (1.0 + math.exp(-delta))
@@ -192,6 +204,28 @@ def paper_fgd(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> floa
 
 def constant(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     return 0.0
+
+
+# Scorers that give every node the same value unless the request (or gang) asks for something;
+# skipping them changes all totals by the same constant, so never a decision.
+APPLIES = {
+    "affinity": lambda req, ctx: bool(req.preferred_affinity),
+    "locality": lambda req, ctx: bool(req.preferred_regions or req.preferred_zones),
+    "warm_image": lambda req, ctx: bool(req.image),
+    "failure_domain_spread": lambda req, ctx: bool(ctx.peers),
+}
+
+
+def active_scorers(req: Request, ctx: ScoreContext) -> tuple:
+    """(name, weight, function) of the policy's scorers that matter for ``req``; cached."""
+    if ctx.active[0] is not req:
+        chosen = tuple(
+            (name, weight, SCORERS[name])
+            for name, weight in ctx.policy.weights.items()
+            if name not in APPLIES or APPLIES[name](req, ctx)
+        )
+        ctx.active = (req, chosen)
+    return ctx.active[1]
 
 
 SCORERS = {
@@ -211,5 +245,6 @@ SCORERS = {
     "paper_gpu_packing": paper_gpu_packing,
     "paper_best_fit": paper_best_fit,
     "paper_fgd": paper_fgd,
+    "best_fit_unpinned": best_fit_unpinned,
     "random": constant,  # the planner picks uniformly among feasible nodes
 }

@@ -228,8 +228,9 @@ class Policy:
     ``weights`` maps scorer names (see ``scheduling.core.scorers.SCORERS``) to weights. The
     version is echoed in every placement and explanation so decisions can be audited.
     ``workload`` is the typical request mix fragmentation is measured against (None: a generic
-    mix derived from common shapes). ``integer_scores`` truncates scores to integers 0..100 as
-    the Kubernetes framework does (used by the paper policies in replays).
+    mix derived from common shapes). ``integer_scores`` truncates every scorer's value to an
+    integer before weighting, as the Kubernetes framework does (the paper policies);
+    ``truncated`` names the scorers truncated when ``integer_scores`` is off.
     """
 
     name: str = "default"
@@ -238,6 +239,7 @@ class Policy:
     gpu_choice: str = "fragmentation"  # fragmentation | best_fit | lowest_index | random
     allow_tenant_mixing: bool = False
     integer_scores: bool = False
+    truncated: tuple[str, ...] = ()
     workload: Any = None  # scheduling.core.fragmentation.Workload
     seed: int = 0  # only for the random policy
 

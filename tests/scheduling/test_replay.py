@@ -133,3 +133,29 @@ def test_parse_seeds():
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown policy"):
         policy_for("tetris")
+
+
+def test_replay_trace_command_prints_one_json_object():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(
+        "replay_trace",
+        "--nodes",
+        TINY_NODES,
+        "--pods",
+        TINY_PODS,
+        "--policy",
+        "fgd",
+        "--seeds",
+        "42-43",
+        "--json",
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert result["policy"] == "fgd" and result["seeds"] == [42, 43]
+    assert result["failed_pods"] == {"42": 1, "43": 3}
+    assert set(result["alloc_at"]) == {"100", "130"}
