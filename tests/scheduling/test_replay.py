@@ -103,7 +103,7 @@ def test_fragmentation_aware_policies_keep_the_whole_gpu_free(tmp_path):
         ("dotprod", (126, 70.56), 2),
         ("gpu-clustering", (126, 81.67), 1),
         ("gpu-packing", (126, 81.67), 1),
-        ("random", (126, 81.67), 1),
+        ("random", (126, 70.56), 2),  # seeded: changes if the random draws change
     ],
 )
 def test_tiny_fixture_trace_expected_result(policy, final, failed):
