@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from random import Random
 
 from . import filters
@@ -277,8 +278,17 @@ def place(
     best = None
     feasible = []
     rejected: dict[str, str] = {}
+    cache = ctx.evaluations
+    if len(cache) > 200_000:
+        cache.clear()
+    request_key = _request_key(request)
     for node in nodes:
-        result = evaluate(request, node, ctx)
+        cached = cache.get((request_key, id(node)))
+        if cached is not None and cached[0] is node:
+            result = cached[1]
+        else:
+            result = evaluate(request, node, ctx)
+            cache[(request_key, id(node))] = (node, result)
         if isinstance(result, str):
             rejected[node.name] = result
             continue
@@ -294,6 +304,17 @@ def place(
     else:
         _, node, result = best
     return _placement(request, node, result, policy)
+
+
+def _request_key(req: Request) -> tuple:
+    """A hashable identity of the request's content (its mappings become sorted tuples)."""
+    return tuple(
+        tuple(sorted(value.items())) if isinstance(value, Mapping) else value
+        for value in (getattr(req, name) for name in _REQUEST_FIELDS)
+    )
+
+
+_REQUEST_FIELDS = tuple(f.name for f in fields(Request) if f.name != "name")
 
 
 class _neg_name(str):
@@ -475,7 +496,7 @@ def _place_sequence(req, replicas, nodes, ctx, topology):
             candidates = [n for n in nodes if n.zone not in used_zones]
         if not candidates:
             return _explain(req, nodes, {}, ctx.policy, message="no domain left")
-        step_ctx = replace(ctx, peers=tuple(peers), active=(None, ()))
+        step_ctx = replace(ctx, peers=tuple(peers), active=(None, ()), evaluations={})
         result = place(req, candidates, ctx.policy, step_ctx)
         if isinstance(result, Explanation):
             return result

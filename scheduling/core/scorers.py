@@ -40,6 +40,10 @@ class ScoreContext:
     peers: tuple[NodeView, ...] = ()  # nodes already holding replicas of the same gang/group
     rng: Random = field(default_factory=Random)
     active: tuple = (None, ())  # (request, scorers that can tell nodes apart for it)
+    # (request key, id(node)) -> (node, evaluation): a NodeView is immutable, and
+    # apply_to_nodes keeps unchanged nodes as the same objects, so placing many requests on one
+    # snapshot re-evaluates only the nodes that changed.
+    evaluations: dict = field(default_factory=dict)
 
 
 def gpu_demand(req: Request) -> int:

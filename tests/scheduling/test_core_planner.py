@@ -250,3 +250,25 @@ def test_apply_to_nodes_updates_only_the_placed_node():
     updated = apply_to_nodes(nodes, placed)
     assert updated[0].free_cpu_millicores == 31000
     assert updated[1] is nodes[1]
+
+
+def test_a_shared_context_gives_the_same_decisions_as_fresh_ones():
+    from scheduling.core.planner import make_context
+
+    nodes = [gpu_node(f"gpu-{i}", gpus=2, sharing="timeslice") for i in range(4)]
+    shapes = [
+        Request(cpu_millicores=4000, gpu_count=1, gpu_milli=300, sharing="timeslice"),
+        Request(cpu_millicores=8000, gpu_count=1),
+        Request(cpu_millicores=2000),
+    ]
+    shared_nodes, fresh_nodes = list(nodes), list(nodes)
+    ctx = make_context(nodes, POLICY)
+    for step in range(12):
+        request = shapes[step % 3]
+        shared = place(request, shared_nodes, POLICY, ctx)
+        fresh = place(request, fresh_nodes, POLICY)
+        assert type(shared) is type(fresh)
+        if isinstance(fresh, Placement):
+            assert (shared.node, shared.devices) == (fresh.node, fresh.devices)
+            shared_nodes = apply_to_nodes(shared_nodes, shared)
+            fresh_nodes = apply_to_nodes(fresh_nodes, fresh)
