@@ -54,26 +54,36 @@ class Workload:
         ]
 
     @classmethod
-    def from_counts(
-        cls, counts: Counter | dict, coverage: float = 0.95, keep_constrained: bool = False
-    ) -> Workload:
+    def from_counts(cls, counts: Counter | dict, coverage: float = 0.95) -> Workload:
         """Keep the most frequent shapes covering ``coverage`` of requests (FGD's typical pods).
 
-        Ties in count go to the larger shape tuple, as in the paper's simulator. With
-        ``keep_constrained`` the coverage rule applies to requests that accept any GPU model only:
-        requests pinned to some models are all kept, so the measure protects scarce models even
-        when each pinned shape is rare.
+        Ties in count go to the larger shape tuple, as in the paper's simulator.
         """
-        free = {s: c for s, c in counts.items() if not (keep_constrained and s.models)}
-        kept = _most_frequent(free, coverage) if free else []
-        kept += [(s, c) for s, c in counts.items() if keep_constrained and s.models]
-        kept.sort(key=lambda kv: (kv[1], _shape_key(kv[0])), reverse=True)
+        kept = _most_frequent(dict(counts), coverage)
         kept_total = sum(c for _, c in kept)
         return cls(tuple(s for s, _ in kept), tuple(c / kept_total for _, c in kept))
 
     @classmethod
     def from_shapes(cls, shapes: Iterable[Shape], coverage: float = 0.95) -> Workload:
         return cls.from_counts(Counter(shapes), coverage)
+
+    @classmethod
+    def from_requests(cls, requests: Iterable, coverage: float = 1.0) -> Workload:
+        """The mix of recent ``Request``s, as the default policy measures it (all shapes,
+        memory included). A scheduling pass can attach it with ``policy.with_workload``."""
+        return cls.from_shapes(
+            (
+                Shape(
+                    r.cpu_millicores,
+                    r.gpu_milli if r.gpu_count else 0,
+                    r.gpu_count,
+                    frozenset(r.gpu_models),
+                    r.memory_mib,
+                )
+                for r in requests
+            ),
+            coverage,
+        )
 
     def fragmentation(self, model: str, cpu: int, mem: int, frees: tuple[int, ...]) -> float:
         """Expected idle milli-GPU on a node that typical requests could not use."""

@@ -87,11 +87,7 @@ def _share_candidates(devices, req: Request, policy: Policy, ctx: ScoreContext):
         return [ctx.rng.choice(devices)]
     if policy.gpu_choice == "lowest_index":
         return [devices[0]]
-    # fragmentation: every distinct free level; the first candidate wins score ties, so
-    # "fragmentation_tight" offers the tightest device first, plain FGD the lowest index.
-    if policy.gpu_choice == "fragmentation_tight":
-        devices = sorted(devices, key=lambda d: (d.free_milli, d.index))
-    seen, out = set(), []
+    seen, out = set(), []  # fragmentation: every distinct free level, lowest index first
     for d in devices:
         if d.free_milli not in seen:
             seen.add(d.free_milli)

@@ -95,7 +95,7 @@ def pod_request(pod: Pod) -> Request:
 
 
 def typical_workload(
-    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95, keep_constrained=False
+    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95
 ) -> Workload:
     """FGD's typical pods: shapes covering ``coverage`` of the original trace (before tuning).
 
@@ -111,7 +111,7 @@ def typical_workload(
         )
         for p in pods
     )
-    return Workload.from_counts(counts, coverage, keep_constrained)
+    return Workload.from_counts(counts, coverage)
 
 
 def build_arrivals(pods: list[Pod], seed: int, tune: float, capacity_milli: int) -> list[Pod]:

@@ -162,3 +162,14 @@ def test_integer_scores_truncate_each_term():
     assert place(Request(cpu_millicores=5000), nodes, policy).score == 0
     policy = Policy(weights={"node_packing": 1.0}, integer_scores=True)
     assert place(Request(cpu_millicores=5000), nodes, policy).score == 25  # (50 + 0) / 2 dims
+
+
+def test_workload_from_requests_keeps_every_shape_with_memory():
+    requests = [
+        Request(
+            cpu_millicores=1000, memory_mib=512, gpu_count=1, gpu_milli=250, sharing="timeslice"
+        )
+    ] * 3 + [Request(cpu_millicores=2000)]
+    workload = Workload.from_requests(requests)
+    assert workload.shapes == (Shape(1000, 250, 1, frozenset(), 512), Shape(2000, 0, 0))
+    assert workload.probabilities == (0.75, 0.25)
