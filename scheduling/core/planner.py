@@ -330,6 +330,8 @@ def _invalid(req: Request) -> str:
         return f"unknown sharing class {req.sharing!r}"
     if req.sharing == MIG and not req.mig_profile:
         return "a MIG request needs a profile such as 1g.10gb"
+    if req.sharing == MIG and req.gpu_count > 1:
+        return "a MIG request takes one slice; ask for replicas to get several"
     if req.gpu_count and not 0 < req.gpu_milli <= 1000:
         return "gpu_milli must be within 1..1000"
     if req.sharing == EXCLUSIVE and req.gpu_count and req.gpu_milli < 1000:

@@ -272,3 +272,9 @@ def test_a_shared_context_gives_the_same_decisions_as_fresh_ones():
             assert (shared.node, shared.devices) == (fresh.node, fresh.devices)
             shared_nodes = apply_to_nodes(shared_nodes, shared)
             fresh_nodes = apply_to_nodes(fresh_nodes, fresh)
+
+
+def test_mig_request_for_several_slices_is_invalid():
+    result = place(Request(gpu_count=2, sharing="mig", mig_profile="1g.10gb"), [gpu_node()], POLICY)
+    assert isinstance(result, Explanation)
+    assert "one slice" in result.message
