@@ -110,7 +110,7 @@ NODES = [
         cpu_millicores=16000,
         memory_mib=65536,
         scratch_mib=200_000,
-        gpus=_gpus("T4", 2, 15360, "gpu-t4-01"),
+        gpus=[g | {"sharing_mode": "timeslice"} for g in _gpus("T4", 2, 15360, "gpu-t4-01")],
     ),
 ]
 

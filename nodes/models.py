@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from pools.choices import Architecture
+from pools.choices import Architecture, GpuSharingMode
 from pools.statemachine import EventBase
 
 from .choices import GpuHealth, NodeState, ProbeKind, ProbeState, Reachability
@@ -108,6 +108,12 @@ class GpuDevice(models.Model):
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=20, blank=True)
     mig_enabled = models.BooleanField(default=False)
+    sharing_mode = models.CharField(
+        max_length=10,
+        choices=GpuSharingMode.choices,
+        default=GpuSharingMode.EXCLUSIVE,
+        help_text="How the device is offered when MIG is off: whole, time-sliced or MPS",
+    )
     mig_slices = models.JSONField(
         default=list, blank=True, help_text='MIG instances: [{"profile": "1g.10gb", "start": 0}]'
     )

@@ -97,6 +97,7 @@ GPU_FIELDS = (
     "cuda_version",
     "mig_enabled",
     "mig_slices",
+    "sharing_mode",
     "interconnect_group",
     "numa_node",
 )

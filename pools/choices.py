@@ -30,6 +30,14 @@ class GpuSharingClass(models.TextChoices):
 ISOLATED_SHARING = frozenset({GpuSharingClass.EXCLUSIVE, GpuSharingClass.MIG})
 
 
+class GpuSharingMode(models.TextChoices):
+    """How a non-MIG device is offered; a MIG-enabled device offers MIG slices only."""
+
+    EXCLUSIVE = "exclusive", "Whole device, one workload"
+    TIMESLICE = "timeslice", "Time-sliced shares (not isolated)"
+    MPS = "mps", "MPS shares (not isolated)"
+
+
 class Architecture(models.TextChoices):
     AMD64 = "amd64", "x86-64"
     ARM64 = "arm64", "ARM64"

@@ -8,8 +8,8 @@ an overcommit.
 
 Conventions of the adapter (documented in docs/leases.md):
 - node names are unique within a pool, so a `NodeView.name` is the node's name;
-- a GPU's sharing mode: MIG when `mig_enabled`, else the node label `gpu-sharing`
-  (`exclusive` | `timeslice` | `mps`), default `exclusive`;
+- a GPU's sharing mode: MIG when `mig_enabled`, else its `sharing_mode` field
+  (`exclusive` | `timeslice` | `mps`);
 - MIG slices in use come from the `mig_slots_used` bitmask (one slot per bit);
 - tenants are identified by their primary key as a string.
 """
@@ -30,8 +30,6 @@ from scheduling.core.mig import profiles_for
 from scheduling.core.policies import DEFAULT_POLICY
 from scheduling.core.scorers import SCORERS
 
-SHARING_LABEL = "gpu-sharing"
-_SHARING_MODES = {core.EXCLUSIVE, core.TIMESLICE, core.MPS}
 
 _NODE_FIELDS = (
     "id",
@@ -60,6 +58,7 @@ _GPU_FIELDS = (
     "model",
     "memory_mib",
     "mig_enabled",
+    "sharing_mode",
     "interconnect_group",
     "numa_node",
     "healthy",
@@ -95,7 +94,7 @@ def mig_mask(model: str, memory_mib: int, profile: str, start: int) -> int:
     return ((1 << size) - 1) << start
 
 
-def _gpu_view(row: dict, sharing_mode: str, *, empty: bool = False) -> core.GpuView:
+def _gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
     if row["mig_enabled"]:
         mask = 0 if empty else row["mig_slots_used"]
         slices = mig_slices_from_mask(mask)
@@ -119,7 +118,7 @@ def _gpu_view(row: dict, sharing_mode: str, *, empty: bool = False) -> core.GpuV
         model=row["model"],
         memory_mib=row["memory_mib"],
         free_milli=1000 if empty else 1000 - row["milli_reserved"],
-        sharing=sharing_mode,
+        sharing=row["sharing_mode"],
         uuid=row["uuid"],
         interconnect_group=row["interconnect_group"],
         numa_node=row["numa_node"] or 0,
@@ -132,9 +131,6 @@ def _gpu_view(row: dict, sharing_mode: str, *, empty: bool = False) -> core.GpuV
 
 def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
     labels = row["labels"] if isinstance(row["labels"], dict) else {}
-    mode = labels.get(SHARING_LABEL, core.EXCLUSIVE)
-    if mode not in _SHARING_MODES:
-        mode = core.EXCLUSIVE
     cpu, mem, scratch = (
         row["cpu_millicores_allocatable"],
         row["memory_mib_allocatable"],
@@ -148,7 +144,7 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
         free_cpu_millicores=cpu if empty else cpu - row["cpu_millicores_reserved"],
         free_memory_mib=mem if empty else mem - row["memory_mib_reserved"],
         free_scratch_mib=scratch if empty else scratch - row["scratch_mib_reserved"],
-        gpus=tuple(_gpu_view(g, mode, empty=empty) for g in gpus),
+        gpus=tuple(_gpu_view(g, empty=empty) for g in gpus),
         state=NodeState.READY if empty else row["state"],
         labels={str(k): str(v) for k, v in labels.items()},
         arch=row["architecture"],
@@ -311,16 +307,12 @@ def reservation_view(parent) -> core.NodeView | None:
         g["id"]: g
         for g in GpuDevice.objects.filter(pk__in=[a["gpu"] for a in held]).values(*_GPU_FIELDS)
     }
-    labels = row["labels"] if isinstance(row["labels"], dict) else {}
-    mode = labels.get(SHARING_LABEL, core.EXCLUSIVE)
-    if mode not in _SHARING_MODES:
-        mode = core.EXCLUSIVE
     gpus = []
     for alloc in held:
         g = gpu_rows.get(alloc["gpu"])
         if g is None:
             continue
-        base = _gpu_view(g, mode, empty=True)
+        base = _gpu_view(g, empty=True)
         gpus.append(
             replace(
                 base,

@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
+from pools.choices import GpuSharingMode
 from pools.models import ComputePool
 
 
@@ -16,6 +17,7 @@ class GpuSerializer(serializers.ModelSerializer):
             "cuda_version",
             "mig_enabled",
             "mig_slices",
+            "sharing_mode",
             "interconnect_group",
             "numa_node",
             "healthy",
@@ -111,6 +113,7 @@ class InventoryGpuSerializer(serializers.Serializer):
     cuda_version = serializers.CharField(max_length=20, required=False, allow_blank=True)
     mig_enabled = serializers.BooleanField(default=False)
     mig_slices = serializers.ListField(child=serializers.DictField(), default=list)
+    sharing_mode = serializers.ChoiceField(choices=GpuSharingMode.choices, required=False)
     interconnect_group = serializers.CharField(max_length=40, required=False, allow_blank=True)
     numa_node = serializers.IntegerField(required=False, allow_null=True)
 

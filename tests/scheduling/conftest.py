@@ -54,6 +54,7 @@ def make_node(pool, name, *, cpu=4000, memory=8192, scratch=0, gpus=(), labels=N
             "model": g.get("model", "A100-80GB"),
             "memory_mib": g.get("memory_mib", 81920),
             "mig_enabled": g.get("mig", False),
+            "sharing_mode": g.get("sharing", "exclusive"),
         }
         for i, g in enumerate(gpus)
     ]

@@ -51,7 +51,11 @@ def test_many_clients_race_for_the_last_units(db):
     make_node(pool, "c1", cpu=4000, memory=8192, scratch=4000)
     make_node(pool, "c2", cpu=3000, memory=4096, scratch=3000)
     make_node(
-        pool, "g1", cpu=8000, memory=16384, gpus=[{}, {}], labels={"gpu-sharing": "timeslice"}
+        pool,
+        "g1",
+        cpu=8000,
+        memory=16384,
+        gpus=[{"sharing": "timeslice"}, {"sharing": "timeslice"}],
     )
     make_node(pool, "m1", cpu=8000, memory=16384, gpus=[{"mig": True}])
     shapes = [

@@ -123,9 +123,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.pool = make_pool(f"sm-{tag}")
         self.tenants = [tenant_create(name=f"sm {tag} {i}", slug=f"sm-{tag}-{i}") for i in range(2)]
         make_node(self.pool, "a", cpu=3000, memory=6144)
-        make_node(
-            self.pool, "g", cpu=3000, memory=6144, gpus=[{}], labels={"gpu-sharing": "timeslice"}
-        )
+        make_node(self.pool, "g", cpu=3000, memory=6144, gpus=[{"sharing": "timeslice"}])
         self.now = timezone.now()
         self.shapes = [
             cpu_request(1000, 1024),

@@ -106,7 +106,7 @@ def test_quota_is_enforced(lpool, ltenant, lnode):
 
 def test_exclusive_gpus_timeslice_shares_and_mig_slices(lpool, ltenant, ltenant2):
     make_node(lpool, "g1", cpu=32000, memory=65536, gpus=[{}, {}])
-    make_node(lpool, "ts", cpu=32000, memory=65536, gpus=[{}], labels={"gpu-sharing": "timeslice"})
+    make_node(lpool, "ts", cpu=32000, memory=65536, gpus=[{"sharing": "timeslice"}])
     make_node(lpool, "mig", cpu=32000, memory=65536, gpus=[{"mig": True}])
     whole = reserve(lpool, ltenant, gpu_request("exclusive", 2))
     assert whole.node.name == "g1" and [a["milli"] for a in whole.gpu_allocations] == [1000] * 2
