@@ -13,6 +13,11 @@ app.autodiscover_tasks()
 # Sweeps take `now` themselves and use guarded updates, so running them on several beat
 # schedulers or workers at once is safe (a second run finds 0 rows to change).
 app.conf.beat_schedule = {
+    "scheduling-pass": {"task": "scheduling.pass", "schedule": 2.0},
+    "scheduling-requeue-stranded-jobs": {
+        "task": "scheduling.requeue_stranded_jobs",
+        "schedule": 10.0,
+    },
     "pools-purge-api-tokens": {"task": "pools.purge_api_tokens", "schedule": 3600.0},
     "nodes-heartbeat-sweep": {"task": "nodes.heartbeat_sweep", "schedule": 10.0},
     "nodes-drain-sweep": {"task": "nodes.drain_sweep", "schedule": 30.0},

@@ -42,6 +42,10 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Why a queued job is not placed yet: the scheduler's latest explanation (counts per reason,
+    # nearest miss). Cleared when it is placed.
+    pending_reason = models.JSONField(default=dict, blank=True)
+    pending_checked_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 

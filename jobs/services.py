@@ -95,6 +95,7 @@ def job_transition(
     now=None,
     changes: dict | None = None,
     data: dict | None = None,
+    check=None,
 ) -> Job:
     return transition(
         Job,
@@ -108,7 +109,15 @@ def job_transition(
         now=now or timezone.now(),
         changes=changes,
         data=data,
+        check=check,
         on_commit=publish_job_event,
+    )
+
+
+def job_note_pending(*, job: Job, explanation: dict, now=None) -> None:
+    """Record why the scheduler could not place a queued job (not a state change)."""
+    Job.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
+        pending_reason=explanation, pending_checked_at=now or timezone.now()
     )
 
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from scheduling import services
+from scheduling import passes, services
 
 UNCERTAIN_DEADLINE = timedelta(minutes=10)
 
@@ -31,3 +31,14 @@ def expire_uncertain(now=None, deadline_s=None) -> int:
 @shared_task(name="scheduling.release_unclaimed_reservations")
 def release_unclaimed_reservations(now=None) -> int:
     return services.release_unclaimed_reservations(now=_now(now))
+
+
+@shared_task(name="scheduling.pass")
+def scheduling_pass(now=None) -> dict:
+    result = passes.scheduling_pass(now=_now(now))
+    return {"placed": result.placed, "pending": result.pending}
+
+
+@shared_task(name="scheduling.requeue_stranded_jobs")
+def requeue_stranded_jobs(now=None) -> list[int]:
+    return passes.requeue_jobs_without_lease(now=_now(now))

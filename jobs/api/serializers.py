@@ -43,6 +43,8 @@ class JobSerializer(serializers.ModelSerializer):
             "attempts",
             "exit_code",
             "created_at",
+            "pending_reason",
+            "pending_checked_at",
         ]
 
 

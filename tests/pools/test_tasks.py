@@ -10,9 +10,7 @@ from pools.tasks import purge_api_tokens
 def test_purge_forgets_only_long_dead_tokens(member):
     now = timezone.now()
     api_token_issue(user=member, name="live")
-    api_token_issue(
-        user=member, name="old", now=now - timedelta(days=200), ttl=timedelta(days=90)
-    )
+    api_token_issue(user=member, name="old", now=now - timedelta(days=200), ttl=timedelta(days=90))
     api_token_issue(
         user=member, name="recent", now=now - timedelta(days=100), ttl=timedelta(days=90)
     )
