@@ -13,27 +13,6 @@ from scheduling import selectors
 SYSTEM = Actor.system("tests")
 
 
-class FakeNodePrincipal:
-    """What nodes.authentication gives a node's agent: request.user with .node, not a person."""
-
-    is_person = False
-    is_authenticated = True
-    is_anonymous = False
-    is_active = True
-    is_superuser = False
-    is_staff = False
-    pk = None
-    id = None
-    _platform_roles = frozenset()
-    _tenant_roles: dict = {}
-
-    def __init__(self, node):
-        self.node = node
-
-    def get_username(self):
-        return f"node:{self.node.name}"
-
-
 def make_pool(slug="leases", **fields):
     """allocatable == raw: no system reserve, no safety margin."""
     return pool_create(
@@ -151,14 +130,16 @@ def loperator(db, django_user_model):
 
 
 def api_client(user=None, scopes=("read", "write"), node=None):
-    """A bearer-token client for a person, a node principal's client, or an anonymous one."""
+    """A bearer-token client for a person, a node's agent (its own credential), or anonymous."""
     from rest_framework.test import APIClient
 
+    from nodes.services import node_credential_issue
     from pools.services import api_token_issue
 
     client = APIClient()
     if node is not None:
-        client.force_authenticate(user=FakeNodePrincipal(node))
+        _, secret = node_credential_issue(node=node)
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
     elif user is not None:
         _, secret = api_token_issue(user=user, name="t", scopes=list(scopes))
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
