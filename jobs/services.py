@@ -14,31 +14,9 @@ from .choices import JOB_TRANSITIONS, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
 
-# Fields of a ResourceShape that make up a resource request.
-SHAPE_REQUEST_FIELDS = (
-    "cpu_millicores_min",
-    "cpu_millicores_preferred",
-    "memory_mib_min",
-    "memory_mib_preferred",
-    "gpu_count",
-    "gpu_models",
-    "gpu_memory_mib_min",
-    "gpu_sharing_class",
-    "gpu_milli",
-    "mig_profile",
-    "scratch_mib",
-    "network_class",
-    "architecture",
-    "os",
-    "container_runtime",
-    "regions",
-    "zones",
-    "node_pin",
-)
-
 
 def shape_request(shape: ResourceShape) -> dict:
-    return {field: getattr(shape, field) for field in SHAPE_REQUEST_FIELDS}
+    return shape.as_request()
 
 
 def job_submit(
@@ -65,7 +43,7 @@ def job_submit(
             name=name,
             image=image,
             shape=shape,
-            resources=shape_request(shape) if shape else resources,
+            resources=shape.as_request() if shape else resources,
             command=command or [],
             env=env or {},
             priority_class=priority_class,

@@ -70,6 +70,29 @@ class ComputePool(models.Model):
         return self.slug
 
 
+# The fields of a shape that make up a resource request (inline requests use the same ones).
+REQUEST_FIELDS = (
+    "cpu_millicores_min",
+    "cpu_millicores_preferred",
+    "memory_mib_min",
+    "memory_mib_preferred",
+    "gpu_count",
+    "gpu_models",
+    "gpu_memory_mib_min",
+    "gpu_sharing_class",
+    "gpu_milli",
+    "mig_profile",
+    "scratch_mib",
+    "network_class",
+    "architecture",
+    "os",
+    "container_runtime",
+    "regions",
+    "zones",
+    "node_pin",
+)
+
+
 class ResourceShape(models.Model):
     """A catalogue entry: what a workload needs, never which machine it runs on."""
 
@@ -118,6 +141,9 @@ class ResourceShape(models.Model):
 
     def __str__(self):
         return f"{self.pool.slug}/{self.name}"
+
+    def as_request(self) -> dict:
+        return {field: getattr(self, field) for field in REQUEST_FIELDS}
 
     def clean(self):
         errors = {}

@@ -6,7 +6,6 @@ from collections import defaultdict
 
 from django.db.models import Count, F, Q, Sum
 
-from jobs.services import SHAPE_REQUEST_FIELDS
 from nodes.choices import NodeState
 from nodes.models import GpuDevice, Node
 from pools.models import ResourceShape
@@ -158,10 +157,7 @@ def pool_capacity(pool) -> dict:
     """Per node and for the pool: allocatable, reserved, used, free, fragmented, draining,
     unhealthy. Fragmented = free capacity on a schedulable node where no catalogue shape of the
     pool fits any more (free, but in pieces no queued shape can use)."""
-    shapes = [
-        snap.core_request({f: getattr(s, f) for f in SHAPE_REQUEST_FIELDS})
-        for s in ResourceShape.objects.filter(pool=pool)
-    ]
+    shapes = [snap.core_request(s.as_request()) for s in ResourceShape.objects.filter(pool=pool)]
     view = snap.all_nodes_snapshot(pool.pk)
     policy = snap.pool_policy(pool)
     ctx = make_context(view.nodes, policy)

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from pools.choices import TokenScope
 from pools.models import (
+    REQUEST_FIELDS,
     ApiToken,
     ComputePool,
     ResourceShape,
@@ -21,28 +22,6 @@ class PoolSerializer(serializers.ModelSerializer):
     class Meta:
         model = ComputePool
         fields = ["id", "name", "slug", "trust_level", "description", "heartbeat_interval_s"]
-
-
-REQUEST_FIELDS = [
-    "cpu_millicores_min",
-    "cpu_millicores_preferred",
-    "memory_mib_min",
-    "memory_mib_preferred",
-    "gpu_count",
-    "gpu_models",
-    "gpu_memory_mib_min",
-    "gpu_sharing_class",
-    "gpu_milli",
-    "mig_profile",
-    "scratch_mib",
-    "network_class",
-    "architecture",
-    "os",
-    "container_runtime",
-    "regions",
-    "zones",
-    "node_pin",
-]
 
 
 class ShapeSerializer(serializers.ModelSerializer):
@@ -73,7 +52,7 @@ class ResourceRequestSerializer(serializers.ModelSerializer):
                 raise serializers.ValidationError(
                     {f"{field}_preferred": "Preferred must be at least the minimum."}
                 )
-        return {field: getattr(shape, field) for field in REQUEST_FIELDS}
+        return shape.as_request()
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
