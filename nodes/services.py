@@ -210,6 +210,7 @@ def node_transition(
     now=None,
     data: dict | None = None,
     changes: dict | None = None,
+    check=None,
 ) -> Node:
     return transition(
         Node,
@@ -223,7 +224,18 @@ def node_transition(
         now=now or timezone.now(),
         data=data,
         changes=changes,
+        check=check,
     )
+
+
+def _must_be(state: str, code: str):
+    """A precondition checked under the row lock: the node must be in `state`."""
+
+    def check(obj):
+        if obj.state != state:
+            raise TransitionRefused(code, f"node {obj} is not {state}")
+
+    return check
 
 
 def node_verify(
@@ -278,21 +290,14 @@ def node_drain(*, node: Node, actor: Actor, deadline=None, message: str = "", no
 
 
 def node_drain_cancel(*, node: Node, actor: Actor, message: str = "", now=None) -> Node:
-    def must_be_draining(obj):
-        if obj.state != NodeState.DRAINING:
-            raise TransitionRefused("not_draining", f"node {obj} is not draining")
-
-    return transition(
-        Node,
-        node.pk,
+    return node_transition(
+        node=node,
         to=NodeState.READY,
-        allowed=NODE_TRANSITIONS,
-        event_model=NodeEvent,
         actor=actor,
         reason=Reason.DRAIN_CANCELLED,
         message=message or "drain cancelled",
-        now=now or timezone.now(),
-        check=must_be_draining,
+        now=now,
+        check=_must_be(NodeState.DRAINING, "not_draining"),
         changes={"drain_deadline": None, "drain_enforced_at": None, "drained_at": None},
     )
 
@@ -319,22 +324,14 @@ def node_quarantine(
 
 def node_release(*, node: Node, actor: Actor, message: str = "", now=None) -> Node:
     """Release from quarantine back to ready (only from quarantined)."""
-
-    def must_be_quarantined(obj):
-        if obj.state != NodeState.QUARANTINED:
-            raise TransitionRefused("not_quarantined", f"node {obj} is not quarantined")
-
-    return transition(
-        Node,
-        node.pk,
+    return node_transition(
+        node=node,
         to=NodeState.READY,
-        allowed=NODE_TRANSITIONS,
-        event_model=NodeEvent,
         actor=actor,
         reason=Reason.QUARANTINE_RELEASED,
         message=message or "released from quarantine",
-        now=now or timezone.now(),
-        check=must_be_quarantined,
+        now=now,
+        check=_must_be(NodeState.QUARANTINED, "not_quarantined"),
     )
 
 
