@@ -11,7 +11,6 @@ Sweeps take `now` and use guarded updates: "0 rows updated" means another worker
 from __future__ import annotations
 
 import hashlib
-import inspect
 from datetime import timedelta
 
 from django.conf import settings
@@ -24,6 +23,9 @@ from pools.choices import TrustLevel
 from pools.models import ComputePool, new_token_secret, token_digest
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, transition
+
+# The lease ledger owns capacity columns; nodes hand their leases to it (never the reverse).
+from scheduling import services as lease_services
 
 from .choices import (
     NODE_TRANSITIONS,
@@ -779,42 +781,6 @@ def gpu_recover(*, gpu: GpuDevice, actor: Actor, probe: NodeProbe, now=None) -> 
 # --------------------------------------------------------------------------- heartbeats
 
 
-def _scheduling_services():
-    from scheduling import services
-
-    return services
-
-
-def _call_with_supported(func, **kwargs):
-    params = inspect.signature(func).parameters
-    return func(**{k: v for k, v in kwargs.items() if k in params})
-
-
-def _lease_mark_uncertain(lease, *, actor: Actor, now):
-    from scheduling.choices import LeaseState
-
-    services = _scheduling_services()
-    mark = getattr(services, "lease_mark_uncertain", None)
-    if mark is not None:
-        return mark(lease=lease, actor=actor, now=now)
-    return services.lease_transition(
-        lease=lease, to=LeaseState.UNCERTAIN, actor=actor, reason=Reason.NODE_SILENT, now=now
-    )
-
-
-def _lease_end(lease, *, actor: Actor, reason: str, message: str, now) -> bool:
-    """Return a lease's capacity through the lease ledger's own release, when it exists.
-
-    The ledger (scheduling.services) owns the capacity columns; without its release function
-    the lease stays holding until the lease expiry sweep returns it, which never overcommits.
-    """
-    release = getattr(_scheduling_services(), "lease_release", None)
-    if release is None:
-        return False
-    _call_with_supported(release, lease=lease, actor=actor, reason=reason, message=message, now=now)
-    return True
-
-
 def _node_leases(node: Node):
     from scheduling.models import Lease
 
@@ -938,7 +904,7 @@ def node_mark_unreachable(*, node: Node, cutoff, actor: Actor, now=None) -> bool
             data={"leases": [lease.pk for lease in leases]},
         )
         for lease in leases:
-            _lease_mark_uncertain(lease, actor=actor, now=now)
+            lease_services.lease_mark_uncertain(lease=lease, actor=actor, now=now)
     return True
 
 
@@ -972,29 +938,10 @@ def node_workloads_reconcile(*, node: Node, workloads: list[dict], actor: Actor,
     now = now or timezone.now()
     reported = {int(w["lease"]) for w in workloads if w.get("lease") is not None}
     running, gone = [], []
-    reconcile = getattr(_scheduling_services(), "lease_reconcile", None)
     for lease in _node_leases(node).filter(state=LeaseState.UNCERTAIN):
         still_runs = lease.pk in reported
         (running if still_runs else gone).append(lease.pk)
-        if reconcile is not None:
-            reconcile(lease=lease, running=still_runs, actor=actor, now=now)
-        elif still_runs:
-            _scheduling_services().lease_transition(
-                lease=lease,
-                to=LeaseState.COMMITTED,
-                actor=actor,
-                reason=Reason.RECONCILED_RUNNING,
-                message="the node reports the workload still runs",
-                now=now,
-            )
-        else:
-            _lease_end(
-                lease,
-                actor=actor,
-                reason=Reason.RECONCILED_GONE,
-                message="the node no longer reports this workload",
-                now=now,
-            )
+        lease_services.lease_reconcile(lease=lease, running=still_runs, actor=actor, now=now)
     return {"running": running, "gone": gone}
 
 
@@ -1254,8 +1201,12 @@ def _end_job_leases(node: Node, job, *, actor: Actor, now) -> None:
     from scheduling.choices import HOLDING
 
     for lease in _node_leases(node).filter(job=job, state__in=HOLDING):
-        _lease_end(
-            lease, actor=actor, reason=Reason.RELEASED_JOB_ENDED, message="drain deadline", now=now
+        lease_services.lease_release(
+            lease=lease,
+            actor=actor,
+            reason=Reason.RELEASED_JOB_ENDED,
+            message="drain deadline",
+            now=now,
         )
 
 
