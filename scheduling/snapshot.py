@@ -30,7 +30,6 @@ from scheduling.core.mig import profiles_for
 from scheduling.core.policies import DEFAULT_POLICY
 from scheduling.core.scorers import SCORERS
 
-
 _NODE_FIELDS = (
     "id",
     "name",
