@@ -76,5 +76,5 @@ def node_action(request, pk: int, action: str):
     if not request.htmx:
         return redirect("console-nodes")
     node = nodes_with_latest_event().get(pk=pk)
-    status = 409 if error else 200
-    return render(request, "console/_node_row.html", {"node": node, "error": error}, status=status)
+    # 200 even when refused: htmx swaps only 2xx, and the row itself shows the refusal.
+    return render(request, "console/_node_row.html", {"node": node, "error": error})
