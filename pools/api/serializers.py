@@ -1,7 +1,8 @@
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from pools.choices import TokenScope
+from pools.choices import TenantRole, TokenScope
 from pools.models import (
     REQUEST_FIELDS,
     ApiToken,
@@ -16,6 +17,13 @@ class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
         fields = ["id", "name", "slug", "created_at"]
+
+
+class MembershipSerializer(serializers.Serializer):
+    user = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
+    )
+    role = serializers.ChoiceField(choices=TenantRole.choices, default=TenantRole.MEMBER)
 
 
 class PoolSerializer(serializers.ModelSerializer):

@@ -4,6 +4,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from pools import selectors, services
@@ -11,13 +12,14 @@ from pools.actors import Actor
 from pools.api.permissions import IsPerson, IsPolicyAdminOrReadOnly
 from pools.api.serializers import (
     ApiTokenSerializer,
+    MembershipSerializer,
     PolicyVersionSerializer,
     PoolSerializer,
     ShapeSerializer,
     TenantSerializer,
 )
 from pools.choices import PlatformRole
-from pools.roles import has_platform_role, tenant_roles
+from pools.roles import has_platform_role, is_tenant_admin, tenant_roles
 
 
 @extend_schema(responses={200: dict})
@@ -43,6 +45,24 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return selectors.tenants_visible_to(self.request.user)
+
+    @extend_schema(request=MembershipSerializer, responses=MembershipSerializer(many=True))
+    @action(detail=True, methods=["get", "post"])
+    def members(self, request, slug=None):
+        """Tenant admins (and operators) manage who belongs to their tenant, and with what role."""
+        tenant = self.get_object()
+        if not is_tenant_admin(request.user, tenant.pk):
+            raise PermissionDenied("Only this tenant's admins manage its members.")
+        if request.method == "POST":
+            serializer = MembershipSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            services.membership_set(
+                user=serializer.validated_data["user"],
+                tenant=tenant,
+                role=serializer.validated_data["role"],
+            )
+        memberships = tenant.memberships.select_related("user").order_by("user__username")
+        return Response(MembershipSerializer(memberships, many=True).data)
 
 
 class PoolViewSet(viewsets.ReadOnlyModelViewSet):

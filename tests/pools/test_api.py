@@ -92,3 +92,25 @@ def test_policy_versions_only_policy_admins_publish(api, member, policy_admin, p
     assert response.status_code == 201 and response.json()["number"] == 2
     bad = api(policy_admin).post(url, {"weights": {"binpack": -1}}, format="json")
     assert bad.status_code == 400 and "weights" in bad.json()
+
+
+def test_tenant_admins_manage_members_and_nobody_else_does(
+    api, tenant_admin, member, outsider, operator
+):
+    url = "/api/v1/tenants/vision/members/"
+    body = {"user": "outsider", "role": "member"}
+    assert APIClient().get(url).status_code in (401, 403)
+    assert api(member).get(url).status_code == 403
+    assert api(member).post(url, body, format="json").status_code == 403
+    assert api(outsider).get(url).status_code == 404  # another tenant is invisible
+    response = api(tenant_admin).post(url, body, format="json")
+    assert response.status_code == 200
+    assert {"user": "outsider", "role": "member"} in response.json()
+    assert [t["slug"] for t in api(outsider).get("/api/v1/tenants/").json()["results"]] == [
+        "nlp",
+        "vision",
+    ]
+    promoted = api(operator).post(url, {"user": "member", "role": "admin"}, format="json")
+    assert {"user": "member", "role": "admin"} in promoted.json()
+    unknown = api(tenant_admin).post(url, {"user": "nobody"}, format="json")
+    assert unknown.status_code == 400 and "user" in unknown.json()
