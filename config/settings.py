@@ -23,7 +23,8 @@ env = environ.Env(
     API_TOKEN_DEFAULT_TTL_DAYS=(int, 90),
     LEASE_DEFAULT_TTL_SECONDS=(int, 300),
 )
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env("DEBUG")
 SECRET_KEY = env("SECRET_KEY")
