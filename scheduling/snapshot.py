@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from datetime import datetime
 
 from django.db import connection
 
@@ -128,6 +129,30 @@ def _gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
     )
 
 
+def _lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
+    """Holding leases of a node (JSON rows of `_read`) as core lease ends, earliest first."""
+    ends = []
+    for lease in leases or ():
+        ends_at = lease["ends_at"]
+        if isinstance(ends_at, str):
+            ends_at = datetime.fromisoformat(ends_at)
+        ends.append(
+            core.LeaseEnd(
+                lease_id=str(lease["id"]),
+                ends_at=ends_at,
+                cpu_millicores=lease["cpu_millicores"],
+                memory_mib=lease["memory_mib"],
+                scratch_mib=lease["scratch_mib"],
+                gpu_milli=tuple(
+                    (a["index"], a["milli"])
+                    for a in lease["gpu_allocations"] or ()
+                    if not a.get("mig_slots")
+                ),
+            )
+        )
+    return tuple(sorted(ends, key=lambda x: (x.ends_at, x.lease_id)))
+
+
 def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
     labels = row["labels"] if isinstance(row["labels"], dict) else {}
     cpu, mem, scratch = (
@@ -153,11 +178,16 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
         zone=row["zone"],
         rack=row["rack"],
         network_class=row["network_class"],
+        leases=() if empty else _lease_ends(row.get("leases")),
     )
 
 
 def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[dict]]]:
-    """Nodes and their GPUs in one query (GPUs aggregated as JSON per node), no locks."""
+    """Nodes with their GPUs and their holding leases' ends, in one query (both aggregated as
+    JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed."""
+    from scheduling.choices import HOLDING
+    from scheduling.models import Lease
+
     node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
     gpu_cols = ", ".join(
         f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
@@ -165,21 +195,28 @@ def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[d
     sql = (
         f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
         f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
-        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) "
+        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
+        "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'ends_at', l.expires_at, "
+        "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
+        "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
+        "ORDER BY l.expires_at, l.id), '[]'::json) "
+        f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
+        "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) "
         f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
         "ORDER BY n.name"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [pool_id, states])
+        cursor.execute(sql, [sorted(HOLDING), pool_id, states])
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
     for record in raw:
-        row = dict(zip(_NODE_FIELDS, record[:-1], strict=True))
+        row = dict(zip(_NODE_FIELDS, record[:-2], strict=True))
         for key in ("labels", "runtimes"):
             if isinstance(row[key], str):
                 row[key] = json.loads(row[key])
-        gpus = record[-1]
+        gpus, leases = record[-2], record[-1]
         gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
+        row["leases"] = json.loads(leases) if isinstance(leases, str) else leases
         rows.append(row)
     return rows, gpus_by_node
 

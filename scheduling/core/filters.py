@@ -167,6 +167,15 @@ def mixes_tenants(device: GpuView, req: Request, policy) -> bool:
     return any(t != req.tenant for t in device.tenants)
 
 
+def usable_memory_mib(device: GpuView, req: Request) -> int:
+    """GPU memory the request would see on ``device``: a MIG slice has its profile's memory
+    (memory-isolated), not the device's; anything else sees the whole device."""
+    if req.sharing == MIG:
+        profile = profiles_for(device.model, device.memory_mib).get(req.mig_profile)
+        return profile.memory_mib if profile else 0
+    return device.memory_mib
+
+
 def eligible_devices(
     req: Request, node: NodeView, policy, gpu_memory_mib: int | None = None
 ) -> list[GpuView] | str:
@@ -179,7 +188,7 @@ def eligible_devices(
         if not devices:
             return r.GPU_MODEL_MISMATCH
     if wanted_memory:
-        devices = [g for g in devices if g.memory_mib >= wanted_memory]
+        devices = [g for g in devices if usable_memory_mib(g, req) >= wanted_memory]
         if not devices:
             return r.GPU_MEMORY_TOO_SMALL
     if req.min_driver_version or req.min_cuda_version:

@@ -142,15 +142,16 @@ def _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx):
 
 
 def _numa_devices(req: Request, node: NodeView, devices, cpu: int, mem: int):
-    """Devices on a NUMA node that also has the CPU and memory, or None."""
+    """(NUMA node id, its devices) for the first NUMA node that has the CPU, the memory and
+    enough of the eligible devices, or None."""
     good = {n.id for n in node.numa if n.free_cpu_millicores >= cpu and n.free_memory_mib >= mem}
     if not req.wants_gpu:
-        return devices if good else None
+        return (min(good), devices) if good else None
     needed = max(req.gpu_count, 1)
     for numa_id in sorted(good):
         on_numa = [d for d in devices if d.numa_node == numa_id]
         if len(on_numa) >= needed:
-            return on_numa
+            return numa_id, on_numa
     return None
 
 
@@ -201,13 +202,18 @@ def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bo
                 return devices
         if req.preferred_gpu_count and count < req.preferred_gpu_count <= len(devices):
             count = req.preferred_gpu_count
+    numa_node = None
     if req.require_numa and node.numa:
-        devices = _numa_devices(req, node, devices, cpu, mem)
-        if devices is None:
+        aligned = _numa_devices(req, node, devices, cpu, mem)
+        if aligned is None:
             return r.NUMA_UNAVAILABLE
+        numa_node, devices = aligned
     fits = _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx)
     if isinstance(fits, str):
         return fits
+    if numa_node is not None:
+        for fit in fits:
+            fit.numa_node = numa_node
     best = None
     for fit in fits:  # first wins ties: lowest device index
         total, breakdown = score_fit(req, node, fit, ctx)
@@ -353,6 +359,7 @@ def _placement(req: Request, node: NodeView, result, policy: Policy) -> Placemen
         score_breakdown=breakdown,
         policy_version=policy.version,
         policy_name=policy.name,
+        numa_node=fit.numa_node,
     )
 
 
@@ -368,7 +375,7 @@ def _lacking(req: Request, node: NodeView, reason: str) -> dict[str, int] | None
     if reason == r.INSUFFICIENT_SCRATCH:
         return {"scratch_mib": req.scratch_mib - node.free_scratch_mib}
     if reason == r.GPU_MEMORY_TOO_SMALL:
-        biggest = max((g.memory_mib for g in node.gpus), default=0)
+        biggest = max((filters.usable_memory_mib(g, req) for g in node.gpus), default=0)
         return {"gpu_memory_mib": req.gpu_memory_mib - biggest}
     if reason == r.INSUFFICIENT_GPU and node.gpus:
         if req.gpu_milli >= 1000 or req.sharing == EXCLUSIVE:
@@ -408,6 +415,91 @@ def _describe(lacking: dict[str, int]) -> str:
     return " and ".join(parts)
 
 
+# Rejections that ending leases can cure (they are about capacity in use, not about the node).
+_WAITABLE = frozenset(
+    {
+        r.INSUFFICIENT_CPU,
+        r.INSUFFICIENT_MEMORY,
+        r.INSUFFICIENT_SCRATCH,
+        r.INSUFFICIENT_GPU,
+        r.TENANT_MIXING_REFUSED,
+        r.NUMA_UNAVAILABLE,
+        r.INTERCONNECT_UNAVAILABLE,
+    }
+)
+
+
+def _without_leases(node: NodeView, leases) -> NodeView:
+    """The node once ``leases`` have ended and given their capacity back."""
+    freed_milli: dict[int, int] = {}
+    for lease in leases:
+        for index, milli in lease.gpu_milli:
+            freed_milli[index] = freed_milli.get(index, 0) + milli
+    gpus = []
+    for g in node.gpus:
+        extra = freed_milli.get(g.index, 0)
+        if not extra:
+            gpus.append(g)
+            continue
+        free = min(1000, g.free_milli + extra)
+        gpus.append(replace(g, free_milli=free, tenants=() if free >= 1000 else g.tenants))
+    return replace(
+        node,
+        free_cpu_millicores=node.free_cpu_millicores + sum(x.cpu_millicores for x in leases),
+        free_memory_mib=node.free_memory_mib + sum(x.memory_mib for x in leases),
+        free_scratch_mib=node.free_scratch_mib + sum(x.scratch_mib for x in leases),
+        gpus=tuple(gpus),
+    )
+
+
+def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):
+    """(end time, lease ids) of the earliest set of this node's leases whose end makes room for
+    ``req`` (leases end in order of ``ends_at``), or None when even all of them do not."""
+    ordered = sorted(node.leases, key=lambda x: (x.ends_at, x.lease_id))
+    for count in range(1, len(ordered) + 1):
+        if count < len(ordered) and ordered[count].ends_at == ordered[count - 1].ends_at:
+            continue  # leases ending at the same moment free their capacity together
+        ended = ordered[:count]
+        if isinstance(evaluate(req, _without_leases(node, ended), ctx), str):
+            continue
+        # Name only the leases that matter: drop earlier ones the request does not need.
+        needed = list(ended)
+        for lease in ended[:-1]:
+            trial = [x for x in needed if x is not lease]
+            if not isinstance(evaluate(req, _without_leases(node, trial), ctx), str):
+                needed = trial
+        return ended[-1].ends_at, tuple(x.lease_id for x in needed)
+    return None
+
+
+def _when(moment) -> str:
+    if hasattr(moment, "strftime"):
+        offset = moment.utcoffset() if hasattr(moment, "utcoffset") else None
+        suffix = " UTC" if offset is not None and not offset else ""
+        return f"{moment:%Y-%m-%d %H:%M}{suffix}"
+    return str(moment)
+
+
+def _wait_text(lease_ids: tuple[str, ...], moment) -> str:
+    if len(lease_ids) == 1:
+        return f"when lease {lease_ids[0]} ends at {_when(moment)}"
+    return f"when leases {', '.join(lease_ids)} have ended ({_when(moment)})"
+
+
+def _earliest_wait(req, nodes, rejected, policy):
+    """(end time, node, lease ids) for the node that frees room for ``req`` first, or None."""
+    ctx = None
+    best = None
+    for node in nodes:
+        if not node.leases or rejected.get(node.name) not in _WAITABLE:
+            continue
+        ctx = ctx or make_context(nodes, policy)
+        found = fits_after_leases(req, node, ctx)
+        if found and (best is None or found[0] < best[0]):
+            best = (found[0], node, found[1])
+    return best
+
+
 def _explain(req, nodes, rejected, policy, message="", reasons=None) -> Explanation:
     counts = Counter(rejected.values()) if reasons is None else Counter(reasons)
     nearest = None
@@ -421,11 +513,25 @@ def _explain(req, nodes, rejected, policy, message="", reasons=None) -> Explanat
         distance = sum(v / _SCALE[k] for k, v in lacking.items())
         if nearest is None or distance < nearest[0]:
             nearest = (distance, node, reason, lacking)
+    wait = _earliest_wait(req, nodes, rejected, policy) if rejected else None
     near = None
     if nearest:
         _, node, reason, lacking = nearest
         text = f"would fit on {node.name} with {_describe(lacking)}"
         near = NearMiss(node.name, reason, lacking, text)
+    if wait:
+        moment, wait_node, lease_ids = wait
+        if near is None:
+            text = f"would fit on {wait_node.name} {_wait_text(lease_ids, moment)}"
+            lacking = _lacking(req, wait_node, rejected[wait_node.name]) or {}
+            near = NearMiss(wait_node.name, rejected[wait_node.name], lacking, text)
+        elif wait_node.name == near.node:
+            text = f"{near.message}, or {_wait_text(lease_ids, moment)}"
+        else:
+            text = f"{near.message}, or on {wait_node.name} {_wait_text(lease_ids, moment)}"
+        near = replace(
+            near, message=text, fits_at=moment, fits_on=wait_node.name, after_leases=lease_ids
+        )
     if not message:
         summary = ", ".join(f"{n} {code}" for code, n in counts.most_common())
         message = f"0 of {len(nodes)} nodes: {summary}" if summary else f"0 of {len(nodes)} nodes"
@@ -569,6 +675,18 @@ def apply_placement(node: NodeView, placement: Placement, sign: int = 1) -> Node
         gpus.append(
             replace(g, free_milli=g.free_milli - sign * share.milli, tenants=tuple(tenants))
         )
+    numa = node.numa
+    if placement.numa_node is not None:
+        numa = tuple(
+            replace(
+                n,
+                free_cpu_millicores=n.free_cpu_millicores - sign * placement.cpu_millicores,
+                free_memory_mib=n.free_memory_mib - sign * placement.memory_mib,
+            )
+            if n.id == placement.numa_node
+            else n
+            for n in node.numa
+        )
     labels = set(node.workload_labels)
     own = set(req.labels) | ({gpu_class(req)} if req.gpu_count else set())
     tenants = set(node.tenants)
@@ -583,6 +701,7 @@ def apply_placement(node: NodeView, placement: Placement, sign: int = 1) -> Node
         gpus=tuple(gpus),
         workload_labels=frozenset(labels),
         tenants=frozenset(tenants),
+        numa=numa,
     )
 
 

@@ -29,6 +29,7 @@ class Fit:
     scratch: int
     frees_before: tuple[int, ...]
     frees_after: tuple[int, ...]
+    numa_node: int | None = None  # set when the request required NUMA alignment
 
 
 @dataclass(slots=True)

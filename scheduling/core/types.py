@@ -105,6 +105,29 @@ class NumaView:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseEnd:
+    """A lease holding capacity on a node, when it ends and what it frees then.
+
+    ``gpu_milli`` is ``((device index, milli-GPU), ...)``; MIG slices are not modelled here.
+    ``ends_at`` is whatever the caller orders by (the adapter passes aware datetimes).
+    """
+
+    lease_id: str
+    ends_at: Any
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    scratch_mib: int = 0
+    gpu_milli: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LeaseEnd:
+        data = dict(data)
+        data["lease_id"] = str(data.get("lease_id", ""))
+        data["gpu_milli"] = tuple(tuple(pair) for pair in data.get("gpu_milli", ()))
+        return _from_mapping(cls, data)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """One node of the snapshot: allocatable and free capacity plus everything filters read."""
 
@@ -133,6 +156,7 @@ class NodeView:
     tenants: frozenset[str] = frozenset()  # tenants with work on the node
     workload_labels: frozenset[str] = frozenset()  # "key=value" labels of work on the node
     numa: tuple[NumaView, ...] = ()
+    leases: tuple[LeaseEnd, ...] = ()  # holding leases with an end time, for explanations
 
     def __post_init__(self):
         # Default free capacity to allocatable, so an empty node needs only its size.
@@ -152,6 +176,9 @@ class NodeView:
         )
         data["numa"] = tuple(
             n if isinstance(n, NumaView) else NumaView(**n) for n in data.get("numa", ())
+        )
+        data["leases"] = tuple(
+            x if isinstance(x, LeaseEnd) else LeaseEnd.from_dict(x) for x in data.get("leases", ())
         )
         for key in ("runtimes", "warm_images", "tenants", "workload_labels"):
             if key in data:
@@ -288,6 +315,7 @@ class Placement:
     score_breakdown: Mapping[str, float]
     policy_version: int
     policy_name: str = ""
+    numa_node: int | None = None  # the NUMA node CPU and memory come from (require_numa)
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -302,6 +330,11 @@ class NearMiss:
     reason: str
     lacking: Mapping[str, int]
     message: str
+    # When capacity frees up: the earliest time some node could take the request once the
+    # leases ending by then are gone (None when no lease end would make room).
+    fits_at: Any = None
+    fits_on: str = ""
+    after_leases: tuple[str, ...] = ()  # the leases that must end first (last one at fits_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,3 +278,117 @@ def test_mig_request_for_several_slices_is_invalid():
     result = place(Request(gpu_count=2, sharing="mig", mig_profile="1g.10gb"), [gpu_node()], POLICY)
     assert isinstance(result, Explanation)
     assert "one slice" in result.message
+
+
+def test_numa_node_is_recorded_and_its_capacity_taken():
+    from scheduling.core.types import NumaView
+
+    node = gpu_node(gpus=2)
+    node = replace(
+        node,
+        gpus=(replace(node.gpus[0], numa_node=0), replace(node.gpus[1], numa_node=1)),
+        numa=(NumaView(0, 2000, 8192), NumaView(1, 16000, 65536)),
+    )
+    req = Request(cpu_millicores=8000, memory_mib=16384, gpu_count=1, require_numa=True)
+    placed = place(req, [node], POLICY)
+    assert placed.numa_node == 1
+    after = apply_placement(node, placed)
+    assert after.numa == (NumaView(0, 2000, 8192), NumaView(1, 8000, 49152))
+    assert release(after, placed).numa == node.numa
+    # Without the request asking for alignment, no NUMA node is claimed.
+    unaligned = place(replace(req, require_numa=False), [node], POLICY)
+    assert unaligned.numa_node is None
+    assert apply_placement(node, unaligned).numa == node.numa
+    # A CPU-only request asking for alignment gets the first NUMA node with room.
+    cpu_only = place(Request(cpu_millicores=4000, require_numa=True), [node], POLICY)
+    assert cpu_only.numa_node == 1
+
+
+def test_mig_gpu_memory_is_the_profiles_not_the_devices():
+    node = gpu_node("mig-1", gpus=1, sharing="mig")  # A100 80 GB: 1g.10gb has 10 GiB
+    small = Request(gpu_count=1, sharing="mig", mig_profile="1g.10gb", gpu_memory_mib=20480)
+    result = place(small, [node], POLICY)
+    assert isinstance(result, Explanation)
+    assert result.reasons == {r.GPU_MEMORY_TOO_SMALL: 1}
+    assert result.nearest_miss.lacking == {"gpu_memory_mib": 10240}
+    assert "10 GiB less GPU memory" in result.nearest_miss.message
+    assert place(replace(small, gpu_memory_mib=10240), [node], POLICY).node == "mig-1"
+    bigger = replace(small, mig_profile="2g.20gb")
+    assert place(bigger, [node], POLICY).devices[0].mig_profile == "2g.20gb"
+
+
+def _busy(name, free_gpus, leases, **extra):
+    node = gpu_node(name, gpus=4, **extra)
+    gpus = tuple(replace(g, free_milli=1000 if g.index < free_gpus else 0) for g in node.gpus)
+    return replace(node, gpus=gpus, leases=leases)
+
+
+def test_nearest_miss_says_when_a_lease_ending_makes_room():
+    from datetime import UTC, datetime
+
+    from scheduling.core.types import LeaseEnd
+
+    at = datetime(2030, 1, 2, 14, 5, tzinfo=UTC)
+    later = datetime(2030, 1, 2, 18, 0, tzinfo=UTC)
+    node = _busy(
+        "gpu-17",
+        free_gpus=1,
+        leases=(
+            LeaseEnd("L2", later, cpu_millicores=1000, gpu_milli=((3, 1000),)),
+            LeaseEnd("L1", at, cpu_millicores=1000, gpu_milli=((1, 1000),)),
+        ),
+    )
+    result = place(Request(gpu_count=2), [node], POLICY)
+    assert isinstance(result, Explanation)
+    near = result.nearest_miss
+    assert near.node == "gpu-17"
+    assert near.lacking == {"gpus": 1}
+    assert near.fits_at == at and near.fits_on == "gpu-17" and near.after_leases == ("L1",)
+    assert near.message == (
+        "would fit on gpu-17 with 1 fewer GPU, or when lease L1 ends at 2030-01-02 14:05 UTC"
+    )
+    assert result.message.endswith(near.message)
+    # Three GPUs need both leases to end: the time is the later one, both are named.
+    three = place(Request(gpu_count=3), [node], POLICY).nearest_miss
+    assert three.fits_at == later and three.after_leases == ("L1", "L2")
+    assert "when leases L1, L2 have ended (2030-01-02 18:00 UTC)" in three.message
+    # Four GPUs never fit on it, whatever ends (GPU 2 has no lease): no time is promised.
+    four = place(Request(gpu_count=4), [node], POLICY).nearest_miss
+    assert four.fits_at is None and "lease" not in four.message
+
+
+def test_the_earliest_node_to_free_up_may_not_be_the_nearest_miss():
+    from datetime import UTC, datetime
+
+    from scheduling.core.types import LeaseEnd
+
+    soon = datetime(2030, 1, 2, 9, 30, tzinfo=UTC)
+    nearest = _busy("a-near", free_gpus=1, leases=())
+    waiting = _busy(
+        "b-wait", free_gpus=0, leases=(LeaseEnd("77", soon, gpu_milli=((0, 1000), (1, 1000))),)
+    )
+    result = place(Request(gpu_count=2), [nearest, waiting], POLICY)
+    near = result.nearest_miss
+    assert near.node == "a-near" and near.fits_on == "b-wait"
+    assert near.message == (
+        "would fit on a-near with 1 fewer GPU, "
+        "or on b-wait when lease 77 ends at 2030-01-02 09:30 UTC"
+    )
+    # A node that is not schedulable is never offered, whatever its leases.
+    draining = replace(waiting, state="draining")
+    assert place(Request(gpu_count=2), [nearest, draining], POLICY).nearest_miss.fits_at is None
+
+
+def test_lease_ends_free_shared_gpu_capacity_and_cpu():
+    from scheduling.core.types import LeaseEnd
+
+    node = gpu_node("ts", gpus=1, sharing="timeslice", cpu=8000)
+    node = replace(
+        node,
+        free_cpu_millicores=1000,
+        gpus=(replace(node.gpus[0], free_milli=200, tenants=("t1",)),),
+        leases=(LeaseEnd("9", "T+1h", cpu_millicores=4000, gpu_milli=((0, 500),)),),
+    )
+    req = Request(cpu_millicores=3000, gpu_count=1, gpu_milli=600, sharing="timeslice", tenant="t1")
+    near = place(req, [node], POLICY).nearest_miss
+    assert near.fits_at == "T+1h" and "when lease 9 ends at T+1h" in near.message
