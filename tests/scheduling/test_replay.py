@@ -1,5 +1,6 @@
 """The OpenB trace replay (FGD paper protocol) on small fixed traces."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ def test_fragmentation_aware_policies_keep_the_whole_gpu_free(tmp_path):
     ("policy", "final", "failed"),
     [
         ("default", (126, 81.67), 1),
-        ("fgd", (126, 81.67), 1),
+        ("fgd", (126, 70.56), 2),  # ties go to 0000-openb-node-0002 first (node_order, seed 42)
         ("best-fit", (126, 70.56), 2),
         ("dotprod", (126, 70.56), 2),
         ("gpu-clustering", (126, 81.67), 1),
@@ -116,6 +117,22 @@ def test_tiny_fixture_trace_expected_result(policy, final, failed):
     assert run.failed_pods == failed
     assert run.pods == 12
     assert all(0 <= y <= 100 for _, y in run.events)
+
+
+def test_node_order_renames_with_a_seeded_permutation_prefix_like_the_simulator():
+    nodes = replay.read_nodes(TINY_NODES)
+    ordered = replay.node_order(nodes, 42)
+    assert [n.name for n in ordered] == sorted(n.name for n in ordered)
+    assert sorted(n.name[5:] for n in ordered) == sorted(n.name for n in nodes)
+    assert sorted(int(n.name[:4]) for n in ordered) == list(range(len(nodes)))
+    assert [n.name for n in replay.node_order(nodes, 42)] == [n.name for n in ordered]
+    many = [replace(nodes[0], name=f"openb-node-{i:04d}") for i in range(50)]
+    assert [n.name for n in replay.node_order(many, 1)] != [
+        n.name for n in replay.node_order(many, 2)
+    ]
+    # Everything but the name is kept.
+    by_old = {n.name[5:]: n for n in ordered}
+    assert all(replace(by_old[n.name], name=n.name) == n for n in nodes)
 
 
 def test_summary_shape():
@@ -157,5 +174,5 @@ def test_replay_trace_command_prints_one_json_object():
     )
     result = json.loads(out.getvalue())
     assert result["policy"] == "fgd" and result["seeds"] == [42, 43]
-    assert result["failed_pods"] == {"42": 1, "43": 3}
+    assert result["failed_pods"] == {"42": 2, "43": 3}
     assert set(result["alloc_at"]) == {"100", "130"}
