@@ -182,9 +182,13 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
     )
 
 
-def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[dict]]]:
+def _read(
+    pool_id: int, states: list[str], leases: bool = True
+) -> tuple[list[dict], dict[int, list[dict]]]:
     """Nodes with their GPUs and their holding leases' ends, in one query (both aggregated as
-    JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed."""
+    JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed.
+    `leases=False` leaves the lease ends out (an empty list per node): placement does not use
+    them, only explanations do, and reading them costs O(live leases of the pool)."""
     from scheduling.choices import HOLDING
     from scheduling.models import Lease
 
@@ -196,17 +200,21 @@ def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[d
         f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
         f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
         f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
-        "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'ends_at', l.expires_at, "
-        "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
-        "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
-        "ORDER BY l.expires_at, l.id), '[]'::json) "
-        f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
-        "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) "
-        f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
+        + (
+            "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'ends_at', l.expires_at, "
+            "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
+            "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
+            "ORDER BY l.expires_at, l.id), '[]'::json) "
+            f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
+            "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) "
+            if leases
+            else "'[]'::json "
+        )
+        + f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
         "ORDER BY n.name"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [sorted(HOLDING), pool_id, states])
+        cursor.execute(sql, [*([sorted(HOLDING)] if leases else []), pool_id, states])
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
     for record in raw:
@@ -221,13 +229,16 @@ def _read(pool_id: int, states: list[str]) -> tuple[list[dict], dict[int, list[d
     return rows, gpus_by_node
 
 
-def pool_snapshot(pool_id: int, *, states=SCHEDULABLE, empty: bool = False) -> Snapshot:
+def pool_snapshot(
+    pool_id: int, *, states=SCHEDULABLE, empty: bool = False, leases: bool = True
+) -> Snapshot:
     """Nodes of the pool in `states` as core views: two queries, no locks.
 
     `empty=True` views every node as ready and empty (allocatable only): what the pool could
-    ever offer, used to tell "never fits" (422) from "not now" (409).
+    ever offer, used to tell "never fits" (422) from "not now" (409). `leases=False`: without
+    the nodes' lease ends (see `_read`; the reserve hot path).
     """
-    rows, gpus_by_node = _read(pool_id, list(states))
+    rows, gpus_by_node = _read(pool_id, list(states), leases=leases and not empty)
     nodes, node_ids, gpu_ids = [], {}, {}
     for row in rows:
         gpus = gpus_by_node.get(row["id"], [])

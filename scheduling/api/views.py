@@ -4,6 +4,10 @@ People act on their tenants' leases (operators on all); a node's agent (request.
 NodePrincipal) only on leases of its own node. Leases of others are 404, never 403.
 """
 
+import copy
+import json
+import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -57,6 +61,51 @@ class IsNodeOrOperator(BasePermission):
         return IsOperator().has_permission(request, view)
 
 
+# Validated create bodies per (user, body), for a few seconds: the tenant-membership lookup
+# (and the pool and catalogue-shape lookups) of a repeated request body are not redone on every
+# reserve. A membership removed (or a shape changed) takes effect within this TTL in every
+# process; only valid bodies are cached, so a bad body always gets the serializer's field errors.
+CREATE_CACHE_SECONDS = 5.0
+_CREATE_MAX_ENTRIES = 10_000
+_create_cache: dict[tuple, tuple[float, dict]] = {}
+_create_lock = threading.Lock()
+_clock = time.monotonic  # tests move it forward
+
+
+def forget_validated_bodies() -> None:
+    with _create_lock:
+        _create_cache.clear()
+
+
+def validated_create_body(request) -> dict:
+    """LeaseCreateSerializer's validated data for this request (cached as described above)."""
+    data, user = request.data, request.user
+    key = None
+    ttl = getattr(settings, "LEASE_CREATE_CACHE_SECONDS", CREATE_CACHE_SECONDS)
+    if ttl > 0 and isinstance(data, dict) and user.pk is not None:
+        try:
+            key = (user.pk, json.dumps(data, sort_keys=True, separators=(",", ":")))
+        except (TypeError, ValueError):
+            key = None
+    now = _clock()
+    if key is not None:
+        hit = _create_cache.get(key)
+        if hit is not None and now - hit[0] < ttl:
+            return {**hit[1], "request": copy.deepcopy(hit[1]["request"])}
+    serializer = LeaseCreateSerializer(data=data, context={"request": request})
+    serializer.is_valid(raise_exception=True)
+    validated = serializer.validated_data
+    if key is not None:
+        with _create_lock:
+            if len(_create_cache) >= _CREATE_MAX_ENTRIES:
+                _create_cache.clear()
+            _create_cache[key] = (
+                now,
+                {**validated, "request": copy.deepcopy(validated["request"])},
+            )
+    return validated
+
+
 def actor_for(user) -> Actor:
     return Actor.for_node(user.node) if _is_node(user) else Actor.for_user(user)
 
@@ -85,9 +134,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=LeaseCreateSerializer, responses={201: LeaseSerializer})
     def create(self, request, *args, **kwargs):
         user = request.user
-        serializer = LeaseCreateSerializer(data=request.data, context={"request": request})
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        data = validated_create_body(request)
         window = data.get("window")
         try:
             lease = services.lease_reserve(

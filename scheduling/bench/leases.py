@@ -1,10 +1,11 @@
 """The leases API throughput benchmark: real HTTP clients against a real server on loopback.
 
 `run(clients, seconds, url=None, ...)` seeds a pool (nodes with room for every grant the run can
-make), starts `workers` daphne processes sharing one listening socket on a free loopback port
-(unless `url` names a running server that uses the same database), runs `clients` threads that
-each POST /api/v1/compute-leases in a loop over a keep-alive connection, then checks the ledger
-and removes everything it seeded. Returns one dict of figures.
+make), starts a server on a free loopback port (gunicorn gthread by default; unless `url` names
+a running server that uses the same database), drives `clients` keep-alive connections that
+each POST /api/v1/compute-leases in a loop — with `wrk` (C, scheduling/bench/leases.lua) when it
+is installed, else with Python threads — then checks the ledger and removes everything it
+seeded. Returns one dict of figures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -297,16 +299,24 @@ def _with_children(pids) -> list[int]:
     return found
 
 
-def _postgres_pids() -> list[int]:
+def _postgres_pids(database: str | None = None) -> list[int]:
+    """PostgreSQL processes: with `database`, only the backends connected to it plus the
+    background processes (WAL writer, checkpointer …), not other databases' backends (other
+    people's test runs on the same server)."""
     pids = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/comm") as f:
-                    if f.read().startswith("postgres"):
-                        pids.append(int(entry))
+                    if not f.read().startswith("postgres"):
+                        continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
-                pass
+                continue
+            client = "(" in title or "[local]" in title
+            if database is None or not client or f" {database} " in title:
+                pids.append(int(entry))
     return pids
 
 
@@ -318,6 +328,49 @@ def _machine_busy() -> tuple[int, int]:
         return 0, 0
     idle = values[3] + values[4]
     return sum(values) - idle, sum(values)
+
+
+def wrk_path() -> str | None:
+    """Debian's `wrk` (a C load generator), when installed: it leaves the two cores to the
+    server instead of spending them on 64 Python client threads."""
+    return shutil.which("wrk")
+
+
+def _run_wrk(url: str, token: str, body: dict, clients: int, seconds: float, warmup: float):
+    """Closed loop over `clients` keep-alive connections; a warm-up run first, not counted."""
+    script = os.path.join(os.path.dirname(__file__), "leases.lua")
+    env = {**os.environ, "BENCH_BODY": json.dumps(body), "BENCH_TOKEN": token}
+    wrk_threads = str(max(1, min(2, clients)))
+
+    def once(duration: float) -> dict:
+        out = subprocess.run(
+            [
+                wrk_path(),
+                "-t",
+                wrk_threads,
+                "-c",
+                str(clients),
+                "-d",
+                f"{max(1, round(duration))}s",
+                "--timeout",
+                "30s",
+                "-s",
+                script,
+                f"{url}/api/v1/compute-leases",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=duration + 60,
+        )
+        for line in out.stdout.splitlines():
+            if line.startswith("BENCH_JSON "):
+                return json.loads(line[len("BENCH_JSON ") :])
+        raise RuntimeError(f"wrk failed: {out.stdout[-1000:]} {out.stderr[-1000:]}")
+
+    if warmup > 0:
+        once(warmup)
+    return once(seconds)
 
 
 def _percentile(values, q):
@@ -338,9 +391,13 @@ def run(
     server: str | None = None,
     rate: float = 0.0,
     threads: int = 8,
+    client: str | None = None,
 ) -> dict:
+    from django.db import connection
+
     from scheduling import selectors
 
+    database = connection.settings_dict["NAME"]
     # room for every grant: 100 millicores and 64 MiB each
     pool, tenant, user, secret = seed(nodes, 1000 * 1000, 1024 * 1024)
     procs = []
@@ -359,28 +416,62 @@ def run(
             "resources": {"cpu_millicores_min": 100, "memory_mib_min": 64},
             "duration_s": 600,
         }
-        start = time.perf_counter()
-        warm_until = start + warmup
-        stop_at = warm_until + seconds
-        interval = clients / rate if rate else 0.0
-        threads = [
-            Client(urls[i % len(urls)], secret, body, stop_at, warm_until, interval)
-            for i in range(clients)
-        ]
+        # wrk (C) when installed, closed loop; the Python threads for --rate (open loop) or
+        # when wrk is missing.
+        client = client or ("wrk" if wrk_path() and not rate and len(urls) == 1 else "python")
         server_pids = _with_children([p.pid for p in procs])
-        pg_before = {pid: _proc_cpu_s([pid]) for pid in _postgres_pids()}
-        server_before = _proc_cpu_s(server_pids)
-        busy_before = _machine_busy()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        if client == "wrk":
+            # the warm-up is a separate wrk run before the measured one
+            if warmup > 0:
+                _run_wrk(urls[0], secret, body, clients, warmup, 0)
+            pg_before = {pid: _proc_cpu_s([pid]) for pid in _postgres_pids(database)}
+            server_before = _proc_cpu_s(server_pids)
+            busy_before = _machine_busy()
+            out = _run_wrk(urls[0], secret, body, clients, seconds, 0)
+            seconds = out["duration_us"] / 1e6
+            granted = out["granted"]
+            figures = {
+                "p50_ms": round(out["p50_us"] / 1000, 1) if granted else None,
+                "p99_ms": round(out["p99_us"] / 1000, 1) if granted else None,
+                "max_ms": round(out["max_us"] / 1000, 1) if granted else None,
+                "refused_409": out["refused"],
+                "conflicts": out["conflicts"],
+                "errors": out["errors"] + out["socket_errors"],
+                "error_samples": [x for x in out["samples"].split("|") if x][:5],
+            }
+        else:
+            start = time.perf_counter()
+            warm_until = start + warmup
+            stop_at = warm_until + seconds
+            interval = clients / rate if rate else 0.0
+            threads = [
+                Client(urls[i % len(urls)], secret, body, stop_at, warm_until, interval)
+                for i in range(clients)
+            ]
+            pg_before = {pid: _proc_cpu_s([pid]) for pid in _postgres_pids(database)}
+            server_before = _proc_cpu_s(server_pids)
+            busy_before = _machine_busy()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            latencies = [x for t in threads for x in t.latencies]
+            granted = sum(t.granted for t in threads)
+            figures = {
+                "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+                "p99_ms": round(1000 * _percentile(latencies, 0.99), 1) if latencies else None,
+                "max_ms": round(1000 * max(latencies), 1) if latencies else None,
+                "refused_409": sum(t.refused for t in threads),
+                "conflicts": sum(t.conflicts for t in threads),
+                "errors": sum(t.errors for t in threads),
+                "error_samples": [s for t in threads for s in t.error_samples][:5],
+            }
         busy_after = _machine_busy()
         server_cpu = _proc_cpu_s(server_pids) - server_before
         # backends that ended during the run are missed; new ones count from zero
-        pg_cpu = sum(_proc_cpu_s([pid]) - pg_before.get(pid, 0.0) for pid in _postgres_pids())
-        latencies = [x for t in threads for x in t.latencies]
-        granted = sum(t.granted for t in threads)
+        pg_cpu = sum(
+            _proc_cpu_s([pid]) - pg_before.get(pid, 0.0) for pid in _postgres_pids(database)
+        )
         result = {
             "clients": clients,
             "seconds": seconds,
@@ -389,15 +480,10 @@ def run(
             "workers": workers if procs else None,
             "nodes": nodes,
             "url": urls[0] if len(urls) == 1 else urls,
+            "client": client,
             "grants": granted,
             "grants_per_s": round(granted / seconds, 1),
-            "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
-            "p99_ms": round(1000 * _percentile(latencies, 0.99), 1) if latencies else None,
-            "max_ms": round(1000 * max(latencies), 1) if latencies else None,
-            "refused_409": sum(t.refused for t in threads),
-            "conflicts": sum(t.conflicts for t in threads),
-            "errors": sum(t.errors for t in threads),
-            "error_samples": [s for t in threads for s in t.error_samples][:5],
+            **figures,
             # where the CPU went (the whole run including warm-up; Linux only)
             "server_cpu_ms_per_grant": round(1000 * server_cpu / granted, 2) if granted else None,
             "postgres_cpu_ms_per_grant": round(1000 * pg_cpu / granted, 2) if granted else None,

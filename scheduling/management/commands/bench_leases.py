@@ -60,6 +60,13 @@ class Command(BaseCommand):
             help="Open loop: total requests/s offered, spread over the clients (default: closed "
             "loop, each client sends its next request when the previous one answers)",
         )
+        parser.add_argument(
+            "--client",
+            choices=["wrk", "python"],
+            default=None,
+            help="Load generator. Default: wrk (C) when installed and closed loop, else Python "
+            "threads (which share the machine's cores with the server)",
+        )
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
@@ -86,6 +93,7 @@ class Command(BaseCommand):
             server=opts["server"],
             rate=opts["rate"],
             threads=opts["threads"],
+            client=opts["client"],
         )
         if opts["json"]:
             self.stdout.write(json.dumps(result))
