@@ -192,6 +192,8 @@ def _read(
     from scheduling.choices import HOLDING
     from scheduling.models import Lease
 
+    if connection.vendor != "postgresql":
+        return _read_portable(pool_id, states, leases)
     node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
     gpu_cols = ", ".join(
         f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
@@ -226,6 +228,42 @@ def _read(
         gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
         row["leases"] = json.loads(leases) if isinstance(leases, str) else leases
         rows.append(row)
+    return rows, gpus_by_node
+
+
+def _read_portable(
+    pool_id: int, states: list[str], leases: bool
+) -> tuple[list[dict], dict[int, list[dict]]]:
+    """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
+    from scheduling.choices import HOLDING
+    from scheduling.models import Lease
+
+    rows = list(
+        Node.objects.filter(pool_id=pool_id, state__in=states)
+        .order_by("name")
+        .values(*_NODE_FIELDS)
+    )
+    ids = [row["id"] for row in rows]
+    gpus_by_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    for gpu in GpuDevice.objects.filter(node_id__in=ids).order_by("index").values(*_GPU_FIELDS):
+        gpus_by_node[gpu["node_id"]].append(gpu)
+    ends: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    if leases:
+        held = Lease.objects.filter(
+            node_id__in=ids, state__in=HOLDING, backfill_of__isnull=True, expires_at__isnull=False
+        ).order_by("expires_at", "id")
+        for lease in held.values(
+            "id",
+            "node_id",
+            "expires_at",
+            "cpu_millicores",
+            "memory_mib",
+            "scratch_mib",
+            "gpu_allocations",
+        ):
+            ends[lease.pop("node_id")].append(lease | {"ends_at": lease.pop("expires_at")})
+    for row in rows:
+        row["leases"] = ends[row["id"]]
     return rows, gpus_by_node
 
 
