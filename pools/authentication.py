@@ -4,10 +4,10 @@ A successful lookup is cached in-process for `API_TOKEN_AUTH_CACHE_SECONDS` (def
 digest → (token, user). A token revoked, expired or whose user was deactivated is therefore
 refused at the latest that many seconds later by every server process — at once in the process
 that revokes it (`api_token_revoke` reloads the token: a token loaded with `revoked_at` set is
-dropped from the cache) or saves the token or the user through the ORM. Expiry is re-checked on every request
-against the cached expiry time. Only successes are cached: an unknown or refused secret is looked
-up every time. Each request gets its own copy of the user, without the role caches of
-`pools.roles`, so roles and memberships are read fresh per request.
+dropped from the cache) or saves the token or the user through the ORM. Expiry is re-checked
+on every request against the cached expiry time. Only successes are cached: an unknown or
+refused secret is looked up every time. Each request gets its own copy of the user, without
+the role caches of `pools.roles`, so roles and memberships are read fresh per request.
 """
 
 import copy

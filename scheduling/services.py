@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -27,6 +28,8 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.lookups import Exact
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 from nodes.choices import NodeState
@@ -339,6 +342,8 @@ def _run_batch(batch: list[_Pending]) -> None:
         outcomes = {}
         with transaction.atomic():
             quotas = _tenants_with_quota(planned)
+            if quotas:  # lock order: quota rows before node rows, as a single reserve does
+                _lock_quotas(quotas)
             for node_id, pending, result, allocations in planned:
                 pool, tenant = pending.pool, pending.tenant
                 try:
@@ -380,19 +385,49 @@ def _run_batch(batch: list[_Pending]) -> None:
         pending.outcome = outcomes.get(id(pending), _RETRY_ALONE)
 
 
+# Whether a (tenant, pool) HAS a quota row is configuration: cached per process for a few
+# seconds (a quota created or deleted takes effect within QUOTA_CACHE_SECONDS in other
+# processes, at once in this one). Usage against an existing quota is always checked under the
+# quota row's lock (`_check_quota`), never cached.
+QUOTA_CACHE_SECONDS = 5.0
+_has_quota: dict[tuple[int, int], tuple[float, bool]] = {}
+
+
+@receiver([post_save, post_delete], sender=Quota)
+def _forget_quotas(sender, instance, **kwargs):
+    _has_quota.clear()
+
+
+def _lock_quotas(pairs: set[tuple[int, int]]) -> None:
+    tenants, pools = zip(*pairs, strict=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Quota._meta.db_table} "
+            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s) ORDER BY id FOR UPDATE",
+            [list(set(tenants)), list(set(pools))],
+        )
+
+
 def _tenants_with_quota(planned) -> set[tuple[int, int]]:
-    """(tenant id, pool id) of the batch that have a quota row, locked (FOR UPDATE)."""
+    """(tenant id, pool id) of the batch that have a quota row."""
     pairs = {(p.tenant.pk, p.pool.pk) for _, p, _, _ in planned}
-    if not pairs:
-        return set()
+    now = time.monotonic()
+    known = {pair: _has_quota.get(pair) for pair in pairs}
+    if all(hit is not None and now - hit[0] < QUOTA_CACHE_SECONDS for hit in known.values()):
+        return {pair for pair, hit in known.items() if hit[1]}
     tenants, pools = zip(*pairs, strict=True)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT tenant_id, pool_id FROM {Quota._meta.db_table} "
-            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s) ORDER BY id FOR UPDATE",
+            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s)",
             [list(set(tenants)), list(set(pools))],
         )
-        return {tuple(row) for row in cursor.fetchall()} & pairs
+        found = {tuple(row) for row in cursor.fetchall()} & pairs
+    if len(_has_quota) > 10_000:
+        _has_quota.clear()
+    for pair in pairs:
+        _has_quota[pair] = (now, pair in found)
+    return found
 
 
 def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:

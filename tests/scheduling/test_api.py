@@ -214,3 +214,160 @@ def test_accounting_and_capacity(granted, lmember, loutsider, loperator, lpool):
     assert totals["reserved"]["cpu_millicores"] == 1000
     assert totals["allocatable"]["cpu_millicores"] == 4000
     assert api_client(loperator).get("/api/v1/pools/none/capacity").status_code == 404
+
+
+# --- the reserve hot path: cached validation, group commit --------------------------------------
+
+
+def test_membership_removed_elsewhere_is_refused_after_the_ttl(
+    lpool, ltenant, lnode, lmember, monkeypatch
+):
+    from pools.models import Membership
+    from scheduling.api import views
+
+    now = [1000.0]
+    monkeypatch.setattr(views, "_clock", lambda: now[0])
+    views.forget_validated_bodies()
+    client = api_client(lmember)
+    small = {"cpu_millicores_min": 100, "memory_mib_min": 64}
+    assert client.post(URL, body(lpool, ltenant, resources=small), format="json").status_code == 201
+    # removed by another process (no signal here): the cached answer lasts until its TTL ends
+    Membership.objects.filter(user=lmember)._raw_delete("default")
+    now[0] += views.CREATE_CACHE_SECONDS - 0.1
+    assert client.post(URL, body(lpool, ltenant, resources=small), format="json").status_code == 201
+    now[0] += 0.2
+    response = client.post(URL, body(lpool, ltenant, resources=small), format="json")
+    assert response.status_code == 400 and "tenant" in response.json()
+
+
+def test_membership_removed_in_this_process_is_refused_at_once(lpool, ltenant, lnode, lmember):
+    from pools.models import Membership
+
+    client = api_client(lmember)
+    small = {"cpu_millicores_min": 100, "memory_mib_min": 64}
+    assert client.post(URL, body(lpool, ltenant, resources=small), format="json").status_code == 201
+    Membership.objects.filter(user=lmember).delete()
+    response = client.post(URL, body(lpool, ltenant, resources=small), format="json")
+    assert response.status_code == 400 and "tenant" in response.json()
+
+
+def test_cached_body_still_gets_field_errors_for_bad_variants(lpool, ltenant, lnode, lmember):
+    client = api_client(lmember)
+    assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
+    response = client.post(URL, body(lpool, ltenant, duration_s=0), format="json")
+    assert response.status_code == 400 and "duration_s" in response.json()
+    assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch):
+    """Threads (own connections) reserve at once: the combiner applies them in batches, each
+    lease with its own event; the losers get 409 reasons; the ledger holds."""
+    import threading
+
+    from django.db import connection
+
+    from pools.services import tenant_create
+    from scheduling import selectors, services
+    from scheduling.models import LeaseEvent
+
+    from .conftest import SYSTEM, cpu_request, make_pool
+
+    pool = make_pool("batch")
+    tenant = tenant_create(name="B", slug="b")
+    make_node(pool, "b1", cpu=4000, memory=8192)
+    make_node(pool, "b2", cpu=3000, memory=8192)
+    sizes = []
+    run_batch = services._run_batch
+
+    def slow_first_batch(batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            import time
+
+            time.sleep(0.3)  # let the other threads queue up behind the first leader
+        return run_batch(batch)
+
+    monkeypatch.setattr(services, "_run_batch", slow_first_batch)
+    granted, refused, errors = [], [], []
+    barrier = threading.Barrier(12)
+
+    def client():
+        try:
+            barrier.wait()
+            lease = services.lease_reserve(
+                pool=pool,
+                tenant=tenant,
+                request=cpu_request(1000, 1024),
+                actor=SYSTEM,
+                duration=timedelta(minutes=5),
+            )
+            granted.append(lease.pk)
+        except services.NoCapacity as exc:
+            refused.append(exc.explanation["reasons"])
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(granted) == 7 and len(refused) == 5
+    assert all(reasons for reasons in refused)
+    assert max(sizes) > 1  # combined
+    assert selectors.overcommitted_nodes(pool) == 0
+    assert_ledger_ok(pool)
+    leases = Lease.objects.filter(pk__in=granted)
+    assert all(lease.state == LeaseState.RESERVED for lease in leases)
+    events = LeaseEvent.objects.filter(lease__in=leases, reason="reserved")
+    assert sorted(events.values_list("lease_id", flat=True)) == sorted(granted)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_group_commit_conflict_is_replanned(monkeypatch):
+    """A batch planned on a stale snapshot: the guarded UPDATE matches nothing, the request is
+    re-planned on a fresh snapshot (attempt 2) and lands on the node that still has room."""
+    from django.db import transaction
+
+    from pools.services import tenant_create
+    from scheduling import services
+
+    from .conftest import SYSTEM, cpu_request, make_pool
+
+    pool = make_pool("stale")
+    tenant = tenant_create(name="S", slug="s")
+    make_node(pool, "s1", cpu=1000, memory=8192)
+    make_node(pool, "s2", cpu=1000, memory=8192)
+    real_snapshot = services.snap.pool_snapshot
+    calls = []
+
+    def stale_snapshot(pool_id, **kwargs):
+        view = real_snapshot(pool_id, **kwargs)
+        if not calls:  # the batch's snapshot: someone else takes a node meanwhile
+            calls.append(1)
+            with transaction.atomic():  # inside a transaction: not combined, applied at once
+                taken = services.lease_reserve(
+                    pool=pool,
+                    tenant=tenant,
+                    request=cpu_request(1000, 1024),
+                    actor=SYSTEM,
+                    duration=timedelta(minutes=5),
+                )
+            calls.append(taken.node.name)
+        return view
+
+    monkeypatch.setattr(services.snap, "pool_snapshot", stale_snapshot)
+    lease = services.lease_reserve(
+        pool=pool,
+        tenant=tenant,
+        request=cpu_request(1000, 1024),
+        actor=SYSTEM,
+        duration=timedelta(minutes=5),
+    )
+    # both nodes are alike: the same policy picked the same node on the same (stale) view
+    assert lease.placement["attempts"] == 2 and lease.node.name != calls[1]
+    assert_ledger_ok(pool)
