@@ -338,47 +338,63 @@ def _run_batch(batch: list[_Pending]) -> None:
             allocations = _gpu_allocations(result, view, node_id)
             view.nodes[at] = apply_placement(view.nodes[at], result)
             planned.append((node_id, pending, result, allocations))
-        planned.sort(key=lambda p: p[0])  # lock order: nodes by id
         outcomes = {}
         with transaction.atomic():
             quotas = _tenants_with_quota(planned)
             if quotas:  # lock order: quota rows before node rows, as a single reserve does
                 _lock_quotas(quotas)
+            # Per node, in node-id order (the lock order): first one statement for the leases
+            # without GPUs and quota, then one by one those with GPUs (a savepoint each: a GPU
+            # conflict undoes its node update) or a quota (checked under the quota row lock,
+            # counting what this transaction already inserted).
+            by_node: dict[int, tuple[list, list]] = {}
             for node_id, pending, result, allocations in planned:
-                pool, tenant = pending.pool, pending.tenant
-                try:
-                    if (tenant.pk, pool.pk) in quotas:
-                        _check_quota(
-                            pool, tenant, result.cpu_millicores, result.memory_mib, len(allocations)
-                        )
-                    lease, event = _build_reserved(
-                        pool=pool,
-                        tenant=tenant,
-                        request=pending.request,
-                        actor=pending.actor,
-                        placement=result,
-                        node_id=node_id,
-                        allocations=allocations,
-                        expires_at=pending.expires_at,
-                        window=None,
-                        job=pending.job,
-                        idempotency_key="",
-                        now=pending.now,
-                        attempts=1,
-                    )
-                    if allocations:
-                        with transaction.atomic():  # a savepoint: a GPU conflict undoes the node
+                lease, event = _build_reserved(
+                    pool=pending.pool,
+                    tenant=pending.tenant,
+                    request=pending.request,
+                    actor=pending.actor,
+                    placement=result,
+                    node_id=node_id,
+                    allocations=allocations,
+                    expires_at=pending.expires_at,
+                    window=None,
+                    job=pending.job,
+                    idempotency_key="",
+                    now=pending.now,
+                    attempts=1,
+                )
+                simple, one_by_one = by_node.setdefault(node_id, ([], []))
+                quota = (pending.tenant.pk, pending.pool.pk) in quotas
+                (one_by_one if allocations or quota else simple).append((pending, lease, event))
+            for node_id in sorted(by_node):
+                simple, one_by_one = by_node[node_id]
+                if simple:
+                    taken = _insert_group_taking_node_capacity([(le, ev) for _, le, ev in simple])
+                    for pending, lease, _ in simple:
+                        outcomes[id(pending)] = lease if taken else _RETRY_CONFLICT
+                for pending, lease, event in one_by_one:
+                    pool, tenant = pending.pool, pending.tenant
+                    try:
+                        if (tenant.pk, pool.pk) in quotas:
+                            _check_quota(
+                                pool,
+                                tenant,
+                                lease.cpu_millicores,
+                                lease.memory_mib,
+                                len(lease.gpu_allocations),
+                            )
+                        with transaction.atomic():
                             _insert_taking_node_capacity(lease, event)
                             _take_gpus(lease, allow_mixing=pool.allow_tenant_mixing_on_shared_gpus)
-                    else:
-                        _insert_taking_node_capacity(lease, event)
-                    outcomes[id(pending)] = lease
-                except _Conflict:
-                    outcomes[id(pending)] = _RETRY_CONFLICT
-                except TransitionRefused as refused:
-                    outcomes[id(pending)] = refused
+                        outcomes[id(pending)] = lease
+                    except _Conflict:
+                        outcomes[id(pending)] = _RETRY_CONFLICT
+                    except TransitionRefused as refused:
+                        outcomes[id(pending)] = refused
     except Exception:
-        # (outcome _RETRY_ALONE): an error that is not transient is raised there, to its caller
+        # The batch rolled back; each request goes its own way (outcome _RETRY_ALONE): an error
+        # that is not transient is raised there, to its caller.
         logger.warning("lease reserve batch of %d failed; retried one by one", len(batch))
         return
     for pending in batch:
@@ -676,6 +692,78 @@ def _insert_taking_node_capacity(lease: Lease, event: LeaseEvent) -> None:
     lease.pk = row[0]
     lease._state.adding = False
     lease._state.db = "default"
+
+
+_ROW_SQL: dict = {}
+
+
+def _row_sql(model) -> tuple[list, list[str], list[str]]:
+    """A model's insert fields (no primary key), quoted columns and `CAST(%s AS type)` slots."""
+    cached = _ROW_SQL.get(model)
+    if cached is None:
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        columns = [connection.ops.quote_name(f.column) for f in fields]
+        slots = [f"CAST(%s AS {f.db_type(connection)})" for f in fields]
+        cached = _ROW_SQL[model] = (fields, columns, slots)
+    return cached
+
+
+def _insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> bool:
+    """Several leases on ONE node (no GPUs) in one statement: one guarded node UPDATE for their
+    sum, then the leases and their events, inserted only when it matched. False (nothing
+    written) when the node no longer has room for all of them."""
+    node_id = pairs[0][0].node_id
+    cpu = sum(lease.cpu_millicores for lease, _ in pairs)
+    mem = sum(lease.memory_mib for lease, _ in pairs)
+    scratch = sum(lease.scratch_mib for lease, _ in pairs)
+    lease_fields, lease_cols, lease_slots = _row_sql(Lease)
+    event_fields, event_cols, event_slots = _row_sql(LeaseEvent)
+    lease_fk = connection.ops.quote_name(LeaseEvent._meta.get_field("lease").column)
+    at = event_cols.index(lease_fk)
+    event_cols = event_cols[:at] + event_cols[at + 1 :]
+    event_slots = event_slots[:at] + event_slots[at + 1 :]
+    event_fields = event_fields[:at] + event_fields[at + 1 :]
+    n = len(pairs)
+    lease_names = [f"c{i}" for i in range(len(lease_cols))]
+    event_names = [f"c{i}" for i in range(len(event_cols))]
+    lease_rows = ", ".join(f"({k}, {', '.join(lease_slots)})" for k in range(n))
+    event_rows = ", ".join(f"({k}, {', '.join(event_slots)})" for k in range(n))
+    params = [cpu, mem, scratch, node_id, NodeState.READY, cpu, mem, scratch, n]
+    for lease, _ in pairs:
+        params += [f.get_db_prep_save(f.pre_save(lease, True), connection) for f in lease_fields]
+    for _, event in pairs:
+        params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in event_fields]
+    table = Lease._meta.db_table
+    sql = (
+        f"WITH taken AS (UPDATE {Node._meta.db_table} SET "
+        "cpu_millicores_reserved = cpu_millicores_reserved + %s, "
+        "memory_mib_reserved = memory_mib_reserved + %s, "
+        "scratch_mib_reserved = scratch_mib_reserved + %s "
+        "WHERE id = %s AND state = %s "
+        "AND cpu_millicores_reserved <= cpu_millicores_allocatable - %s "
+        "AND memory_mib_reserved <= memory_mib_allocatable - %s "
+        "AND scratch_mib_reserved <= scratch_mib_allocatable - %s RETURNING id), "
+        f"ids AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('{table}', 'id')) AS id, "
+        "o - 1 AS o FROM taken, generate_series(1, %s) AS o), "
+        f"ins AS (INSERT INTO {table} (id, {', '.join(lease_cols)}) "
+        f"SELECT ids.id, {', '.join('v.' + c for c in lease_names)} FROM ids "
+        f"JOIN (VALUES {lease_rows}) AS v(o, {', '.join(lease_names)}) USING (o)), "
+        f"ev AS (INSERT INTO {LeaseEvent._meta.db_table} ({', '.join(event_cols)}, {lease_fk}) "
+        f"SELECT {', '.join('v.' + c for c in event_names)}, ids.id FROM ids "
+        f"JOIN (VALUES {event_rows}) AS v(o, {', '.join(event_names)}) USING (o)) "
+        "SELECT id FROM ids ORDER BY o"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+    if len(ids) != n:
+        return False
+    for (lease, event), pk in zip(pairs, ids, strict=True):
+        lease.pk = pk
+        lease._state.adding = False
+        lease._state.db = "default"
+        event.lease_id = pk
+    return True
 
 
 def _take_gpus(lease: Lease, *, allow_mixing: bool) -> None:
