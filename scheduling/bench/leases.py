@@ -92,7 +92,7 @@ def default_server() -> str:
 
 
 def start_servers(
-    workers: int, env: dict, server: str, threads: int = 8
+    workers: int, env: dict, server: str, threads: int = 32
 ) -> tuple[list[str], list[subprocess.Popen]]:
     """gunicorn: `workers` gthread processes with `threads` threads each, on one port;
     uvicorn: `workers` processes on their own ports; daphne: `workers` processes sharing a
@@ -390,7 +390,7 @@ def run(
     warmup: float = 1.0,
     server: str | None = None,
     rate: float = 0.0,
-    threads: int = 8,
+    threads: int = 32,
     client: str | None = None,
 ) -> dict:
     from django.db import connection

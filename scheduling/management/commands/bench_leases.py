@@ -52,7 +52,7 @@ class Command(BaseCommand):
             default=None,
             help="Default: gunicorn (WSGI, gthread) when installed, else uvicorn, else daphne",
         )
-        parser.add_argument("--threads", type=int, default=8, help="Threads per gunicorn worker")
+        parser.add_argument("--threads", type=int, default=32, help="Threads per gunicorn worker")
         parser.add_argument(
             "--rate",
             type=float,
