@@ -92,7 +92,7 @@ def default_server() -> str:
 
 
 def start_servers(
-    workers: int, env: dict, server: str, threads: int = 32
+    workers: int, env: dict, server: str, threads: int = 32, worker_connections: int = 1000
 ) -> tuple[list[str], list[subprocess.Popen]]:
     """gunicorn: `workers` gthread processes with `threads` threads each, on one port;
     uvicorn: `workers` processes on their own ports; daphne: `workers` processes sharing a
@@ -115,6 +115,8 @@ def start_servers(
                     str(threads),
                     "--backlog",
                     "2048",
+                    "--worker-connections",
+                    str(worker_connections),
                     "--log-level",
                     "warning",
                     "scheduling.bench.wsgi:application",
@@ -392,6 +394,7 @@ def run(
     rate: float = 0.0,
     threads: int = 32,
     client: str | None = None,
+    worker_connections: int = 0,
 ) -> dict:
     from django.db import connection
 
@@ -407,7 +410,11 @@ def run(
             env["DJANGO_SETTINGS_MODULE"] = "scheduling.bench.leases_settings"
             env["DATABASE_URL"] = os.environ["DATABASE_URL"]
             server = server or default_server()
-            urls, procs = start_servers(workers, env, server, threads)
+            # Each gthread worker accepts keep-alive connections as fast as its main thread wins
+            # the GIL: without a cap one worker often held 2-3x the other's connections and the
+            # run was bound by that one process (the machine 57 % busy). The cap spreads them.
+            cap = worker_connections or max(threads, -(-clients // workers))
+            urls, procs = start_servers(workers, env, server, threads, cap)
         else:
             urls = [url]
         body = {
