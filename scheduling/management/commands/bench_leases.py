@@ -67,6 +67,13 @@ class Command(BaseCommand):
             help="Load generator. Default: wrk (C) when installed and closed loop, else Python "
             "threads (which share the machine's cores with the server)",
         )
+        parser.add_argument(
+            "--worker-connections",
+            type=int,
+            default=0,
+            help="Keep-alive connections per gunicorn worker (default: max(threads, "
+            "clients / workers), so the clients spread evenly over the workers)",
+        )
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
@@ -94,6 +101,7 @@ class Command(BaseCommand):
             rate=opts["rate"],
             threads=opts["threads"],
             client=opts["client"],
+            worker_connections=opts["worker_connections"],
         )
         if opts["json"]:
             self.stdout.write(json.dumps(result))
