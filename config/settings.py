@@ -22,6 +22,8 @@ env = environ.Env(
     CELERY_TASK_ALWAYS_EAGER=(bool, False),
     API_TOKEN_DEFAULT_TTL_DAYS=(int, 90),
     LEASE_DEFAULT_TTL_SECONDS=(int, 300),
+    LEASE_GROUP_COMMIT=(bool, True),
+    API_TOKEN_AUTH_CACHE_SECONDS=(float, 5.0),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -143,6 +145,10 @@ CELERY_TIMEZONE = "UTC"
 
 API_TOKEN_DEFAULT_TTL = timedelta(days=env("API_TOKEN_DEFAULT_TTL_DAYS"))
 LEASE_DEFAULT_TTL = timedelta(seconds=env("LEASE_DEFAULT_TTL_SECONDS"))
+# Concurrent reserves in one server process share a snapshot and one transaction (PostgreSQL).
+LEASE_GROUP_COMMIT = env("LEASE_GROUP_COMMIT")
+# A token revoked in another process is refused within this many seconds (0: no cache).
+API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
 
 LOGGING = {
     "version": 1,

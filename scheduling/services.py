@@ -243,8 +243,14 @@ _RETRY_CONFLICT = "retry-conflict"
 _RETRY_ALONE = "retry-alone"
 
 
+def _postgresql() -> bool:
+    """The hot paths are PostgreSQL statements; other databases (SQLite for `make run`) take
+    plain ORM paths with the same guards."""
+    return connection.vendor == "postgresql"
+
+
 def _group_commit_enabled() -> bool:
-    return getattr(settings, "LEASE_GROUP_COMMIT", True) and not connection.in_atomic_block
+    return settings.LEASE_GROUP_COMMIT and _postgresql() and not connection.in_atomic_block
 
 
 class _Pending:
@@ -488,10 +494,11 @@ def _check_window(pool, window: Window, now) -> datetime:
 def _check_quota(pool, tenant, cpu: int, memory: int, gpus: int) -> None:
     """Inside the apply transaction; the quota row lock serialises a tenant's reserves."""
     # Plain SQL (the ORM's query compilation was a measurable share of a reserve's CPU).
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT max_leases, cpu_millicores, memory_mib, gpus FROM {Quota._meta.db_table} "
-            "WHERE tenant_id = %s AND pool_id = %s FOR UPDATE",
+            "WHERE tenant_id = %s AND pool_id = %s" + lock,
             [tenant.pk, pool.pk],
         )
         row = cursor.fetchone()
@@ -660,6 +667,9 @@ def _insert_taking_node_capacity(lease: Lease, event: LeaseEvent) -> None:
 
     This is the hot path of reserve: a single round trip instead of three ORM statements.
     """
+    if not _postgresql():
+        _take_node_capacity_portably(lease, event)
+        return
     node_table = Node._meta.db_table
     lease_cols, lease_values = _insert_values(lease)
     event.lease_id = 0  # placeholder: the column list comes from the model, the value from SQL
@@ -692,6 +702,27 @@ def _insert_taking_node_capacity(lease: Lease, event: LeaseEvent) -> None:
     lease.pk = row[0]
     lease._state.adding = False
     lease._state.db = "default"
+
+
+def _take_node_capacity_portably(lease: Lease, event: LeaseEvent) -> None:
+    """The same guarded UPDATE through the ORM, then the inserts (same transaction)."""
+    cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
+    taken = Node.objects.filter(
+        pk=lease.node_id,
+        state=NodeState.READY,
+        cpu_millicores_reserved__lte=F("cpu_millicores_allocatable") - cpu,
+        memory_mib_reserved__lte=F("memory_mib_allocatable") - mem,
+        scratch_mib_reserved__lte=F("scratch_mib_allocatable") - scratch,
+    ).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") + cpu,
+        memory_mib_reserved=F("memory_mib_reserved") + mem,
+        scratch_mib_reserved=F("scratch_mib_reserved") + scratch,
+    )
+    if not taken:
+        raise _Conflict
+    lease.save()
+    event.lease = lease
+    event.save()
 
 
 _ROW_SQL: dict = {}
