@@ -103,17 +103,27 @@ def _as_timedelta(value) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
 
 
+def _nearest_miss_dict(near: core.NearMiss | None) -> dict | None:
+    if near is None:
+        return None
+    return {
+        "node": near.node,
+        "reason": near.reason,
+        "lacking": dict(near.lacking),
+        "message": near.message,
+        # when capacity frees up: the leases that must end first, and where it would then fit
+        "fits_at": near.fits_at.isoformat() if near.fits_at else None,
+        "fits_on": near.fits_on or None,
+        "after_leases": list(near.after_leases),
+    }
+
+
 def _explanation_dict(explanation: core.Explanation, **extra) -> dict:
-    near = explanation.nearest_miss
     return {
         "message": explanation.message,
         "total_nodes": explanation.total_nodes,
         "reasons": dict(explanation.reasons),
-        "nearest_miss": (
-            {"node": near.node, "reason": near.reason, "lacking": dict(near.lacking)}
-            if near
-            else None
-        ),
+        "nearest_miss": _nearest_miss_dict(explanation.nearest_miss),
         "policy_version": explanation.policy_version,
         **extra,
     }

@@ -104,13 +104,19 @@ def test_no_body_and_garbage_are_400(lpool, ltenant, lnode, lmember):
 def test_409_with_reasons_and_422_never_fits(lpool, ltenant, lnode, lmember):
     client = api_client(lmember)
     big = {"cpu_millicores_min": 4000, "memory_mib_min": 1024}
-    assert client.post(URL, body(lpool, ltenant, resources=big), format="json").status_code == 201
+    holder = client.post(URL, body(lpool, ltenant, resources=big), format="json")
+    assert holder.status_code == 201
     response = client.post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 409
     payload = response.json()
     assert payload["code"] == "no_capacity"
     assert payload["reasons"] == {"insufficient_cpu": 1}
     assert payload["message"].startswith("0 of 1 nodes")
+    # when it would fit: once the holding lease ends
+    near = payload["nearest_miss"]
+    assert near["node"] == "n1" and near["fits_on"] == "n1"
+    assert near["after_leases"] == [str(holder.json()["id"])]
+    assert near["fits_at"][:19] == holder.json()["expires_at"][:19]
     huge = {"cpu_millicores_min": 400_000, "memory_mib_min": 1024}
     response = client.post(URL, body(lpool, ltenant, resources=huge), format="json")
     assert response.status_code == 422 and response.json()["code"] == "never_fits"
