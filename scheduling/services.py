@@ -626,8 +626,20 @@ def _build_reserved(
     idempotency_key,
     now,
     attempts,
+    backfill_of: Lease | None = None,
 ) -> tuple[Lease, LeaseEvent]:
     """The new lease (reserved) and its `reserved` event, not saved yet."""
+    record = {**_placement_record(placement), "attempts": attempts}
+    message = f"reserved on {placement.node}"
+    data = {"node": placement.node, "score": placement.score}
+    if window:
+        message += f" for the window from {window.start:%Y-%m-%d %H:%M}"
+    if backfill_of is not None:
+        record["backfill_of"] = data["backfill_of"] = backfill_of.pk
+        message = (
+            f"backfilled into reservation {backfill_of.pk} on {placement.node}, "
+            f"ends before {backfill_of.window_start:%Y-%m-%d %H:%M}"
+        )
     lease = Lease(
         pool=pool,
         tenant=tenant,
@@ -640,7 +652,7 @@ def _build_reserved(
         scratch_mib=placement.scratch_mib,
         gpu_allocations=allocations,
         request=request,
-        placement={**_placement_record(placement), "attempts": attempts},
+        placement=record,
         policy_version=placement.policy_version,
         expires_at=expires_at,
         idempotency_key=idempotency_key,
@@ -649,6 +661,7 @@ def _build_reserved(
         window_start=window.start if window else None,
         window_end=window.end if window else None,
         tolerance_s=int(window.tolerance.total_seconds()) if window else 0,
+        backfill_of=backfill_of,
     )
     event = LeaseEvent.build(
         lease,
@@ -656,10 +669,9 @@ def _build_reserved(
         from_state="",
         to_state=S.RESERVED,
         reason=Reason.RESERVED,
-        message=f"reserved on {placement.node}"
-        + (f" for the window from {window.start:%Y-%m-%d %H:%M}" if window else ""),
+        message=message,
         at=now,
-        data={"node": placement.node, "score": placement.score},
+        data=data,
     )
     return lease, event
 
@@ -730,6 +742,10 @@ def _take_node_capacity_portably(lease: Lease, event: LeaseEvent) -> None:
     )
     if not taken:
         raise _Conflict
+    _save_with_event(lease, event)
+
+
+def _save_with_event(lease: Lease, event: LeaseEvent) -> None:
     lease.save()
     event.lease = lease
     event.save()
@@ -913,37 +929,24 @@ def _try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idemp
                     ),
                     key=lambda a: a["gpu"],
                 )
-                lease = Lease.objects.create(
+                # A backfill holds nothing on the node ledger: it runs inside its reservation.
+                lease, event = _build_reserved(
                     pool=pool,
                     tenant=tenant,
-                    node_id=locked.node_id,
-                    job=job,
-                    state=S.RESERVED,
-                    state_changed_at=now,
-                    cpu_millicores=result.cpu_millicores,
-                    memory_mib=result.memory_mib,
-                    scratch_mib=result.scratch_mib,
-                    gpu_allocations=allocations,
                     request=request,
-                    placement={**_placement_record(result), "backfill_of": locked.pk},
-                    policy_version=result.policy_version,
+                    actor=actor,
+                    placement=result,
+                    node_id=locked.node_id,
+                    allocations=allocations,
                     expires_at=expires_at,
+                    window=None,
+                    job=job,
                     idempotency_key=idempotency_key,
-                    created_by=actor.user,
-                    created_at=now,
+                    now=now,
+                    attempts=1,
                     backfill_of=locked,
                 )
-                LeaseEvent.record(
-                    lease,
-                    actor=actor,
-                    from_state="",
-                    to_state=S.RESERVED,
-                    reason=Reason.RESERVED,
-                    message=f"backfilled into reservation {locked.pk} on {result.node}, "
-                    f"ends before {locked.window_start:%Y-%m-%d %H:%M}",
-                    at=now,
-                    data={"backfill_of": locked.pk},
-                )
+                _save_with_event(lease, event)
                 return lease
         except IntegrityError:
             if idempotency_key:
