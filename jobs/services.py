@@ -15,10 +15,6 @@ from .events import publish_job_event
 from .models import Job, JobEvent
 
 
-def shape_request(shape: ResourceShape) -> dict:
-    return shape.as_request()
-
-
 def job_submit(
     *,
     tenant: Tenant,

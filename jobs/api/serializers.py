@@ -2,11 +2,10 @@ from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
 from jobs.selectors import image_refusal
-from pools.api.serializers import ResourceRequestSerializer
+from pools.api.serializers import ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
 from pools.models import ComputePool, PriorityClass, Tenant
 from pools.roles import tenant_roles
-from pools.selectors import resolve_shape
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -85,14 +84,8 @@ class JobSubmitSerializer(serializers.Serializer):
 
     def validate(self, attrs):
         pool = attrs["pool"]
-        if ("shape" in attrs) == ("resources" in attrs):
-            raise serializers.ValidationError(
-                {"shape": "Give exactly one of shape (a catalogue name) or resources (inline)."}
-            )
-        if "shape" in attrs:
-            shape = resolve_shape(pool, attrs["shape"])
-            if shape is None:
-                raise serializers.ValidationError({"shape": f"Pool {pool.slug} has no such shape."})
+        shape, _ = shape_or_resources(attrs)
+        if shape is not None:
             attrs["shape"] = shape
         refusal = image_refusal(pool, attrs["image"])
         if refusal:

@@ -11,6 +11,7 @@ from pools.models import (
     SchedulingPolicyVersion,
     Tenant,
 )
+from pools.selectors import resolve_shape
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -61,6 +62,22 @@ class ResourceRequestSerializer(serializers.ModelSerializer):
                     {f"{field}_preferred": "Preferred must be at least the minimum."}
                 )
         return shape.as_request()
+
+
+def shape_or_resources(attrs: dict):
+    """A request names a catalogue shape of its pool or gives resources inline, never both.
+    Returns (shape or None, the resource request dict); field errors otherwise."""
+    pool = attrs["pool"]
+    if ("shape" in attrs) == ("resources" in attrs):
+        raise serializers.ValidationError(
+            {"shape": "Give exactly one of shape (a catalogue name) or resources (inline)."}
+        )
+    if "resources" in attrs:
+        return None, dict(attrs["resources"])
+    shape = resolve_shape(pool, attrs["shape"])
+    if shape is None:
+        raise serializers.ValidationError({"shape": f"Pool {pool.slug} has no such shape."})
+    return shape, shape.as_request()
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

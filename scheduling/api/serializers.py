@@ -5,11 +5,9 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from rest_framework import serializers
 
-from jobs.services import shape_request
-from pools.api.serializers import ResourceRequestSerializer
+from pools.api.serializers import ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
 from pools.roles import is_operator
-from pools.selectors import resolve_shape
 from scheduling.models import Lease, LeaseEvent
 
 MAX_DURATION_S = 7 * 24 * 3600
@@ -201,18 +199,7 @@ class LeaseCreateSerializer(serializers.Serializer):
         return pool
 
     def validate(self, attrs):
-        pool = attrs["pool"]
-        if ("shape" in attrs) == ("resources" in attrs):
-            raise serializers.ValidationError(
-                {"shape": "Give exactly one of shape (a catalogue name) or resources (inline)."}
-            )
-        if "shape" in attrs:
-            shape = resolve_shape(pool, attrs["shape"])
-            if shape is None:
-                raise serializers.ValidationError({"shape": f"Pool {pool.slug} has no such shape."})
-            attrs["request"] = shape_request(shape)
-        else:
-            attrs["request"] = dict(attrs["resources"])
+        _, attrs["request"] = shape_or_resources(attrs)
         if "duration_s" not in attrs:
             attrs["duration_s"] = int(settings.LEASE_DEFAULT_TTL.total_seconds())
         return attrs
