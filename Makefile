@@ -47,7 +47,7 @@ test: $(VENV)/.test-deps services lint
 ## bench: benchmarks (apart from tests), JSON on stdout
 bench: $(VENV)/.test-deps services
 	$(BIN)/python -m scheduling.bench.placement --quick
-	$(BIN)/python manage.py bench_leases --clients 16 --seconds 10 --json --settings=config.settings_test
+	$(BIN)/python manage.py bench_leases --clients 64 --seconds 10 --json
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis
