@@ -8,6 +8,9 @@ class ProjectConfig(AppConfig):
     name = "config"
     verbose_name = "Compute Pool"
 
+    def ready(self):
+        from . import schema  # noqa: F401  (registers the OpenAPI auth extensions)
+
 
 class PolicyAdminConfig(AdminConfig):
     default_site = "config.admin_site.PolicyAdminSite"

@@ -19,6 +19,7 @@ from pools.api.serializers import (
     TenantSerializer,
 )
 from pools.choices import PlatformRole
+from pools.models import ApiToken, Tenant
 from pools.roles import has_platform_role, is_tenant_admin, tenant_roles
 
 
@@ -44,6 +45,8 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_field = "slug"
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation, no user
+            return Tenant.objects.none()
         return selectors.tenants_visible_to(self.request.user)
 
     @extend_schema(request=MembershipSerializer, responses=MembershipSerializer(many=True))
@@ -113,6 +116,8 @@ class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPerson]
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
         return selectors.tokens_of(self.request.user)
 
     def create(self, request, *args, **kwargs):
