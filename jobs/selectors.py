@@ -1,8 +1,20 @@
+from django.db.models import OuterRef, Subquery
+
 from .models import Job
 
 
 def jobs_visible_to(user):
     return Job.objects.visible_to(user).select_related("tenant", "pool", "shape", "priority_class")
+
+
+def jobs_for_console(user, limit: int = 100):
+    """With the node of each job's newest lease, so people see where their work landed."""
+    from scheduling.models import Lease
+
+    newest = Lease.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-id")
+    return jobs_visible_to(user).annotate(node_name=Subquery(newest.values("node__name")[:1]))[
+        :limit
+    ]
 
 
 def image_refusal(pool, image: str) -> str | None:

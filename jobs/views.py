@@ -6,7 +6,7 @@ from django.shortcuts import render
 from pools.roles import is_operator
 from pools.selectors import tenants_visible_to
 
-from .selectors import jobs_visible_to
+from .selectors import jobs_for_console
 
 
 def console_context(request, **extra):
@@ -15,7 +15,7 @@ def console_context(request, **extra):
 
 @login_required
 def jobs_page(request):
-    jobs = jobs_visible_to(request.user)[:100]
+    jobs = jobs_for_console(request.user)
     tenants = tenants_visible_to(request.user)
     return render(
         request, "console/jobs.html", console_context(request, jobs=jobs, tenants=tenants)
@@ -24,5 +24,5 @@ def jobs_page(request):
 
 @login_required
 def job_table(request):
-    jobs = jobs_visible_to(request.user)[:100]
+    jobs = jobs_for_console(request.user)
     return render(request, "console/_job_table.html", {"jobs": jobs})

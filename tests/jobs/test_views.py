@@ -8,9 +8,11 @@ from django.db import connection
 from playwright.sync_api import expect
 
 from jobs.services import job_cancel, job_submit
+from nodes.services import node_mark_ready, node_register, node_verify
 from pools.actors import Actor
 from pools.choices import TenantRole
 from pools.services import membership_set, pool_create, tenant_create
+from scheduling.passes import scheduling_pass
 from tests.browser import chromium_page, sign_in
 from tests.conftest import make_user
 
@@ -48,11 +50,17 @@ class TestJobsConsole(ChannelsLiveServerTestCase):
     def test_member_sees_own_jobs_and_live_events(self):
         mine = self._submit(self.tenant, "resnet-train")
         self._submit(self.other, "someone-elses")
+        node = node_register(
+            pool=self.pool, name="cpu-7", actor=self.actor, cpu_millicores=16000, memory_mib=65536
+        )
+        node_mark_ready(node=node_verify(node=node, actor=self.actor), actor=self.actor)
+        assert mine.pk in scheduling_pass().placed
         with chromium_page() as page:
             sign_in(page, self.live_server_url, "alice", "pw-alice")
             row = page.locator(f"tr[data-job='{mine.pk}']")
             expect(row).to_contain_text("resnet-train")
-            expect(row).to_contain_text("Queued")
+            expect(row).to_contain_text("Leased")
+            expect(row).to_contain_text("cpu-7")  # where it landed
             expect(page.locator("#job-table")).not_to_contain_text("someone-elses")
             page.wait_for_function("window.jobEventsSocketOpen === true")
             # Playwright's loop owns this thread; the service runs where a view would, in another
