@@ -23,6 +23,7 @@ env = environ.Env(
     API_TOKEN_DEFAULT_TTL_DAYS=(int, 90),
     LEASE_DEFAULT_TTL_SECONDS=(int, 300),
     LEASE_GROUP_COMMIT=(bool, True),
+    DATABASE_POOL_MAX_SIZE=(int, 0),
     API_TOKEN_AUTH_CACHE_SECONDS=(float, 5.0),
 )
 if (BASE_DIR / ".env").exists():
@@ -87,6 +88,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite serialises writers; a busy timeout turns lock contention into waiting, not errors.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env(
+    "DATABASE_POOL_MAX_SIZE"
+):
+    # psycopg's connection pool (Django's native support): no connect per request.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 2,
+        "max_size": env("DATABASE_POOL_MAX_SIZE"),
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -58,3 +58,28 @@ def test_sqlite_default_runs_the_product_path(tmp_path):
 def test_migrations_are_complete(db):
     # Raises SystemExit(1) when a model change has no migration.
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+def test_postgresql_connection_pool_is_configurable():
+    env = os.environ | {
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
+        "DATABASE_POOL_MAX_SIZE": "8",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
+    script = (
+        "import django; django.setup();"
+        "from django.db import connection;"
+        "connection.ensure_connection();"
+        "pool = connection.settings_dict['OPTIONS']['pool'];"
+        "print(pool['max_size'], connection.pool is not None)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.split() == ["8", "True"]
