@@ -15,6 +15,7 @@ django_asgi_app = get_asgi_application()
 if settings.DEBUG:  # `make run` serves the console's static files itself
     django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
 
+from config.heap import freeze_startup_objects  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -25,3 +26,4 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+freeze_startup_objects()

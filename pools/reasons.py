@@ -67,3 +67,6 @@ class Reason(models.TextChoices):
     DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
     CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
     CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"
+
+
+REASON_CODES = frozenset(Reason.values)  # `Reason.values` builds a new list on every access

@@ -13,7 +13,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from .actors import Actor
-from .reasons import Reason
+from .reasons import REASON_CODES
 
 
 class TransitionRefused(Exception):
@@ -63,7 +63,7 @@ class EventBase(models.Model):
         at=None,
         data: dict | None = None,
     ):
-        if reason not in Reason.values:
+        if reason not in REASON_CODES:
             raise ValueError(f"unknown reason code {reason!r}")
         return cls(
             **{cls.subject_field: subject},

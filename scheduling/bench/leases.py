@@ -119,7 +119,7 @@ def start_servers(
                     str(worker_connections),
                     "--log-level",
                     "warning",
-                    "scheduling.bench.wsgi:application",
+                    "config.wsgi:application",
                 ],
                 cwd=BASE_DIR,
                 env=env,

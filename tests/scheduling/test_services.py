@@ -6,6 +6,7 @@ import pytest
 from django.utils import timezone
 
 from nodes.services import node_drain
+from pools.actors import Actor
 from pools.models import Quota
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
@@ -41,6 +42,30 @@ def test_reserve_takes_capacity_and_release_returns_it(lpool, ltenant, lnode):
     assert again.state == LeaseState.RELEASED
     assert lease.events.count() == 2
     assert_ledger_ok(lpool)
+
+
+def test_reserved_lease_and_event_are_stored_exactly_as_returned(lpool, ltenant, lnode, member):
+    """The reserve statement sends its rows as one JSON document: every column must come back
+    from the database as the caller saw it (timestamps to the microsecond, JSON, nulls)."""
+    now = timezone.now().replace(microsecond=123456)
+    actor = Actor.for_user(member)
+    lease = services.lease_reserve(
+        pool=lpool,
+        tenant=ltenant,
+        request=cpu_request(1500, 2048, 100),
+        actor=actor,
+        duration=timedelta(seconds=90.5),
+        now=now,
+    )
+    stored = Lease.objects.get(pk=lease.pk)
+    for field in Lease._meta.concrete_fields:
+        assert getattr(stored, field.attname) == getattr(lease, field.attname), field.name
+    assert stored.expires_at == now + timedelta(seconds=90.5)
+    assert stored.created_by_id == member.pk and stored.job_id is None
+    assert stored.request == cpu_request(1500, 2048, 100)
+    event = stored.events.get()
+    assert (event.at, event.actor_user_id, event.to_state) == (now, member.pk, "reserved")
+    assert event.data == {"node": lnode.name, "score": lease.placement["score"]}
 
 
 def test_preferred_is_granted_when_free(lpool, ltenant, lnode):
