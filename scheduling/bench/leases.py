@@ -91,6 +91,11 @@ def default_server() -> str:
     return "daphne"
 
 
+def keeps_alive(threads: int, worker_connections: int) -> bool:
+    """Whether gunicorn gthread keeps client connections alive under this configuration."""
+    return worker_connections > threads
+
+
 def start_servers(
     workers: int, env: dict, server: str, threads: int = 32, worker_connections: int = 1000
 ) -> tuple[list[str], list[subprocess.Popen]]:
@@ -117,6 +122,11 @@ def start_servers(
                     "2048",
                     "--worker-connections",
                     str(worker_connections),
+                    # gthread keeps a connection alive only while fewer than
+                    # worker_connections - threads are idle; with no room it answers
+                    # `Connection: close` anyway. Said explicitly (and without its warning).
+                    "--keep-alive",
+                    "2" if keeps_alive(threads, worker_connections) else "0",
                     "--log-level",
                     "warning",
                     "config.wsgi:application",
@@ -412,11 +422,16 @@ def run(
             server = server or default_server()
             # Each gthread worker accepts keep-alive connections as fast as its main thread wins
             # the GIL: without a cap one worker often held 2-3x the other's connections and the
-            # run was bound by that one process (the machine 57 % busy). The cap spreads them.
+            # run was bound by that one process (the machine 57 % busy). The default cap (no
+            # more connections than threads) leaves gthread no room for idle connections, so it
+            # answers `Connection: close`: every request is a new loopback connection, taken by
+            # whichever worker accepts first, which spreads the load. A larger
+            # --worker-connections keeps connections alive (docs/benchmarks.md compares both).
             cap = worker_connections or max(threads, -(-clients // workers))
+            keep_alive = keeps_alive(threads, cap) if server == "gunicorn" else None
             urls, procs = start_servers(workers, env, server, threads, cap)
         else:
-            urls = [url]
+            urls, keep_alive = [url], None
         body = {
             "pool": pool.slug,
             "tenant": tenant.slug,
@@ -484,6 +499,7 @@ def run(
             "seconds": seconds,
             "offered_rate": rate or None,
             "server": server if procs else "external",
+            "keep_alive": keep_alive,
             "workers": workers if procs else None,
             "nodes": nodes,
             "url": urls[0] if len(urls) == 1 else urls,
