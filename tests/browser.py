@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 CHROMIUM = "/usr/bin/chromium"
 # Closed network here: keep Chromium from reaching out (it would be refused, many at a time).
@@ -38,6 +39,10 @@ def chromium_page():
             yield page
         finally:
             browser.close()
+            # Inside Playwright's context the test's ORM calls got their own connection
+            # (Django keeps connections per context); close it here, or the test database
+            # could not be dropped at the end of the session.
+            connections.close_all()
 
 
 def sign_in(page, base_url: str, username: str, password: str):
