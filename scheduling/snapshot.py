@@ -148,6 +148,11 @@ def _lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
                     for a in lease["gpu_allocations"] or ()
                     if not a.get("mig_slots")
                 ),
+                mig_slots=tuple(
+                    (a["index"], a["mig_slots"])
+                    for a in lease["gpu_allocations"] or ()
+                    if a.get("mig_slots")
+                ),
             )
         )
     return tuple(sorted(ends, key=lambda x: (x.ends_at, x.lease_id)))

@@ -25,6 +25,7 @@ from .types import (
     DeviceShare,
     Explanation,
     GangPlacement,
+    GpuView,
     Grant,
     MigSlice,
     NearMiss,
@@ -432,11 +433,17 @@ _WAITABLE = frozenset(
 def _without_leases(node: NodeView, leases) -> NodeView:
     """The node once ``leases`` have ended and given their capacity back."""
     freed_milli: dict[int, int] = {}
+    freed_slots: dict[int, int] = {}
     for lease in leases:
         for index, milli in lease.gpu_milli:
             freed_milli[index] = freed_milli.get(index, 0) + milli
+        for index, mask in lease.mig_slots:
+            freed_slots[index] = freed_slots.get(index, 0) | mask
     gpus = []
     for g in node.gpus:
+        if g.index in freed_slots:
+            gpus.append(_without_mig_slots(g, freed_slots[g.index]))
+            continue
         extra = freed_milli.get(g.index, 0)
         if not extra:
             gpus.append(g)
@@ -450,6 +457,18 @@ def _without_leases(node: NodeView, leases) -> NodeView:
         free_scratch_mib=node.free_scratch_mib + sum(x.scratch_mib for x in leases),
         gpus=tuple(gpus),
     )
+
+
+def _without_mig_slots(gpu: GpuView, mask: int) -> GpuView:
+    """A MIG device once the slices covering ``mask``'s memory slices are destroyed."""
+    profiles = profiles_for(gpu.model, gpu.memory_mib)
+    kept = tuple(s for s in gpu.mig_slices if not occupied_slices((s,), profiles) & _bits(mask))
+    carved = len(occupied_slices(kept, profiles))
+    return replace(gpu, mig_slices=kept, free_milli=max(0, 1000 - 125 * carved))
+
+
+def _bits(mask: int) -> set[int]:
+    return {bit for bit in range(8) if mask >> bit & 1}
 
 
 def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):

@@ -108,7 +108,8 @@ class NumaView:
 class LeaseEnd:
     """A lease holding capacity on a node, when it ends and what it frees then.
 
-    ``gpu_milli`` is ``((device index, milli-GPU), ...)``; MIG slices are not modelled here.
+    ``gpu_milli`` is ``((device index, milli-GPU), ...)`` of whole or shared devices;
+    ``mig_slots`` is ``((device index, memory-slice bitmask), ...)`` of the MIG slices it holds.
     ``ends_at`` is whatever the caller orders by (the adapter passes aware datetimes).
     """
 
@@ -118,12 +119,14 @@ class LeaseEnd:
     memory_mib: int = 0
     scratch_mib: int = 0
     gpu_milli: tuple[tuple[int, int], ...] = ()
+    mig_slots: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LeaseEnd:
         data = dict(data)
         data["lease_id"] = str(data.get("lease_id", ""))
-        data["gpu_milli"] = tuple(tuple(pair) for pair in data.get("gpu_milli", ()))
+        for key in ("gpu_milli", "mig_slots"):
+            data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
         return _from_mapping(cls, data)
 
 

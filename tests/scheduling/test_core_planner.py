@@ -357,6 +357,28 @@ def test_nearest_miss_says_when_a_lease_ending_makes_room():
     assert four.fits_at is None and "lease" not in four.message
 
 
+def test_nearest_miss_counts_the_mig_slices_a_lease_ending_destroys():
+    from scheduling.core.types import LeaseEnd, MigSlice
+
+    node = gpu_node("mig-1", gpus=1, sharing="mig")
+    carved = (MigSlice("3g.40gb", 0), MigSlice("3g.40gb", 4))  # both halves taken
+    node = replace(
+        node,
+        gpus=(replace(node.gpus[0], mig_slices=carved, free_milli=0),),
+        leases=(
+            LeaseEnd("late", "T+3h", mig_slots=((0, 0b1111_0000),)),
+            LeaseEnd("early", "T+1h", mig_slots=((0, 0b0000_1111),)),
+        ),
+    )
+    half = Request(gpu_count=1, sharing="mig", mig_profile="3g.40gb")
+    near = place(half, [node], POLICY).nearest_miss
+    assert near.fits_at == "T+1h" and near.after_leases == ("early",)
+    assert "when lease early ends at T+1h" in near.message
+    # the whole device needs both slices destroyed
+    whole = place(replace(half, mig_profile="7g.80gb"), [node], POLICY).nearest_miss
+    assert whole.fits_at == "T+3h" and whole.after_leases == ("early", "late")
+
+
 def test_the_earliest_node_to_free_up_may_not_be_the_nearest_miss():
     from datetime import UTC, datetime
 

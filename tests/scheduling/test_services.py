@@ -148,8 +148,10 @@ def test_exclusive_gpus_timeslice_shares_and_mig_slices(lpool, ltenant, ltenant2
     slices.append(reserve(lpool, ltenant2, gpu_request("mig", 1, mig_profile="3g.40gb")))
     masks = [s.gpu_allocations[0]["mig_slots"] for s in slices]
     assert masks[0] & masks[1] == 0
-    with pytest.raises(services.NoCapacity):
+    with pytest.raises(services.NoCapacity) as caught:
         reserve(lpool, ltenant, gpu_request("mig", 1, mig_profile="1g.10gb"))
+    # the refusal says which slice to wait for: the one that ends first
+    assert caught.value.explanation["nearest_miss"]["after_leases"] == [str(slices[0].pk)]
     assert_ledger_ok(lpool)
     for s in slices:
         services.lease_release(lease=s, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
