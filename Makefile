@@ -47,7 +47,9 @@ test: $(VENV)/.test-deps services lint
 ## bench: benchmarks (apart from tests), JSON on stdout
 bench: $(VENV)/.test-deps services
 	$(BIN)/python -m scheduling.bench.placement --quick
-	$(BIN)/python manage.py bench_leases --clients 64 --seconds 10 --json
+	for clients in 1 16 64; do \
+		$(BIN)/python manage.py bench_leases --clients $$clients --seconds 10 --json || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis
