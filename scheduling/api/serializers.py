@@ -8,6 +8,7 @@ from rest_framework import serializers
 from pools.api.serializers import ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
 from pools.roles import is_operator
+from scheduling.choices import HOLDING
 from scheduling.models import Lease, LeaseEvent
 
 MAX_DURATION_S = 7 * 24 * 3600
@@ -89,23 +90,10 @@ class LeaseSerializer(serializers.ModelSerializer):
         return lease.placement.get("node") or lease.node.name
 
     def get_held(self, lease) -> dict:
-        holding = lease.state in ("reserved", "committed", "uncertain")
-        return {
-            "cpu_millicores": lease.cpu_millicores if holding else 0,
-            "memory_mib": lease.memory_mib if holding else 0,
-            "scratch_mib": lease.scratch_mib if holding else 0,
-            "gpu_milli": lease.gpu_milli if holding else 0,
-        }
+        return _held(lease)
 
     def get_consumed(self, lease) -> dict | None:
-        if lease.usage_reported_at is None:
-            return None
-        return {
-            "cpu_millicores": lease.used_cpu_millicores,
-            "memory_mib": lease.used_memory_mib,
-            "gpu_milli": lease.used_gpu_milli,
-            "reported_at": lease.usage_reported_at,
-        }
+        return _consumed(lease)
 
 
 def _iso(value):
@@ -115,18 +103,30 @@ def _iso(value):
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
+def _held(lease: Lease) -> dict:
+    holding = lease.state in HOLDING
+    return {
+        "cpu_millicores": lease.cpu_millicores if holding else 0,
+        "memory_mib": lease.memory_mib if holding else 0,
+        "scratch_mib": lease.scratch_mib if holding else 0,
+        "gpu_milli": lease.gpu_milli if holding else 0,
+    }
+
+
+def _consumed(lease: Lease) -> dict | None:
+    if lease.usage_reported_at is None:
+        return None
+    return {
+        "cpu_millicores": lease.used_cpu_millicores,
+        "memory_mib": lease.used_memory_mib,
+        "gpu_milli": lease.used_gpu_milli,
+        "reported_at": _iso(lease.usage_reported_at),
+    }
+
+
 def lease_representation(lease: Lease) -> dict:
     """LeaseSerializer's output, built directly: the hot path skips DRF's per-instance field
     construction (a few milliseconds per request)."""
-    holding = lease.state in ("reserved", "committed", "uncertain")
-    consumed = None
-    if lease.usage_reported_at is not None:
-        consumed = {
-            "cpu_millicores": lease.used_cpu_millicores,
-            "memory_mib": lease.used_memory_mib,
-            "gpu_milli": lease.used_gpu_milli,
-            "reported_at": _iso(lease.usage_reported_at),
-        }
     return {
         "id": lease.pk,
         "pool": lease.pool.slug,
@@ -151,13 +151,8 @@ def lease_representation(lease: Lease) -> dict:
         "window_end": _iso(lease.window_end),
         "tolerance_s": lease.tolerance_s,
         "backfill_of": lease.backfill_of_id,
-        "held": {
-            "cpu_millicores": lease.cpu_millicores if holding else 0,
-            "memory_mib": lease.memory_mib if holding else 0,
-            "scratch_mib": lease.scratch_mib if holding else 0,
-            "gpu_milli": lease.gpu_milli if holding else 0,
-        },
-        "consumed": consumed,
+        "held": _held(lease),
+        "consumed": _consumed(lease),
         "idempotency_key": lease.idempotency_key,
         "created_at": _iso(lease.created_at),
     }
