@@ -377,3 +377,24 @@ def test_group_commit_conflict_is_replanned(monkeypatch):
     # both nodes are alike: the same policy picked the same node on the same (stale) view
     assert lease.placement["attempts"] == 2 and lease.node.name != calls[1]
     assert_ledger_ok(pool)
+
+
+def test_a_repeated_reserve_costs_a_fixed_handful_of_statements(lpool, ltenant, lnode, lmember):
+    """The hot path stays a few round trips whatever the pool holds: no query per node, per
+    lease or per field creeps in (the latency target depends on it)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for i in range(8):
+        make_node(lpool, f"extra-{i}", cpu=8000, memory=16384)
+    client = api_client(lmember)
+    for _ in range(3):  # warm the per-process caches (token, validated body, policy)
+        assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(URL, body(lpool, ltenant), format="json")
+    assert response.status_code == 201
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    # the snapshot, the quota check and the one guarded insert statement; SAVEPOINT/RELEASE are
+    # the test's own transaction (outside a test: BEGIN travels with the first, then COMMIT)
+    work = [s for s in statements if s not in ("SAVEPOINT", "RELEASE")]
+    assert work == ["SELECT", "SELECT", "WITH"], statements
