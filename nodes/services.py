@@ -1151,40 +1151,33 @@ def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[
         ).distinct()
         why = f"drain deadline of node {node.name} passed"
         for job in jobs:
+            # (to, why, outcome bucket, whether its leases end now) for each kind of work
             if job.state == JobState.RUNNING and job.checkpointable:
-                job_transition(
-                    job=job,
-                    to=JobState.CHECKPOINTING,
-                    actor=actor,
-                    reason=Reason.DRAIN_DEADLINE,
-                    message=f"{why}: checkpoint, then re-queue",
-                    now=now,
-                )
-                outcome["checkpointing"].append(job.pk)
+                step = (JobState.CHECKPOINTING, "checkpoint, then re-queue", "checkpointing", False)
             elif job.state in (JobState.LEASED, JobState.STARTING):
-                job_transition(
-                    job=job,
-                    to=JobState.QUEUED,
-                    actor=actor,
-                    reason=Reason.DRAIN_DEADLINE,
-                    message=f"{why}: not started, re-queued",
-                    now=now,
-                )
-                _end_job_leases(node, job, actor=actor, now=now)
-                outcome["requeued"].append(job.pk)
+                step = (JobState.QUEUED, "not started, re-queued", "requeued", True)
             elif job.state == JobState.RUNNING and policy == DrainPolicy.FAIL:
-                job_transition(
-                    job=job,
-                    to=JobState.FAILED,
-                    actor=actor,
-                    reason=Reason.DRAIN_DEADLINE,
-                    message=f"{why}: not checkpointable, stopped (pool policy: fail)",
-                    now=now,
+                step = (
+                    JobState.FAILED,
+                    "not checkpointable, stopped (pool policy: fail)",
+                    "failed",
+                    True,
                 )
-                _end_job_leases(node, job, actor=actor, now=now)
-                outcome["failed"].append(job.pk)
             else:
                 outcome["left_running"].append(job.pk)
+                continue
+            to, what, bucket, end_leases = step
+            job_transition(
+                job=job,
+                to=to,
+                actor=actor,
+                reason=Reason.DRAIN_DEADLINE,
+                message=f"{why}: {what}",
+                now=now,
+            )
+            if end_leases:
+                _end_job_leases(node, job, actor=actor, now=now)
+            outcome[bucket].append(job.pk)
         _event(
             node,
             actor=actor,
