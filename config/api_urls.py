@@ -1,25 +1,28 @@
-"""/api/v1/: every app registers its viewsets on one router."""
+"""/api/v1/: every app registers its viewsets on one router; every route, the hand-written ones
+too, matches with and without its trailing slash (pools/api/routers.py)."""
 
-from django.urls import include, path
-from rest_framework.routers import DefaultRouter
+from django.urls import include, path, re_path
 
 from jobs.api.views import JobViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
+from pools.api.routers import OptionalSlashRouter
 from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
+from scheduling.api.views import LeaseViewSet
 
-router = DefaultRouter()
+router = OptionalSlashRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("pools", PoolViewSet, basename="pool")
 router.register("shapes", ShapeViewSet, basename="shape")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("jobs", JobViewSet, basename="job")
+router.register("compute-leases", LeaseViewSet, basename="compute-lease")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
 router.register("enroll", EnrollViewSet, basename="enroll")
 router.register("agent", AgentViewSet, basename="agent")
 
 urlpatterns = [
-    path("me", me, name="me"),
+    re_path(r"^me/?$", me, name="me"),
     path("", include("scheduling.api.urls")),
     path("", include(router.urls)),
 ]

@@ -13,6 +13,8 @@ app.autodiscover_tasks()
 # Sweeps take `now` themselves and use guarded updates, so running them on several beat
 # schedulers or workers at once is safe (a second run finds 0 rows to change).
 app.conf.beat_schedule = {
+    # Proves to /healthz that beat schedules and a worker runs (config/tasks.py).
+    "health-beat": {"task": "config.health_beat", "schedule": 5.0},
     "scheduling-pass": {"task": "scheduling.pass", "schedule": 2.0},
     "scheduling-requeue-stranded-jobs": {
         "task": "scheduling.requeue_stranded_jobs",

@@ -27,9 +27,10 @@ PEOPLE = [
     ("paula", "paula-demo-pass", {}, [PlatformRole.POLICY_ADMIN]),
 ]
 PRIORITIES = [
-    ("production", 1000, False, "Serving and deadlines"),
-    ("batch", 100, True, "Default for training and batch"),
-    ("scavenger", 0, True, "Runs on leftovers, preempted first"),
+    # name, value, preemptible, description, minimum tenant role to submit at it
+    ("production", 1000, False, "Serving and deadlines", TenantRole.ADMIN),
+    ("batch", 100, True, "Default for training and batch", TenantRole.MEMBER),
+    ("scavenger", 0, True, "Runs on leftovers, preempted first", TenantRole.MEMBER),
 ]
 SHAPES = [
     dict(
@@ -129,10 +130,15 @@ def load_demo() -> list[tuple[str, str, str]]:
             pool=pool,
             defaults={"cpu_millicores": 64000, "memory_mib": 262144, "gpus": 4},
         )
-    for name, value, preemptible, description in PRIORITIES:
+    for name, value, preemptible, description, minimum_role in PRIORITIES:
         PriorityClass.objects.update_or_create(
             name=name,
-            defaults={"value": value, "preemptible": preemptible, "description": description},
+            defaults={
+                "value": value,
+                "preemptible": preemptible,
+                "description": description,
+                "minimum_role": minimum_role,
+            },
         )
     for shape in SHAPES:
         ResourceShape.objects.update_or_create(

@@ -55,14 +55,19 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "config.middleware.CommonMiddleware",  # Django's, without redirects under /api/
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+
+# Request bodies above 1 MiB are refused (a JSON 413 on the API, pools/api/errors.py): the
+# largest legitimate one, a node's inventory, is a few KiB.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
@@ -116,7 +121,17 @@ LOGIN_REDIRECT_URL = "/"
 
 REDIS_URL = env("REDIS_URL")
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # Failed sign-ins (config/throttle.py) live in Redis so that every server process counts
+    # them together; short timeouts so that a dead Redis costs a sign-in at most a second.
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "computepool:throttle",
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+    },
+}
 
 CHANNEL_LAYERS = {
     "default": {
@@ -133,7 +148,13 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON and forms, refusing NUL and deep nesting (pools/api/parsers.py)
+    "DEFAULT_PARSER_CLASSES": [
+        "pools.api.parsers.JSONParser",
+        "pools.api.parsers.FormParser",
+        "pools.api.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "pools.api.pagination.LimitOffsetPagination",  # limit ≤ 1000
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "pools.api.errors.exception_handler",

@@ -1,5 +1,7 @@
 from django.db.models import OuterRef, Subquery
 
+from pools.images import parse_image_reference
+
 from .models import Job
 
 
@@ -22,9 +24,13 @@ def image_refusal(pool, image: str) -> str | None:
     registries = list(pool.registries.all())
     if not registries:
         return f"pool {pool.slug} allows no image registry"
+    try:
+        ref = parse_image_reference(image)
+    except ValueError as exc:
+        return str(exc)
     for registry in registries:
-        if image.startswith(registry.prefix):
-            if registry.require_digest and "@sha256:" not in image:
+        if ref.is_under(registry.prefix):
+            if registry.require_digest and not ref.digest:
                 return f"images from {registry.prefix} must be pinned by digest (@sha256:…)"
             return None
     allowed = ", ".join(r.prefix for r in registries)

@@ -9,6 +9,8 @@ from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, ResourceShape, Tenant
 from pools.reasons import Reason
 from pools.statemachine import transition
+from scheduling.choices import HOLDING
+from scheduling.services import check_ever_fits, lease_release
 
 from .choices import JOB_TRANSITIONS, JobState
 from .events import publish_job_event
@@ -32,6 +34,10 @@ def job_submit(
 ) -> Job:
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
+    resources = shape.as_request() if shape else resources
+    # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
+    # forever: the same answer as POST /compute-leases.
+    check_ever_fits(pool=pool, tenant=tenant, request=resources)
     with transaction.atomic():
         job = Job.objects.create(
             tenant=tenant,
@@ -39,7 +45,7 @@ def job_submit(
             name=name,
             image=image,
             shape=shape,
-            resources=shape.as_request() if shape else resources,
+            resources=resources,
             command=command or [],
             env=env or {},
             priority_class=priority_class,
@@ -95,14 +101,36 @@ def job_note_pending(*, job: Job, explanation: dict, now=None) -> None:
     )
 
 
-def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
-    return job_transition(
-        job=job,
-        to=JobState.CANCELLED,
-        actor=actor,
-        reason=Reason.CANCELLED_BY_USER,
-        message=message or "cancelled",
+def jobs_note_pending(*, tenant_id: int, pool_id: int, explanation: dict, now=None) -> int:
+    """The same for every queued job of a tenant in a pool at once (the scheduling pass skips a
+    tenant at its quota); jobs that already say so are not rewritten on every pass."""
+    return (
+        Job.objects.filter(state=JobState.QUEUED, tenant_id=tenant_id, pool_id=pool_id)
+        .exclude(pending_reason=explanation)
+        .update(pending_reason=explanation, pending_checked_at=now or timezone.now())
     )
+
+
+def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
+    """Cancelled, and its leases released in the same transaction: the capacity is back at
+    once, and the node cannot keep renewing a lease for work nobody wants."""
+    with transaction.atomic():
+        job = job_transition(
+            job=job,
+            to=JobState.CANCELLED,
+            actor=actor,
+            reason=Reason.CANCELLED_BY_USER,
+            message=message or "cancelled",
+        )
+        # after the job's row lock: a pass that placed it meanwhile has committed its lease
+        for lease in job.leases.filter(state__in=HOLDING).order_by("id"):
+            lease_release(
+                lease=lease,
+                actor=actor,
+                reason=Reason.RELEASED_JOB_ENDED,
+                message=f"job {job.pk} was cancelled",
+            )
+    return job
 
 
 def job_finish(*, job: Job, actor: Actor, exit_code: int, message: str = "") -> Job:

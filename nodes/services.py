@@ -5,7 +5,9 @@ Every write to a node goes through here. A lifecycle change goes through `node_t
 capacity or of credentials writes a NodeEvent too, with from_state == to_state == the node's
 state, so the node's event list is the whole story of why it is where it is.
 
-Sweeps take `now` and use guarded updates: "0 rows updated" means another worker did it.
+Sweeps take `now` and use guarded updates: "0 rows updated" means another worker did it. Each
+node of a sweep is handled in its own transaction (`_each_node`): one bad row never stops the
+others.
 """
 
 from __future__ import annotations
@@ -908,6 +910,22 @@ def node_mark_unreachable(*, node: Node, cutoff, actor: Actor, now=None) -> bool
     return True
 
 
+def _each_node(nodes, step, *, actor: Actor, now) -> dict:
+    """{node id: step(node)} for each node, each in its own transaction. A node whose step
+    raises is rolled back, left out, and the error recorded on it (`sweep_failed`, once per
+    distinct error) and logged; the sweep goes on with the next node."""
+    results = {}
+    for node in nodes:
+        try:
+            with transaction.atomic():
+                results[node.pk] = step(node)
+        except Exception as error:
+            lease_services.record_sweep_failure(
+                Node, node.pk, event_model=NodeEvent, actor=actor, error=error, now=now
+            )
+    return results
+
+
 def node_heartbeat_sweep(*, now=None) -> list[int]:
     """Mark silent nodes unreachable (per-pool interval × missed beats). Returns node ids."""
     now = now or timezone.now()
@@ -924,9 +942,15 @@ def node_heartbeat_sweep(*, now=None) -> list[int]:
                 | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
             )
         )
-        for node in silent:
-            if node_mark_unreachable(node=node, cutoff=cutoff, actor=actor, now=now):
-                marked.append(node.pk)
+        done = _each_node(
+            silent,
+            lambda node, cutoff=cutoff: node_mark_unreachable(
+                node=node, cutoff=cutoff, actor=actor, now=now
+            ),
+            actor=actor,
+            now=now,
+        )
+        marked += [pk for pk, changed in done.items() if changed]
     return marked
 
 
@@ -1103,12 +1127,13 @@ def inventory_reconcile_sweep(*, now=None) -> dict[int, list[dict]]:
             | Q(inventory_reconciled_at__lt=F("inventory_reported_at"))
         )
     )
-    results = {}
-    for node in pending:
-        diffs = node_inventory_reconcile(node=node, actor=actor, now=now)
-        if diffs:
-            results[node.pk] = diffs
-    return results
+    results = _each_node(
+        pending,
+        lambda node: node_inventory_reconcile(node=node, actor=actor, now=now),
+        actor=actor,
+        now=now,
+    )
+    return {pk: diffs for pk, diffs in results.items() if diffs}
 
 
 # --------------------------------------------------------------------------- drain
@@ -1230,17 +1255,19 @@ def node_drain_sweep(*, now=None) -> dict[str, list[int]]:
     """Enforce passed drain deadlines and record drains that have completed."""
     now = now or timezone.now()
     actor = Actor.system("drain-sweep")
-    enforced, completed = [], []
     due = Node.objects.filter(
         state=NodeState.DRAINING, drain_deadline__lte=now, drain_enforced_at__isnull=True
     ).select_related("pool")
-    for node in due:
-        node_drain_enforce(node=node, actor=actor, now=now)
-        enforced.append(node.pk)
-    for node in Node.objects.filter(state=NodeState.DRAINING, drained_at__isnull=True):
-        if node_drain_complete(node=node, actor=actor, now=now):
-            completed.append(node.pk)
-    return {"enforced": enforced, "completed": completed}
+    enforced = _each_node(
+        due, lambda node: node_drain_enforce(node=node, actor=actor, now=now), actor=actor, now=now
+    )
+    completed = _each_node(
+        Node.objects.filter(state=NodeState.DRAINING, drained_at__isnull=True),
+        lambda node: node_drain_complete(node=node, actor=actor, now=now),
+        actor=actor,
+        now=now,
+    )
+    return {"enforced": list(enforced), "completed": [pk for pk, done in completed.items() if done]}
 
 
 def agent_job_checkpointed(*, node: Node, job, actor: Actor, now=None):

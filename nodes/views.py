@@ -1,10 +1,8 @@
 """Operator console pages for nodes: where each node is, why, and the actions on it."""
 
-from datetime import timedelta
-
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -15,6 +13,7 @@ from pools.roles import is_operator
 from pools.statemachine import TransitionRefused
 
 from . import services
+from .forms import DrainForm
 from .selectors import nodes_with_latest_event
 
 
@@ -44,9 +43,10 @@ def node_detail(request, pk: int):
 
 
 def _drain(node, actor, request):
-    minutes = int(request.POST.get("deadline_minutes") or 0)
-    deadline = timezone.now() + timedelta(minutes=minutes) if minutes > 0 else None
-    return services.node_drain(node=node, actor=actor, deadline=deadline)
+    form = DrainForm(request.POST)
+    if not form.is_valid():
+        raise ValidationError(form.error_text())
+    return services.node_drain(node=node, actor=actor, deadline=form.deadline(timezone.now()))
 
 
 ACTIONS = {
@@ -73,6 +73,10 @@ def node_action(request, pk: int, action: str):
         ACTIONS[action](node, Actor.for_user(request.user), request)
     except TransitionRefused as refused:
         error = refused.message
+    except ValidationError as invalid:  # a form field out of range: nothing was done
+        if not request.htmx:
+            return HttpResponseBadRequest(" ".join(invalid.messages), content_type="text/plain")
+        error = " ".join(invalid.messages)
     if not request.htmx:
         return redirect("console-nodes")
     node = nodes_with_latest_event().get(pk=pk)

@@ -1,7 +1,9 @@
 """Policy admins edit the catalogue here. Policy versions are immutable: edit = new version."""
 
+from django import forms
 from django.contrib import admin
 
+from . import validation
 from .actors import Actor
 from .models import (
     AllowedRegistry,
@@ -39,7 +41,11 @@ class ResourceShapeAdmin(admin.ModelAdmin):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(admin.ModelAdmin):
-    list_display = ["name", "value", "preemptible"]
+    """Who may submit at a class: listed tenants (none: all) and the minimum tenant role."""
+
+    list_display = ["name", "value", "preemptible", "minimum_role"]
+    list_filter = ["minimum_role"]
+    filter_horizontal = ["allowed_tenants"]
 
 
 @admin.register(Quota)
@@ -69,10 +75,25 @@ class SchedulingPolicyAdmin(admin.ModelAdmin):
     inlines = [PolicyVersionInline]
 
 
+class PolicyVersionForm(forms.ModelForm):
+    """Weights and knobs get the same checks as the API (pools.validation.policy_version)."""
+
+    class Meta:
+        model = SchedulingPolicyVersion
+        fields = ["policy", "weights", "knobs", "comment"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if "weights" in cleaned and "knobs" in cleaned:  # else the field already has an error
+            validation.policy_version(cleaned["weights"], cleaned["knobs"] or {})
+        return cleaned
+
+
 @admin.register(SchedulingPolicyVersion)
 class SchedulingPolicyVersionAdmin(admin.ModelAdmin):
     """Adding here publishes the next number; existing versions are read-only."""
 
+    form = PolicyVersionForm
     list_display = ["policy", "number", "comment", "created_by", "created_at"]
     fields = ["policy", "weights", "knobs", "comment"]
 

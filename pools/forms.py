@@ -1,6 +1,7 @@
 from django import forms
 
 from .choices import TokenScope
+from .roles import is_operator
 
 
 class ApiTokenForm(forms.Form):
@@ -11,3 +12,8 @@ class ApiTokenForm(forms.Form):
         initial=[TokenScope.READ, TokenScope.WRITE],
     )
     ttl_days = forms.IntegerField(min_value=1, max_value=365, initial=90, label="Valid for (days)")
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        if is_operator(user):  # only operators may hold operate (the service checks it too)
+            self.fields["scopes"].choices += [(TokenScope.OPERATE, "operate (nodes)")]

@@ -11,7 +11,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .choices import Architecture, GpuSharingClass, PlatformRole, TenantRole, TrustLevel
-from .roles import has_platform_role
+from .roles import has_platform_role, tenant_roles
+from .validation import shape_errors
 
 
 class TenantQuerySet(models.QuerySet):
@@ -146,7 +147,7 @@ class ResourceShape(models.Model):
         return {field: getattr(self, field) for field in REQUEST_FIELDS}
 
     def clean(self):
-        errors = {}
+        errors = shape_errors(self)
         sharing = self.gpu_sharing_class
         if sharing == GpuSharingClass.NONE and self.gpu_count:
             errors["gpu_sharing_class"] = "A shape with GPUs needs a sharing class."
@@ -167,11 +168,35 @@ class ResourceShape(models.Model):
             raise ValidationError(errors)
 
 
+class PriorityClassQuerySet(models.QuerySet):
+    def allowed_to(self, user, tenant):
+        """The classes `user` may submit at for `tenant`: the one check point for priorities."""
+        role = tenant_roles(user).get(tenant.pk)
+        if role is None:
+            return self.none()
+        # No tenants listed means every tenant; a (class, tenant) pair joins at most one row.
+        allowed = self.filter(Q(allowed_tenants__isnull=True) | Q(allowed_tenants=tenant))
+        if role != TenantRole.ADMIN:
+            allowed = allowed.filter(minimum_role=TenantRole.MEMBER)
+        return allowed
+
+
 class PriorityClass(models.Model):
+    objects = PriorityClassQuerySet.as_manager()
+
     name = models.SlugField(max_length=40, unique=True)
     value = models.IntegerField(help_text="Higher runs first")
     preemptible = models.BooleanField(default=True)
     description = models.CharField(max_length=200, blank=True)
+    allowed_tenants = models.ManyToManyField(
+        Tenant, blank=True, related_name="+", help_text="Only these tenants; none: every tenant"
+    )
+    minimum_role = models.CharField(
+        max_length=10,
+        choices=TenantRole.choices,
+        default=TenantRole.MEMBER,
+        help_text="Tenant admin: only a tenant's admins may submit at this class",
+    )
 
     class Meta:
         ordering = ["-value"]

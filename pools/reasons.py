@@ -67,6 +67,9 @@ class Reason(models.TextChoices):
     DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
     CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
     CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"
+    # robustness: one bad row never stops a pass or a sweep
+    SCHEDULING_ERROR = "scheduling_error", "The scheduler could not process this job"
+    SWEEP_FAILED = "sweep_failed", "A periodic sweep failed on this row; the others went on"
 
 
 REASON_CODES = frozenset(Reason.values)  # `Reason.values` builds a new list on every access

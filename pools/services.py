@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from . import validation
 from .actors import Actor
 from .choices import PlatformRole, TenantRole, TokenScope
 from .models import (
@@ -21,6 +24,7 @@ from .models import (
     new_token_secret,
     token_digest,
 )
+from .roles import has_platform_role, is_operator
 
 # Models a policy admin edits in the Django admin.
 POLICY_MODELS = (
@@ -41,6 +45,16 @@ def membership_set(*, user, tenant: Tenant, role: str = TenantRole.MEMBER) -> Me
         user=user, tenant=tenant, defaults={"role": role}
     )
     return membership
+
+
+def member_add(*, tenant: Tenant, username: str, role: str) -> Membership | None:
+    """A tenant admin adds a person by username. Unknown or inactive names and holders of a
+    platform role (operators, policy admins: they stay out of tenants) are skipped silently,
+    because the caller's answer must not tell these apart from a real add (no enumeration)."""
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None or has_platform_role(user, *PlatformRole.values):
+        return None
+    return membership_set(user=user, tenant=tenant, role=role)
 
 
 def platform_role_grant(*, user, role: str) -> None:
@@ -84,6 +98,7 @@ def policy_version_publish(
     actor: Actor,
 ) -> SchedulingPolicyVersion:
     """Editing a policy publishes version n+1; earlier versions stay as decisions recorded them."""
+    validation.policy_version(weights, knobs or {})  # a bad knob would break every reservation
     policy = SchedulingPolicy.objects.select_for_update().get(pk=policy.pk)
     last = policy.versions.order_by("-number").values_list("number", flat=True).first() or 0
     return SchedulingPolicyVersion.objects.create(
@@ -96,24 +111,62 @@ def policy_version_publish(
     )
 
 
+DEFAULT_TOKEN_SCOPES = (TokenScope.READ, TokenScope.WRITE)
+
+
 def api_token_issue(
-    *, user, name: str, scopes: list[str] | None = None, ttl: timedelta | None = None, now=None
+    *,
+    user,
+    name: str,
+    scopes: list[str] | None = None,
+    ttl: timedelta | None = None,
+    now=None,
+    parent: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
-    """Returns the token row and its secret; the secret is never stored and never shown again."""
+    """Returns the token row and its secret; the secret is never stored and never shown again.
+
+    A token never holds more than what minted it: `operate` only for operators, and a token
+    minted with another token (`parent`) has none of the scopes the parent lacks and expires no
+    later. Asking for more is a field error (400), never silently cut down; what is left out of
+    the request (scopes, ttl) defaults to the most the parent allows.
+    """
     now = now or timezone.now()
-    scopes = scopes or [TokenScope.READ, TokenScope.WRITE]
+    if scopes is None:
+        scopes = [s for s in DEFAULT_TOKEN_SCOPES if parent is None or parent.allows(s)]
+    scopes = sorted(set(scopes))
+    expires_at = now + (ttl or settings.API_TOKEN_DEFAULT_TTL)
+    if ttl is None and parent is not None:
+        expires_at = min(expires_at, parent.expires_at)
+    errors = {}
     unknown = set(scopes) - set(TokenScope.values)
-    if unknown:
-        raise ValueError(f"unknown scopes: {sorted(unknown)}")
+    beyond_parent = set(scopes) - set(parent.scopes) if parent is not None else set()
+    if not scopes:
+        errors["scopes"] = "Give at least one scope."
+    elif unknown:
+        errors["scopes"] = f"Unknown scopes: {', '.join(sorted(unknown))}."
+    elif TokenScope.OPERATE in scopes and not is_operator(user):
+        errors["scopes"] = "Only operators may hold the operate scope."
+    elif beyond_parent:
+        errors["scopes"] = (
+            f"The token you are using lacks {', '.join(sorted(beyond_parent))}; "
+            "a token cannot grant more than it holds."
+        )
+    if parent is not None and expires_at > parent.expires_at:
+        errors["ttl_days"] = (
+            "A token minted with a token cannot outlive it; yours expires at "
+            f"{parent.expires_at:%Y-%m-%d %H:%M} UTC."
+        )
+    if errors:
+        raise ValidationError(errors)
     secret = new_token_secret("u")
     token = ApiToken.objects.create(
         user=user,
         name=name,
         digest=token_digest(secret),
         prefix=secret[:10],
-        scopes=sorted(scopes),
+        scopes=scopes,
         created_at=now,
-        expires_at=now + (ttl or settings.API_TOKEN_DEFAULT_TTL),
+        expires_at=expires_at,
     )
     return token, secret
 

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
@@ -15,15 +16,18 @@ from .forms import ApiTokenForm
 @login_required
 def tokens_page(request):
     secret = None
-    form = ApiTokenForm(request.POST or None)
+    form = ApiTokenForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
-        _, secret = services.api_token_issue(
-            user=request.user,
-            name=form.cleaned_data["name"],
-            scopes=form.cleaned_data["scopes"],
-            ttl=timedelta(days=form.cleaned_data["ttl_days"]),
-        )
-        form = ApiTokenForm()
+        try:
+            _, secret = services.api_token_issue(
+                user=request.user,
+                name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"],
+                ttl=timedelta(days=form.cleaned_data["ttl_days"]),
+            )
+            form = ApiTokenForm(user=request.user)
+        except ValidationError as exc:  # the service's rules, shown on the form's fields
+            form.add_error(None, exc)
     context = console_context(
         request, form=form, secret=secret, tokens=selectors.tokens_of(request.user)
     )

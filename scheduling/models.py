@@ -57,6 +57,9 @@ class Lease(models.Model):
     committed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
+    # What the keyed reserve asked for (pool, resources, duration or window), so a retry with
+    # the same key and another body is refused instead of answered with this lease.
+    idempotency_digest = models.CharField(max_length=64, blank=True, default="")
     # A reservation for scheduled work: holds its capacity for the window (start, end) and must
     # be claimed (committed) within `tolerance_s` of the start, or the sweep releases it.
     window_start = models.DateTimeField(null=True, blank=True)

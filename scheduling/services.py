@@ -6,6 +6,7 @@ guarded compare-and-set UPDATEs in the same transaction as the lease row:
 
     UPDATE node SET cpu_reserved = cpu_reserved + x ...
      WHERE id = n AND cpu_reserved <= cpu_allocatable - x AND ... AND state = 'ready'
+       AND reachability = 'reachable'   -- a node lost since the snapshot gets nothing new
 
 Reserve = read a snapshot without locks → the pure core places → one short transaction that
 inserts the lease and its event and then applies the guarded UPDATEs (node row first, then its
@@ -17,6 +18,7 @@ constraints are the last line of defence; an IntegrityError from them is a retry
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -26,14 +28,15 @@ from datetime import datetime, timedelta
 
 import orjson
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.db.models.lookups import Exact
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
-from nodes.choices import NodeState
+from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from pools.actors import Actor
 from pools.models import Quota
@@ -74,6 +77,41 @@ class NeverFits(NoCapacity):
 
     status = 422
     code = "never_fits"
+
+
+# The scheduling pass reserves with keys `job-<id>-attempt-<n>` (scheduling/passes.py). Clients
+# may not use keys with this prefix (the API answers 400), or a tenant could pre-claim the key
+# of its own job's next placement and have the job "placed" on a lease of its choosing.
+SCHEDULER_KEY_PREFIX = "job-"
+
+
+class IdempotencyKeyReused(Exception):
+    """The key names an earlier reserve of the tenant that asked for something else (422)."""
+
+    status = 422
+    code = "idempotency_key_reused"
+
+
+def _request_digest(pool, request: dict, hold) -> str:
+    """What a keyed reserve asked for: the pool, the resources, and its window or duration
+    (`hold`). Stored with the lease; a retry with the same key must ask the same."""
+    if isinstance(hold, Window):
+        hold = [hold.start.timestamp(), hold.end.timestamp(), hold.tolerance.total_seconds()]
+    else:
+        hold = hold.total_seconds()
+    body = orjson.dumps([pool.pk, request, hold], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(body).hexdigest()
+
+
+def _replayed(lease: Lease, digest: str) -> Lease:
+    """The lease an earlier reserve with the same key made, if it asked the same (`digest`;
+    "" when no key was given). Leases keyed before digests were stored are returned as is."""
+    if digest and lease.idempotency_digest and lease.idempotency_digest != digest:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {lease.idempotency_key!r} was used for lease {lease.pk}, "
+            "which asked for something else; use a new key for a new request."
+        )
+    return lease
 
 
 @dataclass(frozen=True)
@@ -157,14 +195,15 @@ def lease_reserve(
     TransitionRefused("quota_exceeded" | "reservation_*") when policy refuses.
     """
     now = now or timezone.now()
+    duration = _as_timedelta(duration)
+    window = Window.coerce(window)
+    digest = _request_digest(pool, request, window or duration) if idempotency_key else ""
     if idempotency_key:
         existing = Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing
-    duration = _as_timedelta(duration)
+            return _replayed(existing, digest)
     if duration <= timedelta(0):
         raise TransitionRefused("invalid_duration", "A lease lasts a positive duration.")
-    window = Window.coerce(window)
     expires_at = now + duration
     if window is not None:
         expires_at = _check_window(pool, window, now)
@@ -196,7 +235,7 @@ def lease_reserve(
                     pool, tenant, req, request, actor, now, expires_at, job, idempotency_key
                 )
                 if lease is not None:
-                    return lease
+                    return _replayed(lease, digest)  # another request may have won the key
             raise _refusal(pool, req, policy, result, conflicts)
         try:
             return _apply_reserve(
@@ -221,7 +260,7 @@ def lease_reserve(
                     tenant=tenant, idempotency_key=idempotency_key
                 ).first()
                 if existing is not None:
-                    return existing
+                    return _replayed(existing, digest)
             conflicts += 1
     raise NoCapacity(
         {
@@ -471,14 +510,32 @@ def _tenants_with_quota(planned) -> set[tuple[int, int]]:
     return found
 
 
-def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:
-    """409 with counts over every non-retired node, or 422 when an empty pool could not fit."""
+def check_ever_fits(*, pool, tenant, request: dict) -> None:
+    """Raises NeverFits (422) when no node of the pool could ever hold `request` (see
+    `_never_fits`): job submission refuses such a job instead of queueing it forever."""
+    refusal = _never_fits(pool, snap.core_request(request, tenant.pk), snap.pool_policy(pool))
+    if refusal is not None:
+        raise refusal
+
+
+def _never_fits(pool, req, policy, conflicts: int = 0) -> NeverFits | None:
+    """The one definition of "never fits": no node of the pool that is not retired, viewed
+    ready and empty, could hold the request. A pool without any node yet is "not now" (409):
+    capacity may still be enrolled."""
     empty = snap.pool_snapshot(
         pool.pk, states=[s for s in NodeState.values if s != NodeState.RETIRED], empty=True
     )
-    ever = place(req, empty.nodes, policy)
+    ever = place(req, empty.nodes, policy) if empty.nodes else None
     if isinstance(ever, core.Explanation):
         return NeverFits(_explanation_dict(ever, conflicts=conflicts))
+    return None
+
+
+def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:
+    """422 when the request never fits, else 409 with counts over every non-retired node."""
+    never = _never_fits(pool, req, policy, conflicts)
+    if never is not None:
+        return never
     everything = snap.all_nodes_snapshot(pool.pk)
     now_result = place(req, everything.nodes, policy)
     if isinstance(now_result, core.Explanation):  # else capacity appeared meanwhile
@@ -529,20 +586,66 @@ def _check_quota(pool, tenant, cpu: int, memory: int, gpus: int) -> None:
             tenant=tenant, pool=pool, state__in=HOLDING, backfill_of__isnull=True
         ).values_list("cpu_millicores", "memory_mib", "gpu_allocations")
     )
-    used_cpu = sum(r[0] for r in held) + cpu
-    used_mem = sum(r[1] for r in held) + memory
-    used_gpus = sum(len(r[2]) for r in held) + gpus
-    over = []
-    if len(held) + 1 > quota.max_leases:
-        over.append(f"leases {len(held) + 1} > {quota.max_leases}")
-    if used_cpu > quota.cpu_millicores:
-        over.append(f"cpu_millicores {used_cpu} > {quota.cpu_millicores}")
-    if used_mem > quota.memory_mib:
-        over.append(f"memory_mib {used_mem} > {quota.memory_mib}")
-    if used_gpus > quota.gpus:
-        over.append(f"gpus {used_gpus} > {quota.gpus}")
+    over = _over_quota(
+        quota,
+        leases=len(held) + 1,
+        cpu=sum(r[0] for r in held) + cpu,
+        memory=sum(r[1] for r in held) + memory,
+        gpus=sum(len(r[2]) for r in held) + gpus,
+    )
     if over:
-        raise TransitionRefused("quota_exceeded", "Quota exceeded: " + ", ".join(over))
+        raise TransitionRefused("quota_exceeded", over)
+
+
+def _over_quota(quota: Quota, *, leases: int, cpu: int, memory: int, gpus: int) -> str:
+    """What the tenant would hold with one more lease, where it exceeds the quota ("" if not)."""
+    limits = (
+        ("leases", leases, quota.max_leases),
+        ("cpu_millicores", cpu, quota.cpu_millicores),
+        ("memory_mib", memory, quota.memory_mib),
+        ("gpus", gpus, quota.gpus),
+    )
+    over = [f"{name} {used} > {limit}" for name, used, limit in limits if used > limit]
+    return "Quota exceeded: " + ", ".join(over) if over else ""
+
+
+def tenants_at_quota(*, pool_id=None, tenant_id=None) -> dict[tuple[int, int], dict]:
+    """(tenant id, pool id) → the `quota_exceeded` explanation, for every quota without room for
+    even the smallest lease (one more, of 1 millicore and 1 MiB and no GPU: every request asks
+    at least that). The scheduling pass skips their queued jobs without a placement attempt."""
+    quotas = Quota.objects.all()
+    if pool_id is not None:
+        quotas = quotas.filter(pool_id=pool_id)
+    if tenant_id is not None:
+        quotas = quotas.filter(tenant_id=tenant_id)
+    quotas = list(quotas)
+    if not quotas:
+        return {}
+    held = {
+        (row["tenant_id"], row["pool_id"]): row
+        for row in Lease.objects.filter(
+            state__in=HOLDING,
+            backfill_of__isnull=True,
+            tenant_id__in={q.tenant_id for q in quotas},
+            pool_id__in={q.pool_id for q in quotas},
+        )
+        .order_by()
+        .values("tenant_id", "pool_id")
+        .annotate(leases=Count("id"), cpu=Sum("cpu_millicores"), memory=Sum("memory_mib"))
+    }
+    blocked = {}
+    for quota in quotas:
+        used = held.get((quota.tenant_id, quota.pool_id), {})
+        over = _over_quota(
+            quota,
+            leases=used.get("leases", 0) + 1,
+            cpu=(used.get("cpu") or 0) + 1,
+            memory=(used.get("memory") or 0) + 1,
+            gpus=0,
+        )
+        if over:
+            blocked[(quota.tenant_id, quota.pool_id)] = {"code": "quota_exceeded", "message": over}
+    return blocked
 
 
 def _gpu_allocations(placement: core.Placement, view: snap.Snapshot, node_id: int) -> list[dict]:
@@ -665,6 +768,9 @@ def _build_reserved(
         policy_version=placement.policy_version,
         expires_at=expires_at,
         idempotency_key=idempotency_key,
+        idempotency_digest=(
+            _request_digest(pool, request, window or expires_at - now) if idempotency_key else ""
+        ),
         created_by=actor.user,
         created_at=now,
         window_start=window.start if window else None,
@@ -700,6 +806,7 @@ def _take_node_capacity_portably(lease: Lease, event: LeaseEvent) -> None:
     taken = Node.objects.filter(
         pk=lease.node_id,
         state=NodeState.READY,
+        reachability=Reachability.REACHABLE,
         cpu_millicores_reserved__lte=F("cpu_millicores_allocatable") - cpu,
         memory_mib_reserved__lte=F("memory_mib_allocatable") - mem,
         scratch_mib_reserved__lte=F("scratch_mib_allocatable") - scratch,
@@ -744,7 +851,7 @@ def _group_insert_sql() -> str:
             "cpu_millicores_reserved = cpu_millicores_reserved + %(cpu)s, "
             "memory_mib_reserved = memory_mib_reserved + %(mem)s, "
             "scratch_mib_reserved = scratch_mib_reserved + %(scratch)s "
-            "WHERE id = %(node)s AND state = %(ready)s "
+            "WHERE id = %(node)s AND state = %(ready)s AND reachability = %(reachable)s "
             "AND cpu_millicores_reserved <= cpu_millicores_allocatable - %(cpu)s "
             "AND memory_mib_reserved <= memory_mib_allocatable - %(mem)s "
             "AND scratch_mib_reserved <= scratch_mib_allocatable - %(scratch)s RETURNING id), "
@@ -781,6 +888,7 @@ def _insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) ->
         "scratch": sum(lease.scratch_mib for lease, _ in pairs),
         "node": pairs[0][0].node_id,
         "ready": NodeState.READY.value,
+        "reachable": Reachability.REACHABLE.value,
         # orjson writes datetimes as RFC 3339 with their microseconds (DjangoJSONEncoder would
         # cut them to milliseconds) and is ~5x faster than json.dumps here
         "rows": orjson.dumps(rows).decode(),
@@ -991,7 +1099,10 @@ def _close_backfills(parent: Lease, actor: Actor, now) -> None:
 
 
 def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None) -> Lease:
-    """Extend a live lease to now + duration (capped by its window or backfill deadline)."""
+    """Extend a live lease to now + duration (capped by its window or backfill deadline).
+    A lease whose job has ended is not renewed (`job_ended`): it runs out."""
+    from jobs.choices import TERMINAL as JOB_ENDED  # jobs import scheduling, not the reverse
+
     now = now or timezone.now()
     _authorize(lease, actor)
     duration = _as_timedelta(duration)
@@ -1000,7 +1111,7 @@ def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None
     with transaction.atomic():
         obj = (
             Lease.objects.select_for_update(of=("self",))
-            .select_related("backfill_of")
+            .select_related("backfill_of", "job")
             .get(pk=lease.pk)
         )
         if obj.state not in (S.RESERVED, S.COMMITTED):
@@ -1008,6 +1119,10 @@ def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None
                 "transition_not_allowed", f"A {obj.state} lease cannot be renewed."
             )
         _fencing_check(fencing_token, now)(obj)
+        if obj.job is not None and obj.job.state in JOB_ENDED:
+            raise TransitionRefused(
+                "job_ended", f"Job {obj.job_id} is {obj.job.state}: its lease is not renewed."
+            )
         cap = None
         if obj.window_start is not None:
             cap = obj.window_end if obj.state == S.COMMITTED else obj.expires_at
@@ -1126,9 +1241,25 @@ def lease_report_usage(
     gpu_milli: int = 0,
     now=None,
 ) -> Lease:
-    """The agent's measured consumption of a committed lease (accounting: held vs consumed)."""
+    """The agent's measured consumption of a committed lease (accounting: held vs consumed),
+    within what can be true, else ValidationError with field errors (400): CPU up to the
+    node's raw CPU (a CPU request is a share, not a cap: a container may burst to the whole
+    node), memory up to the lease's (the container's hard limit), GPU up to 1000 per device
+    the lease holds (a time-sliced share may use its whole device while others idle)."""
     now = now or timezone.now()
     _authorize(lease, actor)
+    bounds = {
+        "cpu_millicores": (cpu_millicores, lease.node.cpu_millicores_raw, "the node's CPU"),
+        "memory_mib": (memory_mib, lease.memory_mib, "the lease's memory"),
+        "gpu_milli": (gpu_milli, 1000 * len(lease.gpu_allocations), "the lease's GPUs"),
+    }
+    errors = {
+        field: f"Must be between 0 and {limit} ({what})."
+        for field, (value, limit, what) in bounds.items()
+        if not 0 <= value <= limit
+    }
+    if errors:
+        raise ValidationError(errors)
     updated = Lease.objects.filter(pk=lease.pk, state=S.COMMITTED).update(
         used_cpu_millicores=cpu_millicores,
         used_memory_mib=memory_mib,
@@ -1144,24 +1275,65 @@ def lease_report_usage(
 # --- sweeps ----------------------------------------------------------------------------------
 
 
+def record_sweep_failure(model, pk, *, event_model, actor: Actor, error: Exception, now) -> None:
+    """One bad row never stops a sweep: called from its `except`, after the row's transaction
+    rolled back. Logs the error and records it on the row as a `sweep_failed` event (state
+    unchanged), once per distinct error: a row failing every minute must not flood its
+    history. A failure to record is logged too, and the sweep still goes on."""
+    logger.exception("%s %s: sweep by %s failed", model._meta.label, pk, actor.label)
+    # The first line only: PostgreSQL's "DETAIL: Failing row contains (…)" carries row values
+    # (timestamps among them), which would make every repeat look new and copy data into events.
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    message = f"{type(error).__name__}: {first_line}"[:500]
+    try:
+        with transaction.atomic():
+            obj = model.objects.filter(pk=pk).first()
+            if obj is None:
+                return
+            events = event_model.objects.filter(**{event_model.subject_field: obj})
+            if events.order_by("-at", "-id").values_list("reason", "message").first() == (
+                Reason.SWEEP_FAILED,
+                message,
+            ):
+                return
+            event_model.record(
+                obj,
+                actor=actor,
+                from_state=obj.state,
+                to_state=obj.state,
+                reason=Reason.SWEEP_FAILED,
+                message=message,
+                at=now,
+            )
+    except Exception:
+        logger.exception("%s %s: could not record the sweep failure", model._meta.label, pk)
+
+
 def _sweep(queryset, *, to: str, reason_for, actor: Actor, now, batch: int = 500) -> int:
-    """Each lease in its own short transaction; SKIP LOCKED lets several sweepers share."""
+    """Each lease in its own short transaction; SKIP LOCKED lets several sweepers share. A lease
+    that fails is rolled back and recorded (`record_sweep_failure`); the others go on."""
     count = 0
     ids = list(queryset.order_by("id").values_list("id", flat=True)[:batch])
     for pk in ids:
-        with transaction.atomic():
-            lease = queryset.select_for_update(skip_locked=True).filter(pk=pk).first()
-            if lease is None:
-                continue  # someone else ended it, or holds it right now
-            _end(
-                lease,
-                to=to,
-                actor=actor,
-                reason=reason_for(lease),
-                message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
-                now=now,
+        try:
+            with transaction.atomic():
+                lease = queryset.select_for_update(skip_locked=True).filter(pk=pk).first()
+                if lease is None:
+                    continue  # someone else ended it, or holds it right now
+                _end(
+                    lease,
+                    to=to,
+                    actor=actor,
+                    reason=reason_for(lease),
+                    message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
+                    now=now,
+                )
+        except Exception as error:
+            record_sweep_failure(
+                Lease, pk, event_model=LeaseEvent, actor=actor, error=error, now=now
             )
-            count += 1
+            continue
+        count += 1
     return count
 
 

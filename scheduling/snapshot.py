@@ -1,10 +1,10 @@
 """The thin adapter between the database and the pure scheduler core.
 
-`pool_snapshot` reads the schedulable nodes of a pool and their GPUs in two plain queries, with
-no locks, and turns them into core `NodeView`s whose free capacity is allocatable − reserved.
-The snapshot may be stale by the time it is used; the apply step in `scheduling.services`
-guards every capacity change with a compare-and-set UPDATE, so staleness costs a retry, never
-an overcommit.
+`pool_snapshot` reads the schedulable (ready and reachable) nodes of a pool and their GPUs in two
+plain queries, with no locks, and turns them into core `NodeView`s whose free capacity is
+allocatable − reserved. The snapshot may be stale by the time it is used; the apply step in
+`scheduling.services` guards every capacity change with a compare-and-set UPDATE, so staleness
+costs a retry, never an overcommit.
 
 Conventions of the adapter (documented in docs/leases.md):
 - node names are unique within a pool, so a `NodeView.name` is the node's name;
@@ -23,7 +23,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from nodes.choices import SCHEDULABLE, NodeState
+from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from pools.choices import GpuSharingClass
 from scheduling.core import types as core
@@ -35,6 +35,7 @@ _NODE_FIELDS = (
     "id",
     "name",
     "state",
+    "reachability",
     "architecture",
     "os",
     "runtimes",
@@ -140,6 +141,7 @@ def _lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
             core.LeaseEnd(
                 lease_id=str(lease["id"]),
                 ends_at=ends_at,
+                tenant=str(lease["tenant"]),
                 cpu_millicores=lease["cpu_millicores"],
                 memory_mib=lease["memory_mib"],
                 scratch_mib=lease["scratch_mib"],
@@ -175,6 +177,7 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
         free_scratch_mib=scratch if empty else scratch - row["scratch_mib_reserved"],
         gpus=tuple(_gpu_view(g, empty=empty) for g in gpus),
         state=NodeState.READY if empty else row["state"],
+        reachable=empty or row["reachability"] == Reachability.REACHABLE,
         labels={str(k): str(v) for k, v in labels.items()},
         arch=row["architecture"],
         os=row["os"],
@@ -188,17 +191,18 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
 
 
 def _read(
-    pool_id: int, states: list[str], leases: bool = True
+    pool_id: int, states: list[str], leases: bool = True, reachable_only: bool = False
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """Nodes with their GPUs and their holding leases' ends, in one query (both aggregated as
     JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed.
     `leases=False` leaves the lease ends out (an empty list per node): placement does not use
-    them, only explanations do, and reading them costs O(live leases of the pool)."""
+    them, only explanations do, and reading them costs O(live leases of the pool).
+    `reachable_only`: without the nodes that missed their heartbeats."""
     from scheduling.choices import HOLDING
     from scheduling.models import Lease
 
     if connection.vendor != "postgresql":
-        return _read_portable(pool_id, states, leases)
+        return _read_portable(pool_id, states, leases, reachable_only)
     node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
     gpu_cols = ", ".join(
         f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
@@ -208,7 +212,8 @@ def _read(
         f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
         f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
         + (
-            "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'ends_at', l.expires_at, "
+            "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
+            "'ends_at', l.expires_at, "
             "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
             "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
             "ORDER BY l.expires_at, l.id), '[]'::json) "
@@ -218,10 +223,13 @@ def _read(
             else "'[]'::json "
         )
         + f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
-        "ORDER BY n.name"
+        + ("AND n.reachability = %s " if reachable_only else "")
+        + "ORDER BY n.name"
     )
+    params = [*([sorted(HOLDING)] if leases else []), pool_id, states]
+    params += [Reachability.REACHABLE.value] if reachable_only else []
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*([sorted(HOLDING)] if leases else []), pool_id, states])
+        cursor.execute(sql, params)
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
     for record in raw:
@@ -237,17 +245,16 @@ def _read(
 
 
 def _read_portable(
-    pool_id: int, states: list[str], leases: bool
+    pool_id: int, states: list[str], leases: bool, reachable_only: bool = False
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
     from scheduling.choices import HOLDING
     from scheduling.models import Lease
 
-    rows = list(
-        Node.objects.filter(pool_id=pool_id, state__in=states)
-        .order_by("name")
-        .values(*_NODE_FIELDS)
-    )
+    nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
+    if reachable_only:
+        nodes = nodes.filter(reachability=Reachability.REACHABLE)
+    rows = list(nodes.order_by("name").values(*_NODE_FIELDS))
     ids = [row["id"] for row in rows]
     gpus_by_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
     for gpu in GpuDevice.objects.filter(node_id__in=ids).order_by("index").values(*_GPU_FIELDS):
@@ -259,6 +266,7 @@ def _read_portable(
         ).order_by("expires_at", "id")
         for lease in held.values(
             "id",
+            "tenant",
             "node_id",
             "expires_at",
             "cpu_millicores",
@@ -273,15 +281,27 @@ def _read_portable(
 
 
 def pool_snapshot(
-    pool_id: int, *, states=SCHEDULABLE, empty: bool = False, leases: bool = True
+    pool_id: int,
+    *,
+    states=SCHEDULABLE,
+    empty: bool = False,
+    leases: bool = True,
+    reachable_only: bool = True,
 ) -> Snapshot:
     """Nodes of the pool in `states` as core views: two queries, no locks.
 
-    `empty=True` views every node as ready and empty (allocatable only): what the pool could
-    ever offer, used to tell "never fits" (422) from "not now" (409). `leases=False`: without
-    the nodes' lease ends (see `_read`; the reserve hot path).
+    Unreachable nodes (missed heartbeats) are left out unless `reachable_only=False`, where
+    they are viewed as such and the core counts them as `node_unreachable` (explanations).
+    `empty=True` views every node as ready, reachable and empty (allocatable only): what the
+    pool could ever offer, used to tell "never fits" (422) from "not now" (409); a node may come
+    back. `leases=False`: without the nodes' lease ends (see `_read`; the reserve hot path).
     """
-    rows, gpus_by_node = _read(pool_id, list(states), leases=leases and not empty)
+    rows, gpus_by_node = _read(
+        pool_id,
+        list(states),
+        leases=leases and not empty,
+        reachable_only=reachable_only and not empty,
+    )
     nodes, node_ids, gpu_ids = [], {}, {}
     for row in rows:
         gpus = gpus_by_node.get(row["id"], [])
@@ -295,7 +315,7 @@ def pool_snapshot(
 def all_nodes_snapshot(pool_id: int) -> Snapshot:
     """Every node of the pool that is not retired, as it is now (for explanations)."""
     states = [s for s in NodeState.values if s != NodeState.RETIRED]
-    return pool_snapshot(pool_id, states=states)
+    return pool_snapshot(pool_id, states=states, reachable_only=False)
 
 
 def core_request(request: dict, tenant_id: int | str = "") -> core.Request:
@@ -421,4 +441,5 @@ def reservation_view(parent) -> core.NodeView | None:
         free_scratch_mib=parent.scratch_mib - sum(c["scratch_mib"] for c in children),
         gpus=tuple(gpus),
         state=row["state"],
+        reachable=row["reachability"] == Reachability.REACHABLE,  # no backfill onto a lost node
     )

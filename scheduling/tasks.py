@@ -1,5 +1,6 @@
 """Thin Celery tasks: each sweep takes `now` (default: the time it runs) and is safe to run on
-several workers at once (per-lease transactions with SKIP LOCKED; a second run finds nothing)."""
+several workers at once (per-lease transactions with SKIP LOCKED; a second run finds nothing).
+One bad row never fails a task: the pass and the sweeps record it on that row and go on."""
 
 from datetime import datetime, timedelta
 

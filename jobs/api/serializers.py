@@ -2,7 +2,8 @@ from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
 from jobs.selectors import image_refusal
-from pools.api.serializers import ResourceRequestSerializer, shape_or_resources
+from pools import validation
+from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
 from pools.models import ComputePool, PriorityClass, Tenant
 from pools.roles import tenant_roles
@@ -47,15 +48,23 @@ class JobSerializer(serializers.ModelSerializer):
         ]
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     tenant = serializers.SlugField()
     pool = serializers.SlugField()
     name = serializers.CharField(max_length=100)
     shape = serializers.SlugField(required=False, help_text="A catalogue shape of the pool")
     resources = ResourceRequestSerializer(required=False, help_text="Or an inline shape")
-    image = serializers.CharField(max_length=300)
-    command = serializers.ListField(child=serializers.CharField(), default=list)
-    env = serializers.DictField(child=serializers.CharField(), default=dict)
+    image = serializers.CharField(max_length=300, trim_whitespace=False)  # parsed as sent
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=validation.COMMAND_ITEM_MAX_CHARS),
+        max_length=validation.COMMAND_MAX_ITEMS,
+        default=list,
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=validation.ENV_VALUE_MAX_CHARS),
+        validators=[validation.env_mapping],
+        default=dict,
+    )
     priority_class = serializers.SlugField(required=False)
     checkpointable = serializers.BooleanField(default=False)
     max_runtime_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
@@ -77,12 +86,17 @@ class JobSubmitSerializer(serializers.Serializer):
         return pool
 
     def validate_priority_class(self, name):
-        priority = PriorityClass.objects.filter(name=name).first()
-        if priority is None:
-            raise serializers.ValidationError("No priority class has this name.")
-        return priority
+        return name  # resolved in validate(): whether a class is open depends on the tenant
 
     def validate(self, attrs):
+        if "priority_class" in attrs:
+            # One answer for "no such class" and "not open to you": restricted ones stay unnamed.
+            user = self.context["request"].user
+            allowed = PriorityClass.objects.allowed_to(user, attrs["tenant"])
+            attrs["priority_class"] = allowed.filter(name=attrs["priority_class"]).first()
+            if attrs["priority_class"] is None:
+                message = "No priority class of this name is open to you in this tenant."
+                raise serializers.ValidationError({"priority_class": message})
         pool = attrs["pool"]
         shape, _ = shape_or_resources(attrs)
         if shape is not None:

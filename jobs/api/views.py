@@ -7,6 +7,7 @@ from jobs import selectors, services
 from jobs.api.serializers import JobEventSerializer, JobSerializer, JobSubmitSerializer
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
+from scheduling.services import NeverFits
 
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -21,12 +22,15 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         return selectors.jobs_visible_to(self.request.user)
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict})
     def create(self, request, *args, **kwargs):
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        job = services.job_submit(actor=Actor.for_user(request.user), **data)
+        try:
+            job = services.job_submit(actor=Actor.for_user(request.user), **data)
+        except NeverFits as refusal:  # the same 422 body as POST /compute-leases
+            return Response(refusal.explanation, status=refusal.status)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)

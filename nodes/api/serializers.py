@@ -104,31 +104,119 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
         read_only_fields = ["prefix", "uses", "expires_at", "revoked_at", "created_at"]
 
 
+# --------------------------------------------------------------------------- what nodes send
+#
+# A node's agent is outside the control plane's trust. Every body it sends (enrollment,
+# inventory, heartbeat, probe result) is checked here by type and physically sensible range, so
+# nothing out of range reaches a column or a sweep (an out-of-range GPU once stopped the
+# inventory reconciliation of every node), and no list or map is unbounded.
+
+INT_COLUMN_MAX = 2**31 - 1  # Node CPU/memory/scratch and GpuDevice.memory_mib: PostgreSQL integer
+COUNTER_MAX = 2**63 - 1  # error counters, usage and benchmark numbers, lease and job ids
+GPU_MEMORY_MAX_MIB = 2**20  # 1 TiB on one device
+GPU_INDEX_MAX = 255
+GPUS_MAX = 64  # devices on one node
+MIG_SLICES_MAX = 16  # MIG instances on one device (at most 7 on an A100 or H100)
+NUMA_NODES_MAX = 256
+NUMA_ID_MAX = 1023
+CPUS_MAX = 16384  # logical CPUs on one node
+TEMPERATURE_C = (-50, 200)
+PCIE_WIDTH_MAX = 64  # lanes
+NVLINKS_MAX = 64
+WORKLOADS_MAX = 1024  # leases running on one node
+LABELS_MAX, LABEL_KEY_MAX = 64, 100
+RUNTIMES_MAX, FEATURES_MAX = 16, 64
+MAP_MAX = 64  # entries in heartbeat usage and a probe's benchmark
+
+
+def bounded_int(low, high, **kwargs):
+    return serializers.IntegerField(min_value=low, max_value=high, **kwargs)
+
+
+def temperature(**kwargs):
+    return bounded_int(*TEMPERATURE_C, required=False, allow_null=True, **kwargs)
+
+
+class NumberField(serializers.FloatField):
+    """A JSON number (never a string or a bool), kept an int when sent as one."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        number = super().to_internal_value(data)  # refuses NaN and infinities
+        return data if isinstance(data, int) else number
+
+
+class BoundedDictField(serializers.DictField):
+    """A map of at most `max_entries` keys of at most `max_key_length` characters."""
+
+    def __init__(self, *, max_entries=MAP_MAX, max_key_length=LABEL_KEY_MAX, **kwargs):
+        self.max_entries, self.max_key_length = max_entries, max_key_length
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            if len(data) > self.max_entries:
+                raise serializers.ValidationError(f"At most {self.max_entries} entries.")
+            if any(len(str(key)) > self.max_key_length for key in data):
+                raise serializers.ValidationError(
+                    f"Keys have at most {self.max_key_length} characters."
+                )
+        return super().to_internal_value(data)
+
+
+class MigSliceSerializer(serializers.Serializer):
+    profile = serializers.CharField(max_length=40)
+    uuid = serializers.CharField(max_length=80, required=False, allow_blank=True)
+    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
+    gpu_instance_id = bounded_int(0, 255, required=False, allow_null=True)
+    start = bounded_int(0, MIG_SLICES_MAX - 1, required=False)
+
+
 class InventoryGpuSerializer(serializers.Serializer):
-    index = serializers.IntegerField(min_value=0, required=False)
+    index = bounded_int(0, GPU_INDEX_MAX, required=False)
     uuid = serializers.CharField(max_length=80)
     model = serializers.CharField(max_length=60)
-    memory_mib = serializers.IntegerField(min_value=0)
+    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB)
     driver_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
     cuda_version = serializers.CharField(max_length=20, required=False, allow_blank=True)
     mig_enabled = serializers.BooleanField(default=False)
-    mig_slices = serializers.ListField(child=serializers.DictField(), default=list)
+    mig_slices = MigSliceSerializer(many=True, default=list, max_length=MIG_SLICES_MAX)
     sharing_mode = serializers.ChoiceField(choices=GpuSharingMode.choices, required=False)
     interconnect_group = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    numa_node = serializers.IntegerField(required=False, allow_null=True)
+    numa_node = bounded_int(-1, NUMA_ID_MAX, required=False, allow_null=True)  # -1: unknown
+
+
+class NumaNodeSerializer(serializers.Serializer):
+    id = bounded_int(0, NUMA_ID_MAX)
+    cpus = serializers.JSONField(required=False, help_text="How many CPUs, or their ids")
+    memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
+
+    def validate_cpus(self, cpus):
+        ids = cpus if isinstance(cpus, list) else [cpus]
+        if len(ids) > CPUS_MAX or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= CPUS_MAX for i in ids
+        ):
+            raise serializers.ValidationError(
+                f"A count of CPUs, or a list of at most {CPUS_MAX} CPU ids, each 0..{CPUS_MAX}."
+            )
+        return cpus
 
 
 class InventorySerializer(serializers.Serializer):
-    cpu_millicores = serializers.IntegerField(min_value=0)
-    memory_mib = serializers.IntegerField(min_value=0)
-    scratch_mib = serializers.IntegerField(min_value=0, default=0)
-    numa = serializers.ListField(child=serializers.DictField(), default=list)
-    gpus = InventoryGpuSerializer(many=True, default=list)
+    cpu_millicores = bounded_int(0, INT_COLUMN_MAX)
+    memory_mib = bounded_int(0, INT_COLUMN_MAX)
+    scratch_mib = bounded_int(0, INT_COLUMN_MAX, default=0)
+    numa = NumaNodeSerializer(many=True, default=list, max_length=NUMA_NODES_MAX)
+    gpus = InventoryGpuSerializer(many=True, default=list, max_length=GPUS_MAX)
 
     def validate_gpus(self, gpus):
         uuids = [g["uuid"] for g in gpus]
         if len(set(uuids)) != len(uuids):
             raise serializers.ValidationError("GPU UUIDs must be unique.")
+        indexes = [g.get("index", i) for i, g in enumerate(gpus)]  # as normalize_inventory does
+        if len(set(indexes)) != len(indexes):
+            raise serializers.ValidationError("GPU indexes must be unique.")
         return gpus
 
 
@@ -141,9 +229,15 @@ class EnrollSerializer(serializers.Serializer):
     )
     agent_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
     inventory = InventorySerializer()
-    labels = serializers.DictField(child=serializers.CharField(max_length=200), default=dict)
-    runtimes = serializers.ListField(child=serializers.CharField(max_length=30), default=list)
-    features = serializers.ListField(child=serializers.CharField(max_length=60), default=list)
+    labels = BoundedDictField(
+        child=serializers.CharField(max_length=200), max_entries=LABELS_MAX, default=dict
+    )
+    runtimes = serializers.ListField(
+        child=serializers.CharField(max_length=30), max_length=RUNTIMES_MAX, default=list
+    )
+    features = serializers.ListField(
+        child=serializers.CharField(max_length=60), max_length=FEATURES_MAX, default=list
+    )
     architecture = serializers.ChoiceField(choices=["amd64", "arm64"], default="amd64")
     os = serializers.CharField(max_length=20, default="linux")
     region = serializers.CharField(max_length=40, required=False, allow_blank=True)
@@ -154,30 +248,36 @@ class EnrollSerializer(serializers.Serializer):
     energy_class = serializers.CharField(max_length=40, required=False, allow_blank=True)
 
 
-class GpuHealthSerializer(serializers.Serializer):
-    uuid = serializers.CharField(max_length=80)
-    temperature_c = serializers.IntegerField(required=False, allow_null=True)
-    slowdown_temperature_c = serializers.IntegerField(required=False, allow_null=True)
-    xid_errors = serializers.IntegerField(min_value=0, default=0)
-    ecc_errors_uncorrected = serializers.IntegerField(min_value=0, default=0)
+class GpuReadingSerializer(serializers.Serializer):
+    """One device's NVML readings (nodes.services.gpu_health_evaluate reads them)."""
+
+    temperature_c = temperature()
+    slowdown_temperature_c = temperature()
+    xid_errors = bounded_int(0, COUNTER_MAX, required=False)
+    ecc_errors_uncorrected = bounded_int(0, COUNTER_MAX, required=False)
     error = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    pcie_link_width = serializers.IntegerField(required=False, allow_null=True)
-    pcie_link_width_max = serializers.IntegerField(required=False, allow_null=True)
-    nvlink_down = serializers.IntegerField(min_value=0, default=0)
-    health_check = serializers.ChoiceField(choices=["passed", "failed", ""], default="")
+    # the current width is 0 while the link is down; the maximum never is
+    pcie_link_width = bounded_int(0, PCIE_WIDTH_MAX, required=False, allow_null=True)
+    pcie_link_width_max = bounded_int(1, PCIE_WIDTH_MAX, required=False, allow_null=True)
+    nvlink_down = bounded_int(0, NVLINKS_MAX, required=False)
+    health_check = serializers.ChoiceField(choices=["passed", "failed", ""], required=False)
+
+
+class GpuHealthSerializer(GpuReadingSerializer):
+    uuid = serializers.CharField(max_length=80)
 
 
 class WorkloadSerializer(serializers.Serializer):
-    lease = serializers.IntegerField(required=False)
-    job = serializers.IntegerField(required=False)
+    lease = bounded_int(1, COUNTER_MAX, required=False)
+    job = bounded_int(1, COUNTER_MAX, required=False)
     state = serializers.CharField(max_length=20, required=False, allow_blank=True)
 
 
 class HeartbeatSerializer(serializers.Serializer):
     agent_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    usage = serializers.DictField(default=dict)
-    gpus = GpuHealthSerializer(many=True, default=list)
-    workloads = WorkloadSerializer(many=True, default=list)
+    usage = BoundedDictField(child=NumberField(min_value=0, max_value=COUNTER_MAX), default=dict)
+    gpus = GpuHealthSerializer(many=True, default=list, max_length=GPUS_MAX)
+    workloads = WorkloadSerializer(many=True, default=list, max_length=WORKLOADS_MAX)
 
 
 class ProbeSerializer(serializers.ModelSerializer):
@@ -197,8 +297,28 @@ class ProbeSerializer(serializers.ModelSerializer):
         ]
 
 
+class MeasuredGpuSerializer(serializers.Serializer):
+    uuid = serializers.CharField(max_length=80)
+    model = serializers.CharField(max_length=60, required=False, allow_blank=True)
+    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
+
+
+class ProbeMeasurementSerializer(GpuReadingSerializer):
+    """What a probe measured: the node's resources (validation, compared with its claims by
+    nodes.services.compare_claims) or one device's readings (recovery)."""
+
+    passed = serializers.BooleanField(required=False)
+    cpu_count = bounded_int(0, CPUS_MAX, required=False)
+    cpu_millicores = bounded_int(0, INT_COLUMN_MAX, required=False)
+    memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
+    gpus = MeasuredGpuSerializer(many=True, required=False, max_length=GPUS_MAX)
+    benchmark = BoundedDictField(
+        child=NumberField(min_value=0, max_value=COUNTER_MAX), required=False
+    )
+
+
 class ProbeResultSerializer(serializers.Serializer):
-    result = serializers.DictField()
+    result = ProbeMeasurementSerializer()
 
 
 class DrainSerializer(serializers.Serializer):

@@ -1,24 +1,59 @@
-"""One error shape for the whole API: 400 with field errors, 409 with a reason code."""
+"""One error shape for the whole API: {"code": ..., "detail": ...}, with the field errors beside
+them on a 400, and 409/422 with a reason code."""
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
-from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from django.db import DataError, IntegrityError
+from django.http import Http404
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from pools.statemachine import TransitionRefused
 
 
+def error(status_code, code, detail):
+    set_rollback()
+    return Response({"code": code, "detail": detail}, status=status_code)
+
+
 def exception_handler(exc, context):
     if isinstance(exc, TransitionRefused):
-        return Response({"code": exc.code, "detail": exc.message}, status=status.HTTP_409_CONFLICT)
+        return error(409, exc.code, exc.message)
     if isinstance(exc, DjangoValidationError):
-        detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
-        exc = ValidationError(detail)
-    if isinstance(exc, IntegrityError):
-        return Response(
-            {"code": "conflict", "detail": "The request conflicts with existing data."},
-            status=status.HTTP_409_CONFLICT,
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
         )
-    return drf_exception_handler(exc, context)
+    if isinstance(exc, IntegrityError):
+        return error(409, "conflict", "The request conflicts with existing data.")
+    # The last line of defence: a value the serializers let through that PostgreSQL refuses
+    # (an integer out of range, say) is the client's error, not the server's.
+    if isinstance(exc, DataError):
+        return error(400, "invalid", "A value is out of range or of the wrong kind.")
+    # Django's body limits (DATA_UPLOAD_MAX_*), raised when the view first reads request.data;
+    # left alone they become Django's HTML 400 page.
+    if isinstance(exc, RequestDataTooBig):
+        return error(413, "request_too_large", "The request body is too large.")
+    if isinstance(exc, SuspiciousOperation):
+        return error(400, "bad_request", str(exc) or "The request was refused.")
+    if isinstance(exc, Http404):  # as DRF's handler does, so that exc has its codes below
+        exc = exceptions.NotFound(*exc.args)
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
+    response = drf_exception_handler(exc, context)
+    if response is not None:
+        response.data = _with_code(response.data, exc)
+    return response
+
+
+def _with_code(data, exc):
+    """DRF's bodies ({"detail": ...}, field errors, or a bare list) with code and detail added."""
+    codes = exc.get_codes()
+    if isinstance(data, list):  # ValidationError("...") raised without a field
+        code = codes[0] if codes and isinstance(codes[0], str) else exc.default_code
+        return {"code": code, "detail": " ".join(str(message) for message in data)}
+    if set(data) == {"detail"}:
+        return {"code": codes if isinstance(codes, str) else exc.default_code, **data}
+    return {"code": exc.default_code, "detail": str(exc.default_detail), **data}

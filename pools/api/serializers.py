@@ -1,7 +1,9 @@
-from django.contrib.auth import get_user_model
+from collections.abc import Mapping
+
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from pools import validation
 from pools.choices import TenantRole, TokenScope
 from pools.models import (
     REQUEST_FIELDS,
@@ -21,9 +23,8 @@ class TenantSerializer(serializers.ModelSerializer):
 
 
 class MembershipSerializer(serializers.Serializer):
-    user = serializers.SlugRelatedField(
-        slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
-    )
+    # A plain username, not a lookup: whether it names anyone must not show in the answer.
+    user = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=TenantRole.choices, default=TenantRole.MEMBER)
 
 
@@ -41,8 +42,37 @@ class ShapeSerializer(serializers.ModelSerializer):
         fields = ["id", "pool", "name", "description", *REQUEST_FIELDS]
 
 
-class ResourceRequestSerializer(serializers.ModelSerializer):
+class KnownFieldsOnly:
+    """Refuses keys the serializer does not declare: a typo (`cpu_cores`) must be an error,
+    not a request silently served with the defaults."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(dict.fromkeys(unknown, "Unknown field."))
+        return super().to_internal_value(data)
+
+
+def string_list_field():
+    """gpu_models, regions, zones: the bounds of pools.validation.string_list, as a field."""
+    return serializers.ListField(
+        child=serializers.CharField(
+            max_length=validation.LIST_ITEM_MAX_CHARS,
+            trim_whitespace=False,
+            validators=[validation.printable],
+        ),
+        max_length=validation.LIST_MAX_ITEMS,
+        required=False,
+    )
+
+
+class ResourceRequestSerializer(KnownFieldsOnly, serializers.ModelSerializer):
     """An inline resource request: the fields of a shape, validated by the shape's own rules."""
+
+    gpu_models = string_list_field()
+    regions = string_list_field()
+    zones = string_list_field()
 
     class Meta:
         model = ResourceShape
@@ -81,11 +111,11 @@ def shape_or_resources(attrs: dict):
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
+    # Absent: the service's defaults (read and write, 90 days), never beyond the token in use.
     scopes = serializers.ListField(
-        child=serializers.ChoiceField(choices=TokenScope.choices),
-        default=[TokenScope.READ, TokenScope.WRITE],
+        child=serializers.ChoiceField(choices=TokenScope.choices), required=False
     )
-    ttl_days = serializers.IntegerField(min_value=1, max_value=365, write_only=True, default=90)
+    ttl_days = serializers.IntegerField(min_value=1, max_value=365, write_only=True, required=False)
 
     class Meta:
         model = ApiToken
@@ -111,9 +141,6 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
         fields = ["number", "weights", "knobs", "comment", "created_by", "created_at"]
         read_only_fields = ["number", "created_by", "created_at"]
 
-    def validate_weights(self, value):
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and v >= 0 for k, v in value.items()
-        ):
-            raise serializers.ValidationError("A map of scorer name to a non-negative number.")
-        return value
+    def validate(self, attrs):
+        validation.policy_version(attrs.get("weights", {}), attrs.get("knobs", {}))
+        return attrs

@@ -22,6 +22,11 @@ from pools.choices import PlatformRole
 from pools.models import ApiToken, Tenant
 from pools.roles import has_platform_role, is_tenant_admin, tenant_roles
 
+MEMBER_ADD_ANSWER = (
+    "Added with this role if the username names an active person who may join a tenant "
+    "(platform operators and policy admins may not); the member list shows who belongs."
+)
+
 
 @extend_schema(responses={200: dict})
 @api_view(["GET"])
@@ -49,21 +54,28 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
             return Tenant.objects.none()
         return selectors.tenants_visible_to(self.request.user)
 
-    @extend_schema(request=MembershipSerializer, responses=MembershipSerializer(many=True))
+    @extend_schema(
+        request=MembershipSerializer,
+        responses={200: MembershipSerializer(many=True), 202: dict},
+    )
     @action(detail=True, methods=["get", "post"])
     def members(self, request, slug=None):
-        """Tenant admins (and operators) manage who belongs to their tenant, and with what role."""
+        """Tenant admins (and operators) manage who belongs to their tenant, and with what role.
+
+        Adding answers 202 with the same body whether or not the username names someone who
+        may join (see services.member_add): the member list shows who was added."""
         tenant = self.get_object()
         if not is_tenant_admin(request.user, tenant.pk):
             raise PermissionDenied("Only this tenant's admins manage its members.")
         if request.method == "POST":
             serializer = MembershipSerializer(data=request.data)
             serializer.is_valid(raise_exception=True)
-            services.membership_set(
-                user=serializer.validated_data["user"],
+            services.member_add(
                 tenant=tenant,
+                username=serializer.validated_data["user"],
                 role=serializer.validated_data["role"],
             )
+            return Response({"detail": MEMBER_ADD_ANSWER}, status=status.HTTP_202_ACCEPTED)
         memberships = tenant.memberships.select_related("user").order_by("user__username")
         return Response(MembershipSerializer(memberships, many=True).data)
 
@@ -127,8 +139,10 @@ class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         token, secret = services.api_token_issue(
             user=request.user,
             name=data["name"],
-            scopes=data["scopes"],
-            ttl=timedelta(days=data["ttl_days"]),
+            scopes=data.get("scopes"),
+            ttl=timedelta(days=data["ttl_days"]) if "ttl_days" in data else None,
+            # A token minted with a token derives from it; a session mints within the roles.
+            parent=request.auth if isinstance(request.auth, ApiToken) else None,
         )
         body = ApiTokenSerializer(token).data | {"secret": secret}
         return Response(body, status=status.HTTP_201_CREATED)

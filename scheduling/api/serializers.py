@@ -1,3 +1,4 @@
+import re
 import time
 
 from django.conf import settings
@@ -5,13 +6,15 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from rest_framework import serializers
 
-from pools.api.serializers import ResourceRequestSerializer, shape_or_resources
+from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
 from pools.roles import is_operator
 from scheduling.choices import HOLDING
 from scheduling.models import Lease, LeaseEvent
+from scheduling.services import SCHEDULER_KEY_PREFIX
 
 MAX_DURATION_S = 7 * 24 * 3600
+USAGE_MAX = 2**31 - 1  # the usage columns are PostgreSQL integers
 POOL_CACHE_SECONDS = 5.0
 _POOLS: dict[str, tuple[float, ComputePool]] = {}
 
@@ -169,7 +172,7 @@ class WindowSerializer(serializers.Serializer):
         return attrs
 
 
-class LeaseCreateSerializer(serializers.Serializer):
+class LeaseCreateSerializer(KnownFieldsOnly, serializers.Serializer):
     pool = serializers.SlugField()
     tenant = serializers.SlugField()
     shape = serializers.SlugField(required=False, help_text="A catalogue shape of the pool")
@@ -200,6 +203,25 @@ class LeaseCreateSerializer(serializers.Serializer):
         return attrs
 
 
+# Visible ASCII, at most the column's length: a UUID, a ULID, base64 or a hash all fit.
+IDEMPOTENCY_KEY = re.compile(r"[!-~]{1,100}")
+
+
+def idempotency_key(request) -> str:
+    """The `Idempotency-Key` header ("" when absent), or 400 with the header as the field: not
+    visible ASCII of at most 100 characters, or in the scheduler's namespace."""
+    key = request.headers.get("Idempotency-Key", "")
+    if not key:
+        return ""
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        problem = "At most 100 visible ASCII characters (no spaces)."
+    elif key.startswith(SCHEDULER_KEY_PREFIX):
+        problem = f"Keys starting with {SCHEDULER_KEY_PREFIX!r} are the scheduler's."
+    else:
+        return key
+    raise serializers.ValidationError({"Idempotency-Key": [problem]})
+
+
 class FencedSerializer(serializers.Serializer):
     fencing_token = serializers.IntegerField()
 
@@ -213,6 +235,9 @@ class ReleaseSerializer(serializers.Serializer):
 
 
 class UsageSerializer(serializers.Serializer):
-    cpu_millicores = serializers.IntegerField(min_value=0)
-    memory_mib = serializers.IntegerField(min_value=0)
-    gpu_milli = serializers.IntegerField(min_value=0, default=0)
+    """The columns' range here; what the lease and its node allow is checked by
+    `services.lease_report_usage` (field errors as well)."""
+
+    cpu_millicores = serializers.IntegerField(min_value=0, max_value=USAGE_MAX)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=USAGE_MAX)
+    gpu_milli = serializers.IntegerField(min_value=0, max_value=USAGE_MAX, default=0)

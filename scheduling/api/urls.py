@@ -1,21 +1,10 @@
-"""Lease routes; the trailing slash is optional (POST /api/v1/compute-leases works as written)."""
+"""Hand-written scheduling routes; the lease viewset is on config/api_urls.py's router. The
+trailing slash is optional, as on every API route (pools/api/routers.py says why)."""
 
-from django.urls import path
-from rest_framework.routers import SimpleRouter
+from django.urls import re_path
 
-from scheduling.api.views import LeaseViewSet, pool_capacity
-
-
-class OptionalSlashRouter(SimpleRouter):
-    def __init__(self):
-        super().__init__()
-        self.trailing_slash = "/?"
-
-
-router = OptionalSlashRouter()
-router.register("compute-leases", LeaseViewSet, basename="compute-lease")
+from scheduling.api.views import pool_capacity
 
 urlpatterns = [
-    path("pools/<slug:slug>/capacity", pool_capacity, name="pool-capacity"),
-    *router.urls,
+    re_path(r"^pools/(?P<slug>[-\w]+)/capacity/?$", pool_capacity, name="pool-capacity"),
 ]

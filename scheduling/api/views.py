@@ -34,6 +34,7 @@ from scheduling.api.serializers import (
     ReleaseSerializer,
     RenewSerializer,
     UsageSerializer,
+    idempotency_key,
 )
 
 
@@ -141,6 +142,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=LeaseCreateSerializer, responses={201: LeaseSerializer})
     def create(self, request, *args, **kwargs):
         user = request.user
+        key = idempotency_key(request)
         data = validated_create_body(request)
         window = data.get("window")
         try:
@@ -150,7 +152,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
                 request=data["request"],
                 actor=Actor.for_user(user),
                 duration=timedelta(seconds=data["duration_s"]),
-                idempotency_key=request.headers.get("Idempotency-Key", "")[:100],
+                idempotency_key=key,
                 window=(
                     services.Window(
                         window["start"], window["end"], timedelta(seconds=window["tolerance_s"])
@@ -161,6 +163,8 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             )
         except services.NoCapacity as refusal:
             return Response(refusal.explanation, status=refusal.status)
+        except services.IdempotencyKeyReused as reused:
+            return Response({"code": reused.code, "detail": str(reused)}, status=reused.status)
         return Response(LeaseSerializer(lease).data, status=status.HTTP_201_CREATED)
 
     def _lease(self):

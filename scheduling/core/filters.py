@@ -31,6 +31,8 @@ def node_schedulable(req: Request, node: NodeView, policy) -> str | None:
         return f"{r.NODE_NOT_SCHEDULABLE}({node.state})"
     if not node.healthy:
         return f"{r.NODE_NOT_SCHEDULABLE}(unhealthy)"
+    if not node.reachable:
+        return r.NODE_UNREACHABLE
     return None
 
 

@@ -27,6 +27,7 @@ from .types import (
     GangPlacement,
     GpuView,
     Grant,
+    LeaseEnd,
     MigSlice,
     NearMiss,
     NodeView,
@@ -472,7 +473,7 @@ def _bits(mask: int) -> set[int]:
 
 
 def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):
-    """(end time, lease ids) of the earliest set of this node's leases whose end makes room for
+    """(end time, leases) of the earliest set of this node's leases whose end makes room for
     ``req`` (leases end in order of ``ends_at``), or None when even all of them do not."""
     ordered = sorted(node.leases, key=lambda x: (x.ends_at, x.lease_id))
     for count in range(1, len(ordered) + 1):
@@ -487,7 +488,7 @@ def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):
             trial = [x for x in needed if x is not lease]
             if not isinstance(evaluate(req, _without_leases(node, trial), ctx), str):
                 needed = trial
-        return ended[-1].ends_at, tuple(x.lease_id for x in needed)
+        return ended[-1].ends_at, tuple(needed)
     return None
 
 
@@ -499,14 +500,23 @@ def _when(moment) -> str:
     return str(moment)
 
 
-def _wait_text(lease_ids: tuple[str, ...], moment) -> str:
-    if len(lease_ids) == 1:
-        return f"when lease {lease_ids[0]} ends at {_when(moment)}"
-    return f"when leases {', '.join(lease_ids)} have ended ({_when(moment)})"
+def _wait_text(needed: tuple[LeaseEnd, ...], moment, tenant: str) -> tuple[str, tuple[str, ...]]:
+    """The wait and the lease ids it may name: only the requester's own. Another tenant's
+    leases, and when each of them ends, are not its business; when capacity frees up is."""
+    own = tuple(x.lease_id for x in needed if not x.tenant or x.tenant == tenant)
+    when = _when(moment)
+    if len(own) < len(needed):
+        yours = ""
+        if own:
+            yours = f" (your lease{'s' if len(own) > 1 else ''} {', '.join(own)} among them)"
+        return f"when capacity frees up at {when}{yours}", own
+    if len(own) == 1:
+        return f"when lease {own[0]} ends at {when}", own
+    return f"when leases {', '.join(own)} have ended ({when})", own
 
 
 def _earliest_wait(req, nodes, rejected, policy):
-    """(end time, node, lease ids) for the node that frees room for ``req`` first, or None."""
+    """(end time, node, leases) for the node that frees room for ``req`` first, or None."""
     ctx = None
     best = None
     for node in nodes:
@@ -539,15 +549,16 @@ def _explain(req, nodes, rejected, policy, message="", reasons=None) -> Explanat
         text = f"would fit on {node.name} with {_describe(lacking)}"
         near = NearMiss(node.name, reason, lacking, text)
     if wait:
-        moment, wait_node, lease_ids = wait
+        moment, wait_node, needed = wait
+        waiting, lease_ids = _wait_text(needed, moment, req.tenant)
         if near is None:
-            text = f"would fit on {wait_node.name} {_wait_text(lease_ids, moment)}"
+            text = f"would fit on {wait_node.name} {waiting}"
             lacking = _lacking(req, wait_node, rejected[wait_node.name]) or {}
             near = NearMiss(wait_node.name, rejected[wait_node.name], lacking, text)
         elif wait_node.name == near.node:
-            text = f"{near.message}, or {_wait_text(lease_ids, moment)}"
+            text = f"{near.message}, or {waiting}"
         else:
-            text = f"{near.message}, or on {wait_node.name} {_wait_text(lease_ids, moment)}"
+            text = f"{near.message}, or on {wait_node.name} {waiting}"
         near = replace(
             near, message=text, fits_at=moment, fits_on=wait_node.name, after_leases=lease_ids
         )

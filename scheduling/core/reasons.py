@@ -20,6 +20,7 @@ RUNTIME_UNSUPPORTED = "runtime_unsupported"
 REGION_EXCLUDED = "region_excluded"
 NETWORK_CLASS_MISMATCH = "network_class_mismatch"
 NODE_NOT_SCHEDULABLE = "node_not_schedulable"
+NODE_UNREACHABLE = "node_unreachable"
 NODE_PIN_MISMATCH = "node_pin_mismatch"
 AFFINITY_MISMATCH = "affinity_mismatch"
 ANTI_AFFINITY = "anti_affinity"
@@ -49,6 +50,7 @@ DESCRIPTIONS: dict[str, str] = {
     REGION_EXCLUDED: "region or zone not allowed",
     NETWORK_CLASS_MISMATCH: "network class differs",
     NODE_NOT_SCHEDULABLE: "node is not accepting work",
+    NODE_UNREACHABLE: "node missed its heartbeats (unreachable)",
     NODE_PIN_MISMATCH: "request is pinned to another node",
     AFFINITY_MISMATCH: "node labels do not match the required affinity",
     ANTI_AFFINITY: "node runs work the request must avoid",

@@ -115,6 +115,9 @@ class LeaseEnd:
 
     lease_id: str
     ends_at: Any
+    # Its tenant: an explanation names only the requester's own leases (another tenant's are
+    # "capacity frees up at ..."). "" = not known, as in the pure tests and replays.
+    tenant: str = ""
     cpu_millicores: int = 0
     memory_mib: int = 0
     scratch_mib: int = 0
@@ -144,6 +147,7 @@ class NodeView:
     gpus: tuple[GpuView, ...] = ()
     state: str = "ready"
     healthy: bool = True
+    reachable: bool = True  # heartbeats arrive; an unreachable node gets no new work
     labels: Mapping[str, str] = field(default_factory=dict)
     arch: str = "amd64"
     os: str = "linux"
