@@ -24,7 +24,7 @@ from pools.actors import Actor
 from pools.choices import TrustLevel
 from pools.models import ComputePool, new_token_secret, token_digest
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused, transition
+from pools.statemachine import TransitionRefused, record_sweep_failure, transition
 
 # The lease ledger owns capacity columns; nodes hand their leases to it (never the reverse).
 from scheduling import services as lease_services
@@ -920,7 +920,7 @@ def _each_node(nodes, step, *, actor: Actor, now) -> dict:
             with transaction.atomic():
                 results[node.pk] = step(node)
         except Exception as error:
-            lease_services.record_sweep_failure(
+            record_sweep_failure(
                 Node, node.pk, event_model=NodeEvent, actor=actor, error=error, now=now
             )
     return results

@@ -6,6 +6,7 @@ its services; nothing else assigns a `state` field.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,7 +14,9 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from .actors import Actor
-from .reasons import REASON_CODES
+from .reasons import REASON_CODES, Reason
+
+logger = logging.getLogger(__name__)
 
 
 class TransitionRefused(Exception):
@@ -138,3 +141,45 @@ def transition(
         if on_commit is not None:
             transaction.on_commit(lambda: on_commit(obj, event))
     return obj
+
+
+# --- failures of periodic work: recorded on the row, never stopping the others ------------
+
+
+def error_summary(error: Exception) -> str:
+    """`Type: first line`, at most 500 characters. Only the first line: PostgreSQL's "DETAIL:
+    Failing row contains (…)" carries row values (timestamps among them), which would copy data
+    into events and make every repeat of one failure look new."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line}"[:500]
+
+
+def record_sweep_failure(model, pk, *, event_model, actor: Actor, error: Exception, now) -> None:
+    """One bad row never stops a sweep: called from its `except`, after the row's transaction
+    rolled back. Logs the error and records it on the row as a `sweep_failed` event (state
+    unchanged), once per distinct error: a row failing every minute must not flood its
+    history. A failure to record is logged too, and the sweep still goes on."""
+    logger.exception("%s %s: sweep by %s failed", model._meta.label, pk, actor.label)
+    message = error_summary(error)
+    try:
+        with transaction.atomic():
+            obj = model.objects.filter(pk=pk).first()
+            if obj is None:
+                return
+            events = event_model.objects.filter(**{event_model.subject_field: obj})
+            if events.order_by("-at", "-id").values_list("reason", "message").first() == (
+                Reason.SWEEP_FAILED,
+                message,
+            ):
+                return
+            event_model.record(
+                obj,
+                actor=actor,
+                from_state=obj.state,
+                to_state=obj.state,
+                reason=Reason.SWEEP_FAILED,
+                message=message,
+                at=now,
+            )
+    except Exception:
+        logger.exception("%s %s: could not record the sweep failure", model._meta.label, pk)

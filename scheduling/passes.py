@@ -31,14 +31,13 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_note_pending, job_transition, jobs_note_pending
 from pools.actors import Actor
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused
+from pools.statemachine import TransitionRefused, error_summary, record_sweep_failure
 
 from .choices import HOLDING
 from .services import (
     SCHEDULER_KEY_PREFIX,
     NoCapacity,
     lease_reserve,
-    record_sweep_failure,
     tenants_at_quota,
 )
 
@@ -114,7 +113,7 @@ def _scheduling_error(job_id: int, error: Exception, now) -> str:
     pass with the error as its pending reason; anything else (a corrupt stored request, a row
     the database refuses) fails the job with the error, so it stops blocking the queue."""
     logger.exception("scheduling pass: job %s failed", job_id)
-    message = f"{type(error).__name__}: {error}"[:500]
+    message = error_summary(error)
     explanation = {"code": Reason.SCHEDULING_ERROR.value, "message": message}
     job = Job(pk=job_id)
     try:

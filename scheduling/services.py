@@ -41,7 +41,7 @@ from nodes.models import GpuDevice, Node
 from pools.actors import Actor
 from pools.models import Quota
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused, transition
+from pools.statemachine import TransitionRefused, record_sweep_failure, transition
 from scheduling.core import types as core
 from scheduling.core.planner import apply_placement, make_context, place
 
@@ -1273,40 +1273,6 @@ def lease_report_usage(
 
 
 # --- sweeps ----------------------------------------------------------------------------------
-
-
-def record_sweep_failure(model, pk, *, event_model, actor: Actor, error: Exception, now) -> None:
-    """One bad row never stops a sweep: called from its `except`, after the row's transaction
-    rolled back. Logs the error and records it on the row as a `sweep_failed` event (state
-    unchanged), once per distinct error: a row failing every minute must not flood its
-    history. A failure to record is logged too, and the sweep still goes on."""
-    logger.exception("%s %s: sweep by %s failed", model._meta.label, pk, actor.label)
-    # The first line only: PostgreSQL's "DETAIL: Failing row contains (…)" carries row values
-    # (timestamps among them), which would make every repeat look new and copy data into events.
-    first_line = (str(error).strip().splitlines() or [""])[0]
-    message = f"{type(error).__name__}: {first_line}"[:500]
-    try:
-        with transaction.atomic():
-            obj = model.objects.filter(pk=pk).first()
-            if obj is None:
-                return
-            events = event_model.objects.filter(**{event_model.subject_field: obj})
-            if events.order_by("-at", "-id").values_list("reason", "message").first() == (
-                Reason.SWEEP_FAILED,
-                message,
-            ):
-                return
-            event_model.record(
-                obj,
-                actor=actor,
-                from_state=obj.state,
-                to_state=obj.state,
-                reason=Reason.SWEEP_FAILED,
-                message=message,
-                at=now,
-            )
-    except Exception:
-        logger.exception("%s %s: could not record the sweep failure", model._meta.label, pk)
 
 
 def _sweep(queryset, *, to: str, reason_for, actor: Actor, now, batch: int = 500) -> int:

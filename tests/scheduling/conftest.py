@@ -11,6 +11,7 @@ from pools.services import membership_set, pool_create, tenant_create
 from scheduling import selectors
 
 SYSTEM = Actor.system("tests")
+IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "c" * 64
 
 
 def make_pool(slug="leases", **fields):
@@ -51,6 +52,21 @@ def make_node(pool, name, *, cpu=4000, memory=8192, scratch=0, gpus=(), labels=N
         node = node_verify(node=node, actor=SYSTEM)
         node = node_mark_ready(node=node, actor=SYSTEM)
     return node
+
+
+def submit(pool, tenant, name, cpu=1000, priority=None):
+    """A queued CPU job, through the service (the scheduling pass places it)."""
+    from jobs.services import job_submit  # jobs sits above scheduling
+
+    return job_submit(
+        tenant=tenant,
+        pool=pool,
+        name=name,
+        image=IMAGE,
+        actor=SYSTEM,
+        resources=cpu_request(cpu=cpu, memory=512),
+        priority_class=priority,
+    )
 
 
 def cpu_request(cpu=1000, memory=1024, scratch=0, **extra):

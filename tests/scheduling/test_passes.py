@@ -9,7 +9,6 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.services import job_submit
 from pools.models import PriorityClass
 from pools.services import tenant_create
 from scheduling import selectors
@@ -19,21 +18,7 @@ from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.services import expire_leases
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
 
-from .conftest import SYSTEM, assert_ledger_ok, cpu_request, make_node, make_pool
-
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "c" * 64
-
-
-def submit(pool, tenant, name, cpu=1000, priority=None):
-    return job_submit(
-        tenant=tenant,
-        pool=pool,
-        name=name,
-        image=IMAGE,
-        actor=SYSTEM,
-        resources=cpu_request(cpu=cpu, memory=512),
-        priority_class=priority,
-    )
+from .conftest import assert_ledger_ok, make_node, make_pool, submit
 
 
 def test_places_highest_priority_first_then_oldest(lpool, ltenant):

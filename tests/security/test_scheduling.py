@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.services import job_submit
 from nodes.choices import Reachability
 from nodes.services import node_mark_unreachable
 from pools.models import PriorityClass, Quota
@@ -28,9 +27,15 @@ from scheduling.models import Lease, LeaseEvent
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import expire_leases as expire_leases_task
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
-from tests.scheduling.conftest import SYSTEM, assert_ledger_ok, cpu_request, make_node, make_pool
+from tests.scheduling.conftest import (
+    SYSTEM,
+    assert_ledger_ok,
+    cpu_request,
+    make_node,
+    make_pool,
+    submit,
+)
 
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "c" * 64
 MIN = timedelta(minutes=1)
 
 
@@ -47,18 +52,6 @@ def tenant_a(db):
 @pytest.fixture
 def tenant_b(db):
     return tenant_create(name="Tenant B", slug="tb")
-
-
-def submit(pool, tenant, name, cpu=1000, priority=None):
-    return job_submit(
-        tenant=tenant,
-        pool=pool,
-        name=name,
-        image=IMAGE,
-        actor=SYSTEM,
-        resources=cpu_request(cpu=cpu, memory=512),
-        priority_class=priority,
-    )
 
 
 def refuse_rows(table: str, when: str, *, errcode: str = "P0001", on: str = "INSERT") -> None:
