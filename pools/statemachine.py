@@ -19,13 +19,28 @@ from .reasons import REASON_CODES, Reason
 logger = logging.getLogger(__name__)
 
 
-class TransitionRefused(Exception):
-    """A transition the allowed-transitions map forbids, or a precondition that failed."""
+class Refusal(Exception):
+    """A request the domain refuses for a reason it can name. The API answers every one alike
+    (pools/api/errors.py): `status`, and the body `{"code", "detail", **extra}`."""
+
+    status = 409
+    code = "refused"
+
+    def __init__(self, message: str, *, code: str = "", extra: dict | None = None):
+        super().__init__(message)
+        self.code = code or self.code
+        self.message = message
+        self.extra = extra or {}
+
+    def body(self) -> dict:
+        return {"code": self.code, "detail": self.message, **self.extra}
+
+
+class TransitionRefused(Refusal):
+    """A transition the allowed-transitions map forbids, or a precondition that failed (409)."""
 
     def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(message, code=code)
 
 
 class EventBase(models.Model):

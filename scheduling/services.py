@@ -41,7 +41,7 @@ from nodes.models import GpuDevice, Node
 from pools.actors import Actor
 from pools.models import Quota
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused, record_sweep_failure, transition
+from pools.statemachine import Refusal, TransitionRefused, record_sweep_failure, transition
 from scheduling.core import types as core
 from scheduling.core.planner import apply_placement, make_context, place
 
@@ -61,7 +61,7 @@ RESERVATION_DEFAULTS = {
 }
 
 
-class NoCapacity(Exception):
+class NoCapacity(Refusal):
     """Nothing fits now (409): reason codes with node counts and the nearest miss."""
 
     status = 409
@@ -69,7 +69,9 @@ class NoCapacity(Exception):
 
     def __init__(self, explanation: dict):
         super().__init__(explanation.get("message", "no capacity"))
+        # what a queued job keeps as its pending_reason; the API body adds `detail`
         self.explanation = {"code": self.code, **explanation}
+        self.extra = self.explanation
 
 
 class NeverFits(NoCapacity):
@@ -85,7 +87,7 @@ class NeverFits(NoCapacity):
 SCHEDULER_KEY_PREFIX = "job-"
 
 
-class IdempotencyKeyReused(Exception):
+class IdempotencyKeyReused(Refusal):
     """The key names an earlier reserve of the tenant that asked for something else (422)."""
 
     status = 422

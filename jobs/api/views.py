@@ -7,7 +7,6 @@ from jobs import selectors, services
 from jobs.api.serializers import JobEventSerializer, JobSerializer, JobSubmitSerializer
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
-from scheduling.services import NeverFits
 
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -27,10 +26,8 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        try:
-            job = services.job_submit(actor=Actor.for_user(request.user), **data)
-        except NeverFits as refusal:  # the same 422 body as POST /compute-leases
-            return Response(refusal.explanation, status=refusal.status)
+        # a shape that never fits raises NeverFits: the same 422 body as POST /compute-leases
+        job = services.job_submit(actor=Actor.for_user(request.user), **data)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from pools.statemachine import TransitionRefused
+from pools.statemachine import Refusal
 
 
 def error(status_code, code, detail):
@@ -20,8 +20,9 @@ def error(status_code, code, detail):
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, TransitionRefused):
-        return error(409, exc.code, exc.message)
+    if isinstance(exc, Refusal):  # transitions refused, no capacity, never fits, key reused …
+        set_rollback()
+        return Response(exc.body(), status=exc.status)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages

@@ -145,26 +145,21 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         key = idempotency_key(request)
         data = validated_create_body(request)
         window = data.get("window")
-        try:
-            lease = services.lease_reserve(
-                pool=data["pool"],
-                tenant=data["tenant"],
-                request=data["request"],
-                actor=Actor.for_user(user),
-                duration=timedelta(seconds=data["duration_s"]),
-                idempotency_key=key,
-                window=(
-                    services.Window(
-                        window["start"], window["end"], timedelta(seconds=window["tolerance_s"])
-                    )
-                    if window
-                    else None
-                ),
-            )
-        except services.NoCapacity as refusal:
-            return Response(refusal.explanation, status=refusal.status)
-        except services.IdempotencyKeyReused as reused:
-            return Response({"code": reused.code, "detail": str(reused)}, status=reused.status)
+        lease = services.lease_reserve(
+            pool=data["pool"],
+            tenant=data["tenant"],
+            request=data["request"],
+            actor=Actor.for_user(user),
+            duration=timedelta(seconds=data["duration_s"]),
+            idempotency_key=key,
+            window=(
+                services.Window(
+                    window["start"], window["end"], timedelta(seconds=window["tolerance_s"])
+                )
+                if window
+                else None
+            ),
+        )
         return Response(LeaseSerializer(lease).data, status=status.HTTP_201_CREATED)
 
     def _lease(self):

@@ -16,6 +16,7 @@ from pools.api.errors import exception_handler
 from pools.choices import TokenScope
 from pools.services import api_token_issue
 from tests.conftest import client_for
+from tests.scheduling.conftest import make_node
 
 IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
 
@@ -253,6 +254,13 @@ def test_every_error_has_a_code_and_a_detail(member, cpu_shape):
     assert "image" in fields  # the field errors stay beside code and detail
     read_only = client(member, [TokenScope.READ])
     assert_json_error(read_only.post("/api/v1/jobs/", job_body(), format="json"), 403)
+    # the scheduler's refusals share the shape, with the explanation beside code and detail
+    lease = {"pool": "test", "tenant": "vision", "shape": "cpu-small"}
+    no_nodes = assert_json_error(api.post("/api/v1/compute-leases", lease, format="json"), 409)
+    assert no_nodes["code"] == "no_capacity" and "reasons" in no_nodes
+    make_node(cpu_shape.pool, "tiny", cpu=100, memory=64)  # far smaller than cpu-small
+    never = assert_json_error(api.post("/api/v1/jobs", job_body(), format="json"), 422)
+    assert never["code"] == "never_fits" and never["detail"] == never["message"]
 
 
 def test_a_database_data_error_is_a_400_not_a_500():
