@@ -4,10 +4,10 @@ too, matches with and without its trailing slash (pools/api/routers.py)."""
 from django.urls import include, path, re_path
 
 from jobs.api.views import JobViewSet
+from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
 from pools.api.routers import OptionalSlashRouter
 from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
-from scheduling.api.views import LeaseViewSet
 
 router = OptionalSlashRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
@@ -23,6 +23,6 @@ router.register("agent", AgentViewSet, basename="agent")
 
 urlpatterns = [
     re_path(r"^me/?$", me, name="me"),
-    path("", include("scheduling.api.urls")),
+    path("", include("leases.api.urls")),
     path("", include(router.urls)),
 ]

@@ -24,10 +24,10 @@ app.conf.beat_schedule = {
     "nodes-heartbeat-sweep": {"task": "nodes.heartbeat_sweep", "schedule": 10.0},
     "nodes-drain-sweep": {"task": "nodes.drain_sweep", "schedule": 30.0},
     "nodes-inventory-reconcile": {"task": "nodes.inventory_reconcile_sweep", "schedule": 60.0},
-    "leases-expire": {"task": "scheduling.expire_leases", "schedule": 5.0},
-    "leases-uncertain-deadline": {"task": "scheduling.expire_uncertain", "schedule": 30.0},
+    "leases-expire": {"task": "leases.expire_leases", "schedule": 5.0},
+    "leases-uncertain-deadline": {"task": "leases.expire_uncertain", "schedule": 30.0},
     "reservations-unclaimed": {
-        "task": "scheduling.release_unclaimed_reservations",
+        "task": "leases.release_unclaimed_reservations",
         "schedule": 15.0,
     },
 }

@@ -49,8 +49,9 @@ INSTALLED_APPS = [
     "config.apps.ProjectConfig",
     "pools",
     "nodes",
-    "scheduling",
+    "leases",
     "jobs",
+    "scheduling",
 ]
 
 MIDDLEWARE = [

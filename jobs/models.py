@@ -4,7 +4,7 @@ from django.utils import timezone
 
 from pools.statemachine import EventBase
 
-from .choices import JobState
+from .choices import TERMINAL, JobState
 
 
 class JobQuerySet(models.QuerySet):
@@ -55,6 +55,11 @@ class Job(models.Model):
 
     def __str__(self):
         return f"job {self.pk} {self.name}"
+
+    @property
+    def has_ended(self) -> bool:
+        """Ended for good (succeeded, failed, cancelled, lost): its lease is not renewed."""
+        return self.state in TERMINAL
 
 
 class JobEvent(EventBase):

@@ -1,5 +1,6 @@
 from django.db.models import OuterRef, Subquery
 
+from leases.models import Lease
 from pools.images import parse_image_reference
 
 from .models import Job
@@ -11,8 +12,6 @@ def jobs_visible_to(user):
 
 def jobs_for_console(user, limit: int = 100):
     """With the node of each job's newest lease, so people see where their work landed."""
-    from scheduling.models import Lease
-
     newest = Lease.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-id")
     return jobs_visible_to(user).annotate(node_name=Subquery(newest.values("node__name")[:1]))[
         :limit

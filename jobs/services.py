@@ -5,12 +5,12 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from leases.choices import HOLDING
+from leases.services import check_ever_fits, lease_release
 from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, ResourceShape, Tenant
 from pools.reasons import Reason
 from pools.statemachine import transition
-from scheduling.choices import HOLDING
-from scheduling.services import check_ever_fits, lease_release
 
 from .choices import JOB_TRANSITIONS, JobState
 from .events import publish_job_event

@@ -1,6 +1,6 @@
 """Nodes, their GPUs, and the per-node capacity ledger.
 
-The ledger columns (`*_reserved`) are changed only by guarded UPDATEs in scheduling.services
+The ledger columns (`*_reserved`) are changed only by guarded UPDATEs in leases.services
 (compare-and-set), and the database itself refuses a row where reserved exceeds allocatable
 (CHECK constraints), so no code path can overcommit a node, whatever it does.
 """

@@ -12,6 +12,7 @@ others.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from datetime import timedelta
 
@@ -20,14 +21,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+# The lease ledger owns capacity columns; nodes hand their leases to it (never the reverse).
+from leases import services as lease_services
 from pools.actors import Actor
 from pools.choices import TrustLevel
 from pools.models import ComputePool, new_token_secret, token_digest
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, record_sweep_failure, transition
-
-# The lease ledger owns capacity columns; nodes hand their leases to it (never the reverse).
-from scheduling import services as lease_services
+from worker_agent.schema import GPU_KEYS, GPU_SCHEMA
 
 from .choices import (
     NODE_TRANSITIONS,
@@ -93,25 +94,20 @@ def allocatable_from_raw(
     }
 
 
-GPU_FIELDS = (
-    "uuid",
-    "model",
-    "memory_mib",
-    "driver_version",
-    "cuda_version",
-    "mig_enabled",
-    "mig_slices",
-    "sharing_mode",
-    "interconnect_group",
-    "numa_node",
-)
+# The inventory format is the agent's schema (worker_agent/schemas/inventory-v1.json); a GPU's
+# fields there are GpuDevice columns, and its defaults are the schema's.
+GPU_FIELDS = tuple(key for key in GPU_KEYS if key != "index")
+GPU_DEFAULTS = {
+    key: spec["default"] for key, spec in GPU_SCHEMA["properties"].items() if "default" in spec
+}
 
 
 def normalize_inventory(inventory: dict) -> dict:
-    """The registered form of an inventory: what scheduling needs, in a stable order."""
+    """The registered form of an inventory: the schema's fields and defaults, in a stable order."""
     gpus = []
     for i, gpu in enumerate(inventory.get("gpus") or []):
         item = {field: gpu.get(field) for field in GPU_FIELDS if gpu.get(field) is not None}
+        item = copy.deepcopy(GPU_DEFAULTS) | item
         item["index"] = gpu.get("index", i)
         gpus.append(item)
     return {
@@ -784,7 +780,7 @@ def gpu_recover(*, gpu: GpuDevice, actor: Actor, probe: NodeProbe, now=None) -> 
 
 
 def _node_leases(node: Node):
-    from scheduling.models import Lease
+    from leases.models import Lease
 
     return Lease.objects.filter(node=node)
 
@@ -880,7 +876,7 @@ def gpu_health_apply(*, node: Node, reports: list[dict], actor: Actor, now=None)
 
 def node_mark_unreachable(*, node: Node, cutoff, actor: Actor, now=None) -> bool:
     """Guarded: only if still reachable and still silent since `cutoff`."""
-    from scheduling.choices import LeaseState
+    from leases.choices import LeaseState
 
     now = now or timezone.now()
     with transaction.atomic():
@@ -957,7 +953,7 @@ def node_heartbeat_sweep(*, now=None) -> list[int]:
 def node_workloads_reconcile(*, node: Node, workloads: list[dict], actor: Actor, now=None):
     """After a node returns: its uncertain leases it still runs are committed again; the
     others are released (the workload is gone). Returns {"running": [...], "gone": [...]}."""
-    from scheduling.choices import LeaseState
+    from leases.choices import LeaseState
 
     now = now or timezone.now()
     reported = {int(w["lease"]) for w in workloads if w.get("lease") is not None}
@@ -1156,7 +1152,7 @@ def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[
     from jobs.choices import ACTIVE, JobState
     from jobs.models import Job
     from jobs.services import job_transition
-    from scheduling.choices import HOLDING
+    from leases.choices import HOLDING
 
     now = now or timezone.now()
     outcome = {"checkpointing": [], "requeued": [], "failed": [], "left_running": []}
@@ -1216,7 +1212,7 @@ def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[
 
 
 def _end_job_leases(node: Node, job, *, actor: Actor, now) -> None:
-    from scheduling.choices import HOLDING
+    from leases.choices import HOLDING
 
     for lease in _node_leases(node).filter(job=job, state__in=HOLDING):
         lease_services.lease_release(
@@ -1230,7 +1226,7 @@ def _end_job_leases(node: Node, job, *, actor: Actor, now) -> None:
 
 def node_drain_complete(*, node: Node, actor: Actor, now=None) -> bool:
     """Record that a draining node holds no leases any more (once)."""
-    from scheduling.choices import HOLDING
+    from leases.choices import HOLDING
 
     now = now or timezone.now()
     with transaction.atomic():
@@ -1275,7 +1271,7 @@ def agent_job_checkpointed(*, node: Node, job, actor: Actor, now=None):
     from jobs.choices import JobState
     from jobs.models import Job
     from jobs.services import job_transition
-    from scheduling.choices import HOLDING
+    from leases.choices import HOLDING
 
     now = now or timezone.now()
     if not Job.objects.filter(pk=job.pk, leases__node=node, leases__state__in=HOLDING).exists():

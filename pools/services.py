@@ -11,6 +11,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from scheduling.core import DEFAULT_POLICY
+
 from . import validation
 from .actors import Actor
 from .choices import PlatformRole, TenantRole, TokenScope
@@ -36,8 +38,6 @@ POLICY_MODELS = (
     "allowedregistry",
     "computepool",
 )
-
-DEFAULT_POLICY_WEIGHTS = {"fragmentation": 1.0, "binpack": 0.2, "locality": 0.1, "warm_image": 0.1}
 
 
 def membership_set(*, user, tenant: Tenant, role: str = TenantRole.MEMBER) -> Membership:
@@ -75,13 +75,13 @@ def platform_role_grant(*, user, role: str) -> None:
 
 @transaction.atomic
 def pool_create(*, name: str, slug: str, actor: Actor | None = None, **fields) -> ComputePool:
-    """A pool always has a scheduling policy with a first version."""
+    """A pool always has a scheduling policy; its first version is the core's default."""
     pool = ComputePool.objects.create(name=name, slug=slug, **fields)
     policy = SchedulingPolicy.objects.create(pool=pool)
     SchedulingPolicyVersion.objects.create(
         policy=policy,
         number=1,
-        weights=dict(DEFAULT_POLICY_WEIGHTS),
+        weights=dict(DEFAULT_POLICY.weights),
         comment="initial",
         created_by=actor.user if actor else None,
     )

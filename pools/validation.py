@@ -5,10 +5,11 @@ run the shape's clean) and the API serializers use these, so the scheduler only 
 it can handle. Raise Django's ValidationError; DRF turns it into 400 field errors.
 """
 
-import math
 import re
 
 from django.core.exceptions import ValidationError
+
+from scheduling.core import policy_problems
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -23,13 +24,9 @@ ENV_KEY_MAX_CHARS = 128
 ENV_VALUE_MAX_CHARS = 4096
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
-# Policy versions: the knobs the code reads (scheduling.services.RESERVATION_DEFAULTS and
-# nodes.services.pool_drain_policy), and scorer weights.
+# Policy versions: the knobs the code reads (the reservation defaults of the lease services
+# and nodes' pool_drain_policy). Scorer weights are the core's to check (its registry).
 RESERVATION_KNOB_MAX_S = 365 * 86400
-WEIGHT_MAX = 1000
-# pools.services.DEFAULT_POLICY_WEIGHTS writes "binpack" though the scorer is "bin_pack" (issue
-# 10 renames it); refusing it would refuse every pool's own first version when re-published.
-LEGACY_SCORER_NAMES = {"binpack"}
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -104,14 +101,9 @@ KNOBS = {
 
 
 def policy_version(weights, knobs) -> None:
-    """A policy version's weights and knobs, checked at publish time (API, admin, service)."""
-    from scheduling.core.scorers import SCORERS
-
-    errors = {}
-    if not isinstance(weights, dict):
-        errors["weights"] = ["A map of scorer name to a non-negative number."]
-    elif problems := _problems(weights, dict.fromkeys([*SCORERS, *LEGACY_SCORER_NAMES], _weight)):
-        errors["weights"] = problems
+    """A policy version's weights and knobs, checked at publish time (API, admin, service):
+    weights name the core's registered scorers with non-negative numbers."""
+    errors = policy_problems(weights)
     if not isinstance(knobs, dict):
         errors["knobs"] = ["A map of knob name to its value."]
     elif problems := _problems(knobs, KNOBS):
@@ -129,11 +121,3 @@ def _problems(values: dict, checks: dict) -> list[str]:
         elif problem := check(value):
             problems.append(f"{name!r} must be {problem}.")
     return problems
-
-
-def _weight(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "a number"
-    if not math.isfinite(value) or not 0 <= value <= WEIGHT_MAX:
-        return f"between 0 and {WEIGHT_MAX}"
-    return None

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class SchedulingConfig(AppConfig):
     name = "scheduling"
-    verbose_name = "Scheduling and leases"
+    verbose_name = "Scheduling"

@@ -29,17 +29,11 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_note_pending, job_transition, jobs_note_pending
+from leases.choices import HOLDING
+from leases.services import SCHEDULER_KEY_PREFIX, NoCapacity, lease_reserve, tenants_at_quota
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, error_summary, record_sweep_failure
-
-from .choices import HOLDING
-from .services import (
-    SCHEDULER_KEY_PREFIX,
-    NoCapacity,
-    lease_reserve,
-    tenants_at_quota,
-)
 
 SCHEDULER = Actor.system("scheduler")
 logger = logging.getLogger(__name__)

@@ -19,18 +19,7 @@ from types import SimpleNamespace
 
 import pynvml
 
-INVENTORY_KEYS = (
-    "index",
-    "uuid",
-    "model",
-    "memory_mib",
-    "driver_version",
-    "cuda_version",
-    "mig_enabled",
-    "mig_slices",
-    "interconnect_group",
-    "numa_node",
-)
+from worker_agent.schema import GPU_KEYS, SCHEMA_VERSION, validate_inventory
 
 
 def load_nvml():
@@ -346,8 +335,25 @@ def record(nvml) -> dict:
 
 
 def inventory_only(reading: dict) -> list[dict]:
-    """The per-GPU inventory part, in the keys enrollment and reconciliation take."""
-    return [{k: gpu[k] for k in INVENTORY_KEYS if k in gpu} for gpu in reading["gpus"]]
+    """The per-GPU inventory part, in the keys the inventory schema defines."""
+    return [{k: gpu[k] for k in GPU_KEYS if k in gpu} for gpu in reading["gpus"]]
+
+
+def inventory_document(
+    reading: dict, *, cpu_millicores: int, memory_mib: int, scratch_mib: int = 0, numa=()
+) -> dict:
+    """The inventory the agent sends (enrollment, reports), checked against the schema first:
+    a node never sends what the control plane would refuse. Raises InventoryInvalid."""
+    return validate_inventory(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "cpu_millicores": cpu_millicores,
+            "memory_mib": memory_mib,
+            "scratch_mib": scratch_mib,
+            "numa": list(numa),
+            "gpus": inventory_only(reading),
+        }
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover - run on a GPU machine

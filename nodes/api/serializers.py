@@ -1,8 +1,9 @@
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
-from pools.choices import GpuSharingMode
 from pools.models import ComputePool
+from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -107,18 +108,15 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
 # --------------------------------------------------------------------------- what nodes send
 #
 # A node's agent is outside the control plane's trust. Every body it sends (enrollment,
-# inventory, heartbeat, probe result) is checked here by type and physically sensible range, so
+# inventory, heartbeat, probe result) is checked here by type and physically sensible range (the
+# inventory by the agent's own schema, worker_agent/schemas/inventory-v1.json), so
 # nothing out of range reaches a column or a sweep (an out-of-range GPU once stopped the
 # inventory reconciliation of every node), and no list or map is unbounded.
 
 INT_COLUMN_MAX = 2**31 - 1  # Node CPU/memory/scratch and GpuDevice.memory_mib: PostgreSQL integer
 COUNTER_MAX = 2**63 - 1  # error counters, usage and benchmark numbers, lease and job ids
 GPU_MEMORY_MAX_MIB = 2**20  # 1 TiB on one device
-GPU_INDEX_MAX = 255
 GPUS_MAX = 64  # devices on one node
-MIG_SLICES_MAX = 16  # MIG instances on one device (at most 7 on an A100 or H100)
-NUMA_NODES_MAX = 256
-NUMA_ID_MAX = 1023
 CPUS_MAX = 16384  # logical CPUs on one node
 TEMPERATURE_C = (-50, 200)
 PCIE_WIDTH_MAX = 64  # lanes
@@ -165,59 +163,48 @@ class BoundedDictField(serializers.DictField):
         return super().to_internal_value(data)
 
 
-class MigSliceSerializer(serializers.Serializer):
-    profile = serializers.CharField(max_length=40)
-    uuid = serializers.CharField(max_length=80, required=False, allow_blank=True)
-    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
-    gpu_instance_id = bounded_int(0, 255, required=False, allow_null=True)
-    start = bounded_int(0, MIG_SLICES_MAX - 1, required=False)
-
-
-class InventoryGpuSerializer(serializers.Serializer):
-    index = bounded_int(0, GPU_INDEX_MAX, required=False)
-    uuid = serializers.CharField(max_length=80)
-    model = serializers.CharField(max_length=60)
-    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB)
-    driver_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    cuda_version = serializers.CharField(max_length=20, required=False, allow_blank=True)
-    mig_enabled = serializers.BooleanField(default=False)
-    mig_slices = MigSliceSerializer(many=True, default=list, max_length=MIG_SLICES_MAX)
-    sharing_mode = serializers.ChoiceField(choices=GpuSharingMode.choices, required=False)
-    interconnect_group = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    numa_node = bounded_int(-1, NUMA_ID_MAX, required=False, allow_null=True)  # -1: unknown
-
-
-class NumaNodeSerializer(serializers.Serializer):
-    id = bounded_int(0, NUMA_ID_MAX)
-    cpus = serializers.JSONField(required=False, help_text="How many CPUs, or their ids")
-    memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
-
-    def validate_cpus(self, cpus):
-        ids = cpus if isinstance(cpus, list) else [cpus]
-        if len(ids) > CPUS_MAX or not all(
-            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= CPUS_MAX for i in ids
-        ):
-            raise serializers.ValidationError(
-                f"A count of CPUs, or a list of at most {CPUS_MAX} CPU ids, each 0..{CPUS_MAX}."
-            )
-        return cpus
-
-
 class InventorySerializer(serializers.Serializer):
-    cpu_millicores = bounded_int(0, INT_COLUMN_MAX)
-    memory_mib = bounded_int(0, INT_COLUMN_MAX)
-    scratch_mib = bounded_int(0, INT_COLUMN_MAX, default=0)
-    numa = NumaNodeSerializer(many=True, default=list, max_length=NUMA_NODES_MAX)
-    gpus = InventoryGpuSerializer(many=True, default=list, max_length=GPUS_MAX)
+    """A node's inventory, checked against the schema the agent itself checks it with
+    (worker_agent/schemas/inventory-v1.json: every number typed and ranged, every list bounded).
+    A refusal is a 400 whose field errors follow the path: {"gpus": {"0": {"index": [...]}}}."""
 
-    def validate_gpus(self, gpus):
-        uuids = [g["uuid"] for g in gpus]
-        if len(set(uuids)) != len(uuids):
-            raise serializers.ValidationError("GPU UUIDs must be unique.")
-        indexes = [g.get("index", i) for i, g in enumerate(gpus)]  # as normalize_inventory does
-        if len(set(indexes)) != len(indexes):
-            raise serializers.ValidationError("GPU indexes must be unique.")
-        return gpus
+    def to_internal_value(self, data):
+        errors = inventory_errors(data)
+        if errors:
+            raise serializers.ValidationError(error_tree(errors))
+        return data
+
+    def to_representation(self, instance):
+        return instance
+
+
+class InventoryOpenApi(OpenApiSerializerExtension):
+    """The API's documentation shows the inventory schema itself."""
+
+    target_class = InventorySerializer
+
+    def map_serializer(self, auto_schema, direction):
+        return {key: value for key, value in INVENTORY_SCHEMA.items() if not key.startswith("$")}
+
+
+def error_tree(errors) -> dict | list:
+    """(path, message) pairs as DRF's nested field errors; a node's own messages sit beside its
+    fields' under "non_field_errors" (as a serializer's do), or are the whole answer at the top."""
+    tree: dict = {}
+    for path, message in errors:
+        node = tree
+        for step in path:
+            node = node.setdefault(str(step), {})
+        node.setdefault("non_field_errors", []).append(message)
+
+    def collapse(node):
+        children = {
+            key: collapse(child) for key, child in node.items() if key != "non_field_errors"
+        }
+        own = node.get("non_field_errors", [])
+        return own if not children else children | ({"non_field_errors": own} if own else {})
+
+    return collapse(tree)
 
 
 class EnrollSerializer(serializers.Serializer):

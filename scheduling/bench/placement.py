@@ -17,8 +17,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from scheduling.core.policies import POLICY_NAMES
-from scheduling.core.replay import read_nodes, read_pods, replay_run, summarize
+from scheduling.replay import POLICY_NAMES, read_nodes, read_pods, replay_run, summarize
 
 OPENB = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "openb"
 REFERENCE_NAMES = {

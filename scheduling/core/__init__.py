@@ -1,8 +1,8 @@
-"""The scheduler core: pure placement logic over a snapshot (no Django, no ORM).
+"""The scheduler core: pure placement logic over a snapshot (no Django, no ORM, no numpy).
 
 Build a snapshot, call ``place``, apply the result::
 
-    from scheduling.core import NodeView, GpuView, Request, Policy, place, apply_placement
+    from scheduling.core import NodeView, GpuView, Request, Policy, place, apply_to_nodes
     from scheduling.core import DEFAULT_POLICY, Placement, Explanation
 
     nodes = [NodeView.from_dict(row) for row in rows]     # or NodeView(name=..., ...)
@@ -12,12 +12,12 @@ Build a snapshot, call ``place``, apply the result::
     else:
         print(result.message)   # "0 of 42 nodes: 30 gpu_memory_too_small, 12 ..."
 
-API (all types are frozen dataclasses in ``types``):
+API (all snapshot and decision types are frozen dataclasses in ``types``):
 
 * ``place(request, nodes, policy, ctx=None) -> Placement | Explanation`` — one replica.
-  Filters reject nodes with reason codes (``reasons``); scorers rank the rest with the policy's
-  weights; ties go to the smallest node name. Preferred values are granted where they fit
-  (``Placement.grants``), and nodes that grant more preferences win first.
+  The policy's filters reject nodes with reason codes (``reasons``); its scorers rank the rest
+  with its weights; ties go to the smallest node name. Preferred values are granted where they
+  fit (``Placement.grants``), and nodes that grant more preferences win first.
 * ``place_gang(request, nodes, policy, ctx=None) -> GangPlacement | Explanation`` — all
   ``request.replicas`` replicas or none, by ``request.gang`` topology.
 * ``apply_placement(node, placement) -> NodeView``, ``release(node, placement) -> NodeView``,
@@ -25,24 +25,27 @@ API (all types are frozen dataclasses in ``types``):
 * ``make_context(nodes, policy, peers=(), rng=None) -> ScoreContext`` — build once per pass and
   pass to ``place`` when placing many requests on the same snapshot.
 * ``evaluate(request, node, ctx) -> tuple | str`` — one node's best fit or rejection reason.
-* ``Policy(name, version, weights, gpu_choice, allow_tenant_mixing, integer_scores, truncated,
-  workload, seed)``; ``DEFAULT_POLICY``; ``PAPER_POLICIES``; ``policy_for(name)``.
+* ``Policy(name, version, weights, filters, gpu_choice, allow_tenant_mixing, integer_scores,
+  truncated, workload, seed)``; ``DEFAULT_POLICY``; ``policy_from(weights, filters=None,
+  **fields)`` builds a policy from edited values and refuses unknown names;
+  ``policy_problems(weights, filters)`` says what is wrong with them, by field.
+* ``FILTERS``, ``SCORERS``: the plugin registry (``registry``), filled by ``plugins``.
 
-Modules: ``types`` (snapshot and decisions), ``reasons`` (reason-code catalogue), ``filters``,
-``scorers``, ``fragmentation`` (the FGD measure), ``mig`` (MIG profiles and placements),
-``planner``, ``policies``, ``replay`` (the OpenB trace replay used by ``replay_trace``).
+Modules: ``types`` (snapshot and decisions), ``reasons`` (reason-code catalogue), ``registry``
+and ``plugins/`` (filters and scorers), ``policy`` (the default policy), ``context`` (fit and
+pass context), ``devices`` (device eligibility), ``evaluation`` (one request on one node),
+``planner`` (place, gangs), ``explain`` (why not, nearest miss, wait), ``bookkeeping``
+(apply/release), ``fragmentation`` (the FGD measure), ``mig`` (MIG profiles and placements).
+The trace replay and the FGD paper's policies are ``scheduling.replay``'s.
 """
 
-from .planner import (
-    apply_placement,
-    apply_to_nodes,
-    evaluate,
-    make_context,
-    place,
-    place_gang,
-    release,
-)
-from .policies import DEFAULT_POLICY, PAPER_POLICIES, policy_for
+from . import plugins
+from .bookkeeping import apply_placement, apply_to_nodes, release
+from .context import make_context
+from .evaluation import evaluate
+from .planner import place, place_gang
+from .policy import DEFAULT_POLICY, policy_from, policy_problems
+from .registry import FILTERS, SCORERS
 from .types import (
     DeviceShare,
     Explanation,
@@ -60,7 +63,8 @@ from .types import (
 
 __all__ = [
     "DEFAULT_POLICY",
-    "PAPER_POLICIES",
+    "FILTERS",
+    "SCORERS",
     "DeviceShare",
     "Explanation",
     "GangPlacement",
@@ -79,6 +83,8 @@ __all__ = [
     "make_context",
     "place",
     "place_gang",
-    "policy_for",
+    "plugins",
+    "policy_from",
+    "policy_problems",
     "release",
 ]

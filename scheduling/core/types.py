@@ -8,7 +8,7 @@ Units: CPU in millicores, memory and disk in MiB, GPU capacity in milli-GPU (100
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 # GPU sharing classes. A device is configured for exactly one mode and only serves that class.
@@ -255,21 +255,45 @@ class Request:
         return self.gpu_count > 0 or (self.sharing == MIG and bool(self.mig_profile))
 
 
+# The default filter chain: names of registered filters (``scheduling.core.plugins``). The
+# first that refuses a node names the rejection, so the order decides which reason a node that
+# fails several checks is counted under. Static filters run before the others.
+DEFAULT_FILTERS = (
+    "node_pin",
+    "node_schedulable",
+    "trust_level",
+    "arch",
+    "image_arch",
+    "os",
+    "runtime",
+    "region",
+    "network_class",
+    "affinity",
+    "gpu_model",
+    "anti_affinity",
+    "warm_image",
+    "capacity",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A versioned scheduling policy: scorer weights and sharing rules.
+    """A versioned scheduling policy: the filters that run, scorer weights and sharing rules.
 
-    ``weights`` maps scorer names (see ``scheduling.core.scorers.SCORERS``) to weights. The
-    version is echoed in every placement and explanation so decisions can be audited.
-    ``workload`` is the typical request mix fragmentation is measured against (None: a generic
-    mix derived from common shapes). ``integer_scores`` truncates every scorer's value to an
-    integer before weighting, as the Kubernetes framework does (the paper policies);
-    ``truncated`` names the scorers truncated when ``integer_scores`` is off.
+    ``filters`` names registered filters, in order; ``weights`` maps registered scorer names to
+    weights (``scheduling.core.registry``; build a policy from edited values with
+    ``scheduling.core.policy_from``, which refuses unknown names). The version is echoed in
+    every placement and explanation so decisions can be audited. ``workload`` is the typical
+    request mix fragmentation is measured against (None: a generic mix derived from common
+    shapes). ``integer_scores`` truncates every scorer's value to an integer before weighting, as
+    the Kubernetes framework does (the paper policies); ``truncated`` names the scorers truncated
+    when ``integer_scores`` is off.
     """
 
     name: str = "default"
     version: int = 1
     weights: Mapping[str, float] = field(default_factory=lambda: {"fragmentation": 1.0})
+    filters: tuple[str, ...] = DEFAULT_FILTERS
     gpu_choice: str = "fragmentation"  # fragmentation | best_fit | lowest_index | random
     allow_tenant_mixing: bool = False
     integer_scores: bool = False
@@ -278,8 +302,6 @@ class Policy:
     seed: int = 0  # only for the random policy
 
     def with_workload(self, workload) -> Policy:
-        from dataclasses import replace
-
         return replace(self, workload=workload)
 
 

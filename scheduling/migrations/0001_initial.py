@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import scheduling.models
+import leases.models
 from django.conf import settings
 from django.db import migrations, models
 
@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ('request', models.JSONField(default=dict, help_text='The resource request as asked')),
                 ('placement', models.JSONField(default=dict, help_text='Granted values and score breakdown')),
                 ('policy_version', models.PositiveIntegerField(blank=True, null=True)),
-                ('fencing_token', models.BigIntegerField(default=scheduling.models.new_fencing_token)),
+                ('fencing_token', models.BigIntegerField(default=leases.models.new_fencing_token)),
                 ('expires_at', models.DateTimeField(db_index=True)),
                 ('committed_at', models.DateTimeField(blank=True, null=True)),
                 ('ended_at', models.DateTimeField(blank=True, null=True)),

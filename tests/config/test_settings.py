@@ -25,7 +25,7 @@ from jobs.services import job_submit
 from pools.actors import Actor
 from pools.models import ComputePool, ResourceShape, Tenant
 from scheduling.passes import scheduling_pass
-from scheduling.selectors import ledger_problems
+from leases.selectors import ledger_problems
 pool, tenant = ComputePool.objects.get(slug="lab"), Tenant.objects.get(slug="vision")
 image = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
 for shape in ("cpu-small", "gpu-a100-1", "gpu-mig-1g", "gpu-share-quarter"):

@@ -10,14 +10,14 @@ from rest_framework.test import APIClient
 
 from jobs.choices import JobState
 from jobs.services import job_submit, job_transition
+from leases.choices import LeaseState
+from leases.models import Lease
+from leases.services import lease_transition
 from nodes import services
 from pools import services as pool_services
 from pools.actors import Actor
 from pools.choices import PlatformRole, TokenScope, TrustLevel
 from pools.reasons import Reason
-from scheduling.choices import LeaseState
-from scheduling.models import Lease
-from scheduling.services import lease_transition
 
 SYSTEM = Actor.system("tests")
 

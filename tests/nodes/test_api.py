@@ -257,7 +257,7 @@ def test_node_credential_cannot_reach_people_endpoints(ready_node, enroll, priva
     ):
         assert client.get(url).status_code == 403, url
     for url, body in (
-        ("/api/v1/pools/private/policy-versions/", {"weights": {"binpack": 1}}),
+        ("/api/v1/pools/private/policy-versions/", {"weights": {"bin_pack": 1}}),
         (f"/api/v1/jobs/{job.pk}/cancel/", {}),
         (f"/api/v1/nodes/{ready_node.node.pk}/retire/", {}),
         ("/api/v1/jobs/", {}),

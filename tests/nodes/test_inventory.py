@@ -1,12 +1,19 @@
-"""The control plane's side of an NVML inventory: enrollment and device health from it."""
+"""The control plane's side of an NVML inventory: the agent's schema checked at the API, and
+enrollment and device health from it."""
 
 import pytest
+import yaml
+from rest_framework.test import APIClient
 
 from nodes import services
+from nodes.api.serializers import error_tree
 from nodes.choices import GpuHealth, NodeState
+from nodes.models import GpuDevice, Node
 from pools.actors import Actor
+from pools.choices import GpuSharingMode
 from tests.worker_agent.test_inventory import recorded_reading
-from worker_agent.inventory import inventory_only
+from worker_agent.inventory import inventory_document, inventory_only
+from worker_agent.schema import GPU_SCHEMA, INVENTORY_SCHEMA
 
 from .conftest import inventory
 
@@ -42,3 +49,73 @@ def test_nvml_inventory_enrolls_and_heartbeats_through_the_services(
     healthy = dict(node.gpus.values_list("index", "healthy"))
     assert healthy == {0: True, 1: True, 2: True, 3: False}
     assert node.gpus.get(index=3).health == GpuHealth.TOO_HOT
+
+
+# --------------------------------------------------------------------------- one format, both sides
+
+
+def test_the_control_plane_checks_the_agents_own_schema():
+    """The schema's device fields are GpuDevice columns, its sharing modes the model's choices."""
+    columns = {field.name for field in GpuDevice._meta.get_fields()}
+    assert set(services.GPU_FIELDS) <= columns
+    assert GPU_SCHEMA["properties"]["sharing_mode"]["enum"] == GpuSharingMode.values
+
+
+def test_the_agents_document_enrolls_through_the_api(reading, private_pool, operator):
+    _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
+    numa = [{"id": 0, "cpus": 32}, {"id": 1, "cpus": list(range(32, 64))}]
+    doc = inventory_document(reading, cpu_millicores=64000, memory_mib=512000, numa=numa)
+    body = {"token": secret, "name": "h100-doc", "inventory": doc}
+    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    assert response.status_code == 201, response.content
+    node = Node.objects.get(name="h100-doc")
+    assert node.inventory == services.normalize_inventory(doc)
+    assert "schema_version" not in node.inventory  # the registered form is the control plane's
+
+
+def test_the_registered_form_takes_the_schemas_defaults():
+    gpu = {"uuid": "GPU-a", "model": "H100", "memory_mib": 81559}
+    registered = services.normalize_inventory({"cpu_millicores": 1000, "gpus": [gpu]})
+    assert registered == {
+        "cpu_millicores": 1000,
+        "memory_mib": 0,
+        "scratch_mib": 0,
+        "numa": [],
+        "gpus": [gpu | {"mig_enabled": False, "mig_slices": [], "index": 0}],
+    }
+
+
+CPUS = INVENTORY_SCHEMA["properties"]["numa"]["items"]["properties"]["cpus"]
+
+
+def test_a_schema_refusal_is_a_400_keyed_by_the_field_path(private_pool, operator):
+    _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
+    inv = inventory(gpus=2) | {"colour": "blue", "numa": [{"id": 0, "cpus": "all"}]}
+    inv["gpus"][0]["index"] = 256
+    del inv["gpus"][1]["uuid"]
+    body = {"token": secret, "name": "n", "inventory": inv}
+    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["inventory"] == {
+        "colour": ["Unknown field."],
+        "numa": {"0": {"cpus": [CPUS["description"]]}},
+        "gpus": {
+            "0": {"index": ["Ensure this value is less than or equal to 255."]},
+            "1": {"uuid": ["This field is required."]},
+        },
+    }
+    assert not Node.objects.exists()
+
+
+def test_error_tree_nests_paths_like_drf_field_errors():
+    assert error_tree([((), "Must be an object.")]) == ["Must be an object."]
+    tree = error_tree([(("gpus",), "At most 64."), (("gpus", 0, "uuid"), "Required.")])
+    assert tree == {"gpus": {"0": {"uuid": ["Required."]}, "non_field_errors": ["At most 64."]}}
+
+
+def test_the_api_documents_the_inventory_with_the_schema(client, db):
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    documented = schema["components"]["schemas"]["Inventory"]
+    assert documented["properties"] == INVENTORY_SCHEMA["properties"]
+    body = schema["paths"]["/api/v1/agent/inventory/"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/Inventory"}

@@ -3,6 +3,7 @@ from datetime import timedelta
 import pytest
 
 from jobs.choices import JobState
+from leases.choices import LeaseState
 from nodes import services
 from nodes.choices import NODE_TRANSITIONS, GpuHealth, NodeState, ProbeState, Reachability
 from nodes.models import GpuDevice, Node, NodeCredential, NodeEvent
@@ -11,7 +12,6 @@ from pools.models import token_digest
 from pools.reasons import Reason
 from pools.services import policy_version_publish
 from pools.statemachine import TransitionRefused
-from scheduling.choices import LeaseState
 
 from .conftest import SYSTEM, inventory
 
@@ -607,7 +607,7 @@ def test_drain_policy_wait_leaves_non_checkpointable_work_running(ready_node, ma
     node = ready_node.node
     policy_version_publish(
         policy=node.pool.scheduling_policy,
-        weights={"binpack": 1.0},
+        weights={"bin_pack": 1.0},
         knobs={"drain_noncheckpointable": "wait"},
         comment="let it run",
         actor=SYSTEM,

@@ -30,8 +30,8 @@ def test_editing_a_policy_publishes_a_new_version(client, policy_admin, pool):
     policy = pool.scheduling_policy
     response = client.post(
         "/admin/pools/schedulingpolicyversion/add/",
-        {"policy": policy.pk, "weights": '{"binpack": 2}', "knobs": "{}", "comment": "pack"},
+        {"policy": policy.pk, "weights": '{"bin_pack": 2}', "knobs": "{}", "comment": "pack"},
     )
     assert response.status_code == 302
     numbers = list(policy.versions.order_by("number").values_list("number", "weights"))
-    assert numbers == [(1, numbers[0][1]), (2, {"binpack": 2})]
+    assert numbers == [(1, numbers[0][1]), (2, {"bin_pack": 2})]

@@ -86,11 +86,11 @@ def test_revoke_own_token_only(api, member, outsider):
 def test_policy_versions_only_policy_admins_publish(api, member, policy_admin, pool):
     url = f"/api/v1/pools/{pool.slug}/policy-versions/"
     assert api(member).get(url).status_code == 200
-    body = {"weights": {"binpack": 1.5}, "comment": "more packing"}
+    body = {"weights": {"bin_pack": 1.5}, "comment": "more packing"}
     assert api(member).post(url, body, format="json").status_code == 403
     response = api(policy_admin).post(url, body, format="json")
     assert response.status_code == 201 and response.json()["number"] == 2
-    bad = api(policy_admin).post(url, {"weights": {"binpack": -1}}, format="json")
+    bad = api(policy_admin).post(url, {"weights": {"bin_pack": -1}}, format="json")
     assert bad.status_code == 400 and "weights" in bad.json()
 
 

@@ -8,14 +8,14 @@ from django.utils import timezone
 from jobs.choices import JOB_TRANSITIONS, JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_submit, job_transition
+from leases.choices import LEASE_TRANSITIONS, LeaseState
+from leases.models import Lease, LeaseEvent
+from leases.services import lease_transition
 from nodes.choices import NODE_TRANSITIONS, NodeState
 from nodes.models import Node, NodeEvent
 from nodes.services import node_register, node_transition
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
-from scheduling.choices import LEASE_TRANSITIONS, LeaseState
-from scheduling.models import Lease, LeaseEvent
-from scheduling.services import lease_transition
 
 
 def _node(pool, system, state):
@@ -113,8 +113,8 @@ def test_transition(machine, frm, to, allowed, pool, tenant, system):
 
 def test_terminal_states_have_no_way_out():
     from jobs.choices import TERMINAL as JOB_TERMINAL
+    from leases.choices import TERMINAL as LEASE_TERMINAL
     from nodes.choices import TERMINAL as NODE_TERMINAL
-    from scheduling.choices import TERMINAL as LEASE_TERMINAL
 
     for terminal, allowed in (
         (JOB_TERMINAL, JOB_TRANSITIONS),

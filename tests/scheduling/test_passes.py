@@ -9,16 +9,17 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
+from leases import selectors
+from leases.choices import LeaseState
+from leases.models import Lease
+from leases.services import expire_leases
 from pools.models import PriorityClass
 from pools.services import tenant_create
-from scheduling import selectors
-from scheduling.choices import LeaseState
-from scheduling.models import Lease
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
-from scheduling.services import expire_leases
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
+from tests.leases.conftest import assert_ledger_ok, make_node, make_pool
 
-from .conftest import assert_ledger_ok, make_node, make_pool, submit
+from .conftest import submit
 
 
 def test_places_highest_priority_first_then_oldest(lpool, ltenant):

@@ -15,15 +15,15 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_transition
+from leases import services
+from leases.choices import LeaseState
+from leases.models import Lease, LeaseEvent
 from pools.choices import TenantRole
 from pools.models import AllowedRegistry
 from pools.reasons import Reason
 from pools.services import membership_set
-from scheduling import services
-from scheduling.choices import LeaseState
-from scheduling.models import Lease, LeaseEvent
 from scheduling.passes import scheduling_pass
-from tests.scheduling.conftest import (
+from tests.leases.conftest import (
     SYSTEM,
     api_client,
     assert_ledger_ok,

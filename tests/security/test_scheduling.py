@@ -15,26 +15,22 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
+from leases import services, snapshot
+from leases.choices import LeaseState
+from leases.models import Lease, LeaseEvent
+from leases.services import ledger
+from leases.services import reserve as reserve_module
+from leases.tasks import expire_leases as expire_leases_task
 from nodes.choices import Reachability
 from nodes.services import node_mark_unreachable
 from pools.models import PriorityClass, Quota
 from pools.reasons import Reason
 from pools.services import tenant_create
-from scheduling import services, snapshot
-from scheduling.choices import LeaseState
 from scheduling.core.planner import place
-from scheduling.models import Lease, LeaseEvent
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
-from scheduling.tasks import expire_leases as expire_leases_task
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
-from tests.scheduling.conftest import (
-    SYSTEM,
-    assert_ledger_ok,
-    cpu_request,
-    make_node,
-    make_pool,
-    submit,
-)
+from tests.leases.conftest import SYSTEM, assert_ledger_ok, cpu_request, make_node, make_pool
+from tests.scheduling.conftest import submit
 
 MIN = timedelta(minutes=1)
 
@@ -294,10 +290,10 @@ def test_a_node_going_unreachable_after_the_snapshot_is_refused_at_write(
     assert placement.node == "n1"
     unreachable(node)  # meanwhile: missed heartbeats
     if portable:  # the ORM path SQLite takes (`make run`)
-        monkeypatch.setattr(services, "_postgresql", lambda: False)
+        monkeypatch.setattr(ledger, "postgresql", lambda: False)
 
-    with pytest.raises(services._Conflict):
-        services._apply_reserve(
+    with pytest.raises(ledger.Conflict):
+        reserve_module._apply_reserve(
             pool=pool,
             tenant=tenant_a,
             request=cpu_request(),

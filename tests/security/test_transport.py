@@ -16,7 +16,7 @@ from pools.api.errors import exception_handler
 from pools.choices import TokenScope
 from pools.services import api_token_issue
 from tests.conftest import client_for
-from tests.scheduling.conftest import make_node
+from tests.leases.conftest import make_node
 
 IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
 

@@ -7,9 +7,9 @@ the Django admin, so nothing the scheduler cannot handle is ever stored.
 import pytest
 
 from jobs.models import Job
+from leases.models import Lease
 from pools.images import ImageRef, parse_image_reference
 from pools.models import AllowedRegistry, ResourceShape
-from scheduling.models import Lease
 
 DIGEST = "sha256:" + "a" * 64
 IMAGE = "127.0.0.1:5000/computepool/busybox@" + DIGEST
@@ -173,7 +173,10 @@ def test_job_strings_and_env_at_their_limits_are_accepted(api, member, pool):
         ({"weights": {"no_such_scorer": 1}}, "weights"),
         ({"weights": {"bin_pack": "1"}}, "weights"),
         ({"weights": {"bin_pack": True}}, "weights"),
-        ({"weights": {"bin_pack": 10**6}}, "weights"),
+        ({"weights": {"bin_pack": 10**13}}, "weights"),
+        ({"weights": {"bin_pack": -1}}, "weights"),
+        ({"weights": {"binpack": 0.2}}, "weights"),  # the scorer is bin_pack
+        ({"weights": {}}, "weights"),
         ({"weights": [1]}, "weights"),
     ],
 )
@@ -190,8 +193,7 @@ def test_valid_knobs_and_weights_publish_and_reservations_still_work(
 ):
     url = "/api/v1/pools/test/policy-versions/"
     body = {
-        # "binpack" is the name pools' default policy writes today (issue 10 renames it).
-        "weights": {"bin_pack": 1, "fragmentation": 0.5, "binpack": 0.2},
+        "weights": {"bin_pack": 1, "fragmentation": 0.5, "paper_fgd": 1e6},
         "knobs": {"reservation_max_horizon_s": 86400, "drain_noncheckpointable": "wait"},
     }
     response = api(policy_admin).post(url, body, format="json")
@@ -277,3 +279,13 @@ def test_images_inside_an_allowed_registry_are_accepted(api, member, pool):
     assert client.post(JOBS, job_body(image=evil), format="json").status_code == 400
     AllowedRegistry.objects.filter(pool=pool).update(prefix="127.0.0.1:5000/")
     assert client.post(JOBS, job_body(), format="json").status_code == 201
+
+
+def test_the_admin_refuses_an_unknown_scorer(client, policy_admin, pool):
+    client.force_login(policy_admin)
+    policy = pool.scheduling_policy
+    form = {"policy": policy.pk, "weights": '{"binpack": 1}', "knobs": "{}", "comment": "oops"}
+    response = client.post("/admin/pools/schedulingpolicyversion/add/", form)
+    assert response.status_code == 200
+    assert "weights" in response.context["adminform"].form.errors
+    assert policy.versions.count() == 1

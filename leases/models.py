@@ -1,0 +1,116 @@
+"""Leases: time-bounded claims on capacity of one node (and, for GPUs, exact devices)."""
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from pools.statemachine import EventBase
+
+from .choices import HOLDING, LeaseState
+
+
+def new_fencing_token() -> int:
+    return secrets.randbits(62)
+
+
+class LeaseQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        from pools.roles import is_operator, tenant_roles
+
+        if is_operator(user):
+            return self
+        return self.filter(tenant_id__in=list(tenant_roles(user)))
+
+    def holding(self):
+        return self.filter(state__in=HOLDING)
+
+
+class Lease(models.Model):
+    objects = LeaseQuerySet.as_manager()
+
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.PROTECT, related_name="leases")
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="leases")
+    node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="leases")
+    job = models.ForeignKey(
+        "jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="leases"
+    )
+    state = models.CharField(
+        max_length=10, choices=LeaseState.choices, default=LeaseState.RESERVED, db_index=True
+    )
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    # what was reserved on the node (the ledger holds the sum of these for HOLDING leases)
+    cpu_millicores = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    scratch_mib = models.PositiveIntegerField(default=0)
+    gpu_allocations = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"gpu": id, "index": i, "milli": m, "mig_slots": mask}]',
+    )
+    request = models.JSONField(default=dict, help_text="The resource request as asked")
+    placement = models.JSONField(default=dict, help_text="Granted values and score breakdown")
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=new_fencing_token)
+    expires_at = models.DateTimeField(db_index=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=100, blank=True)
+    # What the keyed reserve asked for (pool, resources, duration or window), so a retry with
+    # the same key and another body is refused instead of answered with this lease.
+    idempotency_digest = models.CharField(max_length=64, blank=True, default="")
+    # A reservation for scheduled work: holds its capacity for the window (start, end) and must
+    # be claimed (committed) within `tolerance_s` of the start, or the sweep releases it.
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    tolerance_s = models.PositiveIntegerField(default=0)
+    # Backfill: short work running inside a reservation's hold before its window opens. Such a
+    # lease holds nothing on the node ledger itself; it borrows from `backfill_of`.
+    backfill_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="backfills"
+    )
+    uncertain_since = models.DateTimeField(null=True, blank=True)
+    # Measured consumption reported by the node's agent (held ≠ consumed).
+    used_cpu_millicores = models.PositiveIntegerField(null=True, blank=True)
+    used_memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    used_gpu_milli = models.PositiveIntegerField(null=True, blank=True)
+    usage_reported_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "scheduling_lease"  # created when leases lived in scheduling/; kept as is
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="lease_idempotency_key_unique_per_tenant",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state", "expires_at"]),
+            models.Index(fields=["pool", "state"]),
+        ]
+
+    def __str__(self):
+        return f"lease {self.pk} on {self.node_id} ({self.state})"
+
+    @property
+    def is_reservation(self) -> bool:
+        return self.window_start is not None
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(a.get("milli", 0) for a in self.gpu_allocations)
+
+
+class LeaseEvent(EventBase):
+    subject_field = "lease"
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="events")
+
+    class Meta(EventBase.Meta):
+        db_table = "scheduling_leaseevent"

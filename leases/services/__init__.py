@@ -1,0 +1,50 @@
+"""The leases services: the capacity ledger's only writers. Every state change writes a
+LeaseEvent with a reason code. Callers use `from leases import services`; the modules:
+
+- `reserve`: lease_reserve (snapshot → core → guarded writes, re-planned on conflict), the
+  refusals (409 not now / 422 never) and check_ever_fits
+- `group_commit`: concurrent reserves of one process combined into one transaction
+- `ledger`: the lease row and event, the guarded compare-and-set writes, capacity returned
+- `quota`: the per-tenant quota check and `tenants_at_quota`
+- `backfill`: short work inside a reservation's hold before its window opens
+- `lifecycle`: commit, renew, release, uncertain, reconcile, usage, `lease_transition`
+- `sweeps`: expiry, uncertain deadline, unclaimed reservations
+"""
+
+from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity
+from leases.window import Window
+
+from .lifecycle import (
+    lease_commit,
+    lease_mark_uncertain,
+    lease_reconcile,
+    lease_release,
+    lease_renew,
+    lease_report_usage,
+    lease_transition,
+)
+from .quota import tenants_at_quota
+from .reserve import RESERVATION_DEFAULTS, SCHEDULER_KEY_PREFIX, check_ever_fits, lease_reserve
+from .sweeps import expire_leases, expire_uncertain, release_unclaimed_reservations
+
+__all__ = [
+    "RESERVATION_DEFAULTS",
+    "SCHEDULER_KEY_PREFIX",
+    "IdempotencyKeyReused",
+    "NeverFits",
+    "NoCapacity",
+    "Window",
+    "check_ever_fits",
+    "expire_leases",
+    "expire_uncertain",
+    "lease_commit",
+    "lease_mark_uncertain",
+    "lease_reconcile",
+    "lease_release",
+    "lease_renew",
+    "lease_report_usage",
+    "lease_reserve",
+    "lease_transition",
+    "release_unclaimed_reservations",
+    "tenants_at_quota",
+]

@@ -1,0 +1,328 @@
+"""The ledger's writes: the new lease row and its event, the guarded compare-and-set UPDATEs
+that take capacity, and the guarded decrements that return it.
+
+The ledger (`Node.*_reserved`, `GpuDevice.milli_reserved`, `GpuDevice.mig_slots_used`) always
+equals the sum of the HOLDING leases that are not backfills. It changes only here, and only by
+guarded UPDATEs in the same transaction as the lease row:
+
+    UPDATE node SET cpu_reserved = cpu_reserved + x ...
+     WHERE id = n AND cpu_reserved <= cpu_allocatable - x AND ... AND state = 'ready'
+       AND reachability = 'reachable'   -- a node lost since the snapshot gets nothing new
+
+Every path locks lease → node → GPUs (in id order), so there is no deadlock. "0 rows updated"
+means another writer took the capacity first: `Conflict`, and the caller re-plans.
+"""
+
+from __future__ import annotations
+
+import orjson
+from django.db import connection
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.lookups import Exact
+
+from leases import snapshot as snap
+from leases.choices import LeaseState
+from leases.models import Lease, LeaseEvent
+from leases.window import request_digest
+from nodes.choices import NodeState, Reachability
+from nodes.models import GpuDevice, Node
+from pools.actors import Actor
+from pools.reasons import Reason
+from scheduling.core import types as core
+
+
+class Conflict(Exception):
+    """A guarded UPDATE matched 0 rows: someone else took the capacity first."""
+
+
+def postgresql() -> bool:
+    """The hot paths are PostgreSQL statements; other databases (SQLite for `make run`) take
+    plain ORM paths with the same guards."""
+    return connection.vendor == "postgresql"
+
+
+def gpu_allocations(placement: core.Placement, view: snap.Snapshot, node_id: int) -> list[dict]:
+    node = view.node(placement.node)
+    by_index = {g.index: g for g in node.gpus}
+    out = []
+    for share in placement.devices:
+        gpu_id = view.gpu_ids[(node_id, share.index)]
+        if share.mig_profile:
+            g = by_index[share.index]
+            mask = snap.mig_mask(g.model, g.memory_mib, share.mig_profile, share.mig_start)
+            out.append(
+                {
+                    "gpu": gpu_id,
+                    "index": share.index,
+                    "milli": 0,
+                    "mig_slots": mask,
+                    "mig_profile": share.mig_profile,
+                }
+            )
+        else:
+            out.append({"gpu": gpu_id, "index": share.index, "milli": share.milli, "mig_slots": 0})
+    return sorted(out, key=lambda a: a["gpu"])
+
+
+def _placement_record(placement: core.Placement) -> dict:
+    return {
+        "node": placement.node,
+        "score": placement.score,
+        "score_breakdown": dict(placement.score_breakdown),
+        "grants": {
+            k: {"minimum": g.minimum, "preferred": g.preferred, "granted": g.granted}
+            for k, g in placement.grants.items()
+        },
+        "policy": placement.policy_name,
+    }
+
+
+def build_reserved(
+    *,
+    pool,
+    tenant,
+    request,
+    actor: Actor,
+    placement,
+    node_id,
+    allocations,
+    expires_at,
+    window,
+    job,
+    idempotency_key,
+    now,
+    attempts,
+    backfill_of: Lease | None = None,
+) -> tuple[Lease, LeaseEvent]:
+    """The new lease (reserved) and its `reserved` event, not saved yet."""
+    record = {**_placement_record(placement), "attempts": attempts}
+    message = f"reserved on {placement.node}"
+    data = {"node": placement.node, "score": placement.score}
+    if window:
+        message += f" for the window from {window.start:%Y-%m-%d %H:%M}"
+    if backfill_of is not None:
+        record["backfill_of"] = data["backfill_of"] = backfill_of.pk
+        message = (
+            f"backfilled into reservation {backfill_of.pk} on {placement.node}, "
+            f"ends before {backfill_of.window_start:%Y-%m-%d %H:%M}"
+        )
+    lease = Lease(
+        pool=pool,
+        tenant=tenant,
+        node_id=node_id,
+        job=job,
+        state=LeaseState.RESERVED,
+        state_changed_at=now,
+        cpu_millicores=placement.cpu_millicores,
+        memory_mib=placement.memory_mib,
+        scratch_mib=placement.scratch_mib,
+        gpu_allocations=allocations,
+        request=request,
+        placement=record,
+        policy_version=placement.policy_version,
+        expires_at=expires_at,
+        idempotency_key=idempotency_key,
+        idempotency_digest=(
+            request_digest(pool, request, window or expires_at - now) if idempotency_key else ""
+        ),
+        created_by=actor.user,
+        created_at=now,
+        window_start=window.start if window else None,
+        window_end=window.end if window else None,
+        tolerance_s=int(window.tolerance.total_seconds()) if window else 0,
+        backfill_of=backfill_of,
+    )
+    event = LeaseEvent.build(
+        lease,
+        actor=actor,
+        from_state="",
+        to_state=LeaseState.RESERVED,
+        reason=Reason.RESERVED,
+        message=message,
+        at=now,
+        data=data,
+    )
+    return lease, event
+
+
+def save_with_event(lease: Lease, event: LeaseEvent) -> None:
+    lease.save()
+    event.lease = lease
+    event.save()
+
+
+# --- taking capacity -------------------------------------------------------------------------
+
+
+def insert_taking_node_capacity(lease: Lease, event: LeaseEvent) -> None:
+    """The guarded node UPDATE, then the lease and its event inserted only when it matched
+    (one statement on PostgreSQL). Raises Conflict when another writer took the capacity."""
+    if not postgresql():
+        _take_node_capacity_portably(lease, event)
+    elif not insert_group_taking_node_capacity([(lease, event)]):
+        raise Conflict
+
+
+def _take_node_capacity_portably(lease: Lease, event: LeaseEvent) -> None:
+    """The same guarded UPDATE through the ORM, then the inserts (same transaction)."""
+    cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
+    taken = Node.objects.filter(
+        pk=lease.node_id,
+        state=NodeState.READY,
+        reachability=Reachability.REACHABLE,
+        cpu_millicores_reserved__lte=F("cpu_millicores_allocatable") - cpu,
+        memory_mib_reserved__lte=F("memory_mib_allocatable") - mem,
+        scratch_mib_reserved__lte=F("scratch_mib_allocatable") - scratch,
+    ).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") + cpu,
+        memory_mib_reserved=F("memory_mib_reserved") + mem,
+        scratch_mib_reserved=F("scratch_mib_reserved") + scratch,
+    )
+    if not taken:
+        raise Conflict
+    save_with_event(lease, event)
+
+
+def _insert_fields(model, *, without: str = "") -> list:
+    """A model's concrete fields for an INSERT: no primary key (and not `without`)."""
+    return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != without]
+
+
+_GROUP_INSERT_SQL: list[str] = []
+
+
+def _group_insert_sql() -> str:
+    """The statement of `insert_group_taking_node_capacity`, built once from the models.
+
+    The rows travel as ONE json parameter ([{"l": lease row, "e": event row}, ...]) and
+    json_populate_record types each column from the table itself, so the statement text is the
+    same for every batch size (psycopg and PostgreSQL parse it once) and no per-value quoting
+    happens in Python."""
+    if not _GROUP_INSERT_SQL:
+        q = connection.ops.quote_name
+        lease_cols = [q(f.column) for f in _insert_fields(Lease)]
+        event_cols = [q(f.column) for f in _insert_fields(LeaseEvent, without="lease_id")]
+        lease_t, event_t = Lease._meta.db_table, LeaseEvent._meta.db_table
+        _GROUP_INSERT_SQL.append(
+            f"WITH taken AS (UPDATE {Node._meta.db_table} SET "
+            "cpu_millicores_reserved = cpu_millicores_reserved + %(cpu)s, "
+            "memory_mib_reserved = memory_mib_reserved + %(mem)s, "
+            "scratch_mib_reserved = scratch_mib_reserved + %(scratch)s "
+            "WHERE id = %(node)s AND state = %(ready)s AND reachability = %(reachable)s "
+            "AND cpu_millicores_reserved <= cpu_millicores_allocatable - %(cpu)s "
+            "AND memory_mib_reserved <= memory_mib_allocatable - %(mem)s "
+            "AND scratch_mib_reserved <= scratch_mib_allocatable - %(scratch)s RETURNING id), "
+            f"src AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('{lease_t}', 'id')) "
+            "AS id, d.o, d.doc FROM taken, "
+            "json_array_elements(CAST(%(rows)s AS json)) WITH ORDINALITY AS d(doc, o)), "
+            f"ins AS (INSERT INTO {lease_t} (id, {', '.join(lease_cols)}) "
+            f"SELECT src.id, {', '.join('r.' + c for c in lease_cols)} FROM src, "
+            f"json_populate_record(NULL::{lease_t}, src.doc -> 'l') AS r), "
+            f"ev AS (INSERT INTO {event_t} ({', '.join(event_cols)}, {q('lease_id')}) "
+            f"SELECT {', '.join('r.' + c for c in event_cols)}, src.id FROM src, "
+            f"json_populate_record(NULL::{event_t}, src.doc -> 'e') AS r) "
+            "SELECT id FROM src ORDER BY o"
+        )
+    return _GROUP_INSERT_SQL[0]
+
+
+def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> bool:
+    """Leases on ONE node (their GPUs are taken afterwards) in one statement: one guarded node
+    UPDATE for their sum, then the leases and their events, inserted only when it matched.
+    False (nothing written) when the node no longer has room for all of them."""
+    lease_fields = _insert_fields(Lease)
+    event_fields = _insert_fields(LeaseEvent, without="lease_id")
+    rows = [
+        {
+            "l": {f.column: getattr(lease, f.attname) for f in lease_fields},
+            "e": {f.column: getattr(event, f.attname) for f in event_fields},
+        }
+        for lease, event in pairs
+    ]
+    params = {
+        "cpu": sum(lease.cpu_millicores for lease, _ in pairs),
+        "mem": sum(lease.memory_mib for lease, _ in pairs),
+        "scratch": sum(lease.scratch_mib for lease, _ in pairs),
+        "node": pairs[0][0].node_id,
+        "ready": NodeState.READY.value,
+        "reachable": Reachability.REACHABLE.value,
+        # orjson writes datetimes as RFC 3339 with their microseconds (DjangoJSONEncoder would
+        # cut them to milliseconds) and is ~5x faster than json.dumps here
+        "rows": orjson.dumps(rows).decode(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_group_insert_sql(), params)
+        ids = [row[0] for row in cursor.fetchall()]
+    if len(ids) != len(pairs):
+        return False
+    for (lease, event), pk in zip(pairs, ids, strict=True):
+        lease.pk = pk
+        lease._state.adding = False
+        lease._state.db = "default"
+        event.lease_id = pk
+    return True
+
+
+def take_gpus(lease: Lease, *, allow_mixing: bool) -> None:
+    """Guarded GPU increments, in GPU id order, after the node row. Raises Conflict."""
+    for alloc in lease.gpu_allocations:  # sorted by GPU id
+        gpus = GpuDevice.objects.filter(pk=alloc["gpu"], node_id=lease.node_id, healthy=True)
+        if alloc["mig_slots"]:
+            mask = alloc["mig_slots"]
+            updated = gpus.filter(
+                Exact(F("mig_slots_used").bitand(mask), 0), mig_enabled=True
+            ).update(mig_slots_used=F("mig_slots_used") + mask)
+        elif alloc["milli"] >= 1000:
+            updated = gpus.filter(milli_reserved=0, mig_enabled=False, mig_slots_used=0).update(
+                milli_reserved=1000
+            )
+        else:
+            milli = alloc["milli"]
+            gpus = gpus.filter(milli_reserved__lte=1000 - milli, mig_enabled=False)
+            if allow_mixing:
+                updated = gpus.update(milli_reserved=F("milli_reserved") + milli)
+            else:
+                updated = gpus.filter(
+                    Q(share_tenant__isnull=True) | Q(share_tenant_id=lease.tenant_id)
+                ).update(milli_reserved=F("milli_reserved") + milli, share_tenant=lease.tenant_id)
+        if not updated:
+            raise Conflict
+
+
+# --- returning capacity ----------------------------------------------------------------------
+
+
+def return_capacity(lease: Lease) -> None:
+    """Guarded decrements in the same lock order; a backfill holds nothing on the ledger."""
+    if lease.backfill_of_id is not None:
+        return
+    cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
+    updated = Node.objects.filter(
+        pk=lease.node_id,
+        cpu_millicores_reserved__gte=cpu,
+        memory_mib_reserved__gte=mem,
+        scratch_mib_reserved__gte=scratch,
+    ).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") - cpu,
+        memory_mib_reserved=F("memory_mib_reserved") - mem,
+        scratch_mib_reserved=F("scratch_mib_reserved") - scratch,
+    )
+    if not updated:
+        raise RuntimeError(f"ledger of node {lease.node_id} is below lease {lease.pk}")
+    for alloc in sorted(lease.gpu_allocations, key=lambda a: a["gpu"]):
+        gpus = GpuDevice.objects.filter(pk=alloc["gpu"])
+        if alloc["mig_slots"]:
+            mask = alloc["mig_slots"]
+            updated = gpus.filter(Exact(F("mig_slots_used").bitand(mask), mask)).update(
+                mig_slots_used=F("mig_slots_used") - mask
+            )
+        else:
+            milli = alloc["milli"]
+            updated = gpus.filter(milli_reserved__gte=milli).update(
+                milli_reserved=F("milli_reserved") - milli,
+                share_tenant=Case(
+                    When(milli_reserved=milli, then=Value(None)), default=F("share_tenant")
+                ),
+            )
+        if not updated:
+            raise RuntimeError(f"ledger of GPU {alloc['gpu']} is below lease {lease.pk}")

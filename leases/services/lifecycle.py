@@ -1,0 +1,289 @@
+"""A lease's life after reserve: commit (startup began), renew, release, uncertain while its
+node is silent, reconcile, measured usage — each a transition with its event, through
+`lease_transition`; a transition out of HOLDING returns the capacity in the same transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from leases.choices import HOLDING, LEASE_TRANSITIONS, TERMINAL, LeaseState
+from leases.models import Lease, LeaseEvent
+from leases.window import as_timedelta
+from pools.actors import Actor
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused, transition
+
+from .ledger import return_capacity
+
+S = LeaseState
+
+
+def lease_transition(
+    *,
+    lease: Lease,
+    to: str,
+    actor: Actor,
+    reason: str,
+    message: str = "",
+    now=None,
+    changes: dict | None = None,
+    check=None,
+    data: dict | None = None,
+) -> Lease:
+    """The one transition helper: lock, check LEASE_TRANSITIONS, save, write the event."""
+    return transition(
+        Lease,
+        lease.pk,
+        to=to,
+        allowed=LEASE_TRANSITIONS,
+        event_model=LeaseEvent,
+        actor=actor,
+        reason=reason,
+        message=message,
+        now=now or timezone.now(),
+        changes=changes,
+        check=check,
+        data=data,
+    )
+
+
+def _authorize(lease: Lease, actor: Actor) -> None:
+    """A node's credential acts only on leases of that node."""
+    if actor.kind == "node" and getattr(actor.node, "pk", None) != lease.node_id:
+        raise TransitionRefused("not_your_lease", "This node does not hold that lease.")
+
+
+def _fencing_check(token, now, *, allow_expired: bool = False):
+    def check(obj: Lease):
+        if int(token) != obj.fencing_token:
+            raise TransitionRefused(
+                "fencing_token_mismatch", "Stale fencing token: another attempt holds this lease."
+            )
+        if not allow_expired and obj.expires_at <= now:
+            raise TransitionRefused("lease_expired", f"The lease expired at {obj.expires_at}.")
+
+    return check
+
+
+def _require_state(state):
+    def check(obj):
+        if obj.state != state:
+            raise TransitionRefused(
+                "transition_not_allowed", f"Only a {state} lease can do this, not {obj.state}."
+            )
+
+    return check
+
+
+def lease_commit(*, lease: Lease, fencing_token, actor: Actor, now=None) -> Lease:
+    """Startup began: reserved → committed. A reservation is claimed within its tolerance."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    token_check = _fencing_check(fencing_token, now)
+
+    def check(obj: Lease):
+        token_check(obj)
+        if obj.window_start is not None and now < obj.window_start:
+            raise TransitionRefused(
+                "reservation_window_not_open",
+                f"The reservation's window opens at {obj.window_start}.",
+            )
+
+    with transaction.atomic():
+        lease = lease_transition(
+            lease=lease,
+            to=S.COMMITTED,
+            actor=actor,
+            reason=Reason.COMMITTED,
+            now=now,
+            check=check,
+            changes={"committed_at": now},
+        )
+        if lease.window_start is not None:
+            # The claim holds the capacity until the window's end, not longer.
+            lease.expires_at = lease.window_end
+            lease.save(update_fields=["expires_at"])
+            _close_backfills(lease, actor, now)
+    return lease
+
+
+def _close_backfills(parent: Lease, actor: Actor, now) -> None:
+    for child in parent.backfills.filter(state__in=HOLDING).order_by("id"):
+        lease_transition(
+            lease=child,
+            to=S.EXPIRED,
+            actor=actor,
+            reason=Reason.BACKFILL_WINDOW_CLOSED,
+            message=f"reservation {parent.pk} was claimed",
+            now=now,
+            changes={"ended_at": now},
+        )
+
+
+def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None) -> Lease:
+    """Extend a live lease to now + duration (capped by its window or backfill deadline).
+    A lease whose job has ended is not renewed (`job_ended`): it runs out."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    duration = as_timedelta(duration)
+    if duration <= timedelta(0):
+        raise TransitionRefused("invalid_duration", "A renewal lasts a positive duration.")
+    with transaction.atomic():
+        obj = (
+            Lease.objects.select_for_update(of=("self",))
+            .select_related("backfill_of", "job")
+            .get(pk=lease.pk)
+        )
+        if obj.state not in (S.RESERVED, S.COMMITTED):
+            raise TransitionRefused(
+                "transition_not_allowed", f"A {obj.state} lease cannot be renewed."
+            )
+        _fencing_check(fencing_token, now)(obj)
+        if obj.job is not None and obj.job.has_ended:
+            raise TransitionRefused(
+                "job_ended", f"Job {obj.job_id} is {obj.job.state}: its lease is not renewed."
+            )
+        cap = None
+        if obj.window_start is not None:
+            cap = obj.window_end if obj.state == S.COMMITTED else obj.expires_at
+        if obj.backfill_of_id is not None:
+            cap = obj.backfill_of.window_start
+        wanted = now + duration
+        new_expiry = min(wanted, cap) if cap else wanted
+        if new_expiry <= obj.expires_at and cap is not None and wanted > cap:
+            raise TransitionRefused(
+                "hold_cap_reached", f"This lease cannot be held beyond {cap} (policy cap)."
+            )
+        previous = obj.expires_at
+        obj.expires_at = max(new_expiry, obj.expires_at)
+        obj.save(update_fields=["expires_at"])
+        LeaseEvent.record(
+            obj,
+            actor=actor,
+            from_state=obj.state,
+            to_state=obj.state,
+            reason=Reason.RENEWED,
+            message=f"expires at {obj.expires_at:%Y-%m-%d %H:%M:%S}",
+            at=now,
+            data={"previous_expires_at": previous.isoformat()},
+        )
+    return obj
+
+
+def end_lease(lease: Lease, *, to: str, actor: Actor, reason: str, message: str, now, check=None):
+    """A transition out of HOLDING with the capacity returned in the same transaction."""
+    with transaction.atomic():
+        lease = lease_transition(
+            lease=lease,
+            to=to,
+            actor=actor,
+            reason=reason,
+            message=message,
+            now=now,
+            check=check,
+            changes={"ended_at": now},
+        )
+        return_capacity(lease)
+        if lease.window_start is not None:
+            _close_backfills(lease, actor, now)
+    return lease
+
+
+def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "", now=None):
+    """Explicit and idempotent: releasing an ended lease returns it unchanged."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    with transaction.atomic():
+        current = Lease.objects.select_for_update().get(pk=lease.pk)
+        if current.state in TERMINAL:
+            return current
+        return end_lease(
+            current, to=S.RELEASED, actor=actor, reason=reason, message=message, now=now
+        )
+
+
+def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
+    """committed → uncertain: the node's agent stopped answering; capacity stays held."""
+    now = now or timezone.now()
+    return lease_transition(
+        lease=lease,
+        to=S.UNCERTAIN,
+        actor=actor,
+        reason=Reason.NODE_SILENT,
+        now=now,
+        changes={"uncertain_since": now},
+    )
+
+
+def lease_reconcile(*, lease: Lease, running: bool, actor: Actor, now=None) -> Lease:
+    """uncertain → committed when the workload still runs, else released (capacity back)."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    if running:
+        with transaction.atomic():
+            current = Lease.objects.select_for_update().get(pk=lease.pk)
+            expires_at = max(current.expires_at, now + settings.LEASE_DEFAULT_TTL)
+            if current.window_end is not None:
+                expires_at = min(expires_at, max(current.window_end, current.expires_at))
+            return lease_transition(
+                lease=current,
+                to=S.COMMITTED,
+                actor=actor,
+                reason=Reason.RECONCILED_RUNNING,
+                now=now,
+                changes={"uncertain_since": None, "expires_at": expires_at},
+            )
+    return end_lease(
+        lease,
+        to=S.RELEASED,
+        actor=actor,
+        reason=Reason.RECONCILED_GONE,
+        message="reconciliation found no running workload",
+        now=now,
+        check=_require_state(S.UNCERTAIN),
+    )
+
+
+def lease_report_usage(
+    *,
+    lease: Lease,
+    actor: Actor,
+    cpu_millicores: int,
+    memory_mib: int,
+    gpu_milli: int = 0,
+    now=None,
+) -> Lease:
+    """The agent's measured consumption of a committed lease (accounting: held vs consumed),
+    within what can be true, else ValidationError with field errors (400): CPU up to the
+    node's raw CPU (a CPU request is a share, not a cap: a container may burst to the whole
+    node), memory up to the lease's (the container's hard limit), GPU up to 1000 per device
+    the lease holds (a time-sliced share may use its whole device while others idle)."""
+    now = now or timezone.now()
+    _authorize(lease, actor)
+    bounds = {
+        "cpu_millicores": (cpu_millicores, lease.node.cpu_millicores_raw, "the node's CPU"),
+        "memory_mib": (memory_mib, lease.memory_mib, "the lease's memory"),
+        "gpu_milli": (gpu_milli, 1000 * len(lease.gpu_allocations), "the lease's GPUs"),
+    }
+    errors = {
+        field: f"Must be between 0 and {limit} ({what})."
+        for field, (value, limit, what) in bounds.items()
+        if not 0 <= value <= limit
+    }
+    if errors:
+        raise ValidationError(errors)
+    updated = Lease.objects.filter(pk=lease.pk, state=S.COMMITTED).update(
+        used_cpu_millicores=cpu_millicores,
+        used_memory_mib=memory_mib,
+        used_gpu_milli=gpu_milli,
+        usage_reported_at=now,
+    )
+    if not updated:
+        raise TransitionRefused("transition_not_allowed", "Usage is reported on committed leases.")
+    lease.refresh_from_db()
+    return lease

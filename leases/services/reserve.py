@@ -1,0 +1,255 @@
+"""Reserve: a snapshot read without locks → the pure core places → one short transaction that
+inserts the lease and its event and applies the guarded ledger writes (`ledger`).
+
+A guarded write that matches 0 rows means another writer took the capacity first: the
+transaction rolls back and the request is re-planned on a fresh snapshot, a bounded number of
+times. The database CHECK constraints are the last line of defence; an IntegrityError from them
+is a retry, never a 500. Concurrent plain reserves are combined (`group_commit`); what does not
+fit now may run inside a reservation's hold (`backfill`), else the refusal explains why.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from leases import snapshot as snap
+from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity, explanation_dict
+from leases.models import Lease
+from leases.window import Window, as_timedelta, request_digest
+from nodes.choices import NodeState
+from pools.actors import Actor
+from pools.statemachine import TransitionRefused
+from scheduling.core import types as core
+from scheduling.core.planner import make_context, place
+
+from . import group_commit, ledger
+from .backfill import try_backfill
+from .quota import check_quota
+
+MAX_ATTEMPTS = 6  # plans per reserve; after 2 conflicts the choice among fitting nodes is random
+
+# Reservation policy defaults; a pool overrides them in its scheduling policy knobs.
+RESERVATION_DEFAULTS = {
+    "reservation_max_horizon_s": 7 * 24 * 3600,  # how far ahead a window may start
+    "reservation_max_hold_s": 24 * 3600,  # how long a window may last
+    "reservation_max_tolerance_s": 3600,  # how late a reservation may be claimed
+}
+
+# The scheduling pass reserves with keys `job-<id>-attempt-<n>` (scheduling/passes.py). Clients
+# may not use keys with this prefix (the API answers 400), or a tenant could pre-claim the key
+# of its own job's next placement and have the job "placed" on a lease of its choosing.
+SCHEDULER_KEY_PREFIX = "job-"
+
+
+def _replayed(lease: Lease, digest: str) -> Lease:
+    """The lease an earlier reserve with the same key made, if it asked the same (`digest`;
+    "" when no key was given). Leases keyed before digests were stored are returned as is."""
+    if digest and lease.idempotency_digest and lease.idempotency_digest != digest:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {lease.idempotency_key!r} was used for lease {lease.pk}, "
+            "which asked for something else; use a new key for a new request."
+        )
+    return lease
+
+
+def lease_reserve(
+    *,
+    pool,
+    tenant,
+    request: dict,
+    actor: Actor,
+    duration,
+    job=None,
+    idempotency_key: str = "",
+    window=None,
+    now=None,
+) -> Lease:
+    """Atomically select a node, reserve capacity on it and return the lease.
+
+    Raises NoCapacity (409) when nothing fits now, NeverFits (422) when nothing ever could,
+    TransitionRefused("quota_exceeded" | "reservation_*") when policy refuses.
+    """
+    now = now or timezone.now()
+    duration = as_timedelta(duration)
+    window = Window.coerce(window)
+    digest = request_digest(pool, request, window or duration) if idempotency_key else ""
+    if idempotency_key:
+        existing = Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _replayed(existing, digest)
+    if duration <= timedelta(0):
+        raise TransitionRefused("invalid_duration", "A lease lasts a positive duration.")
+    expires_at = now + duration
+    if window is not None:
+        expires_at = _check_window(pool, window, now)
+    req = snap.core_request(request, tenant.pk)
+    policy = snap.pool_policy(pool)
+    conflicts = first_attempt = 0
+    if window is None and not idempotency_key and group_commit.enabled():
+        outcome = group_commit.submit(
+            group_commit.Pending(pool, tenant, request, actor, req, policy, expires_at, job, now)
+        )
+        if isinstance(outcome, Lease):
+            return outcome
+        if isinstance(outcome, Exception):
+            raise outcome
+        # RETRY_CONFLICT: re-plan here on a fresh snapshot; RETRY_ALONE: nothing fit in the
+        # batch (or the batch failed): the ordinary path explains, backfills or retries.
+        if outcome is group_commit.RETRY_CONFLICT:
+            conflicts = first_attempt = 1
+    for attempt in range(first_attempt, MAX_ATTEMPTS):
+        view = snap.pool_snapshot(pool.pk, leases=False)
+        chosen_policy = policy
+        if attempt >= 2:  # spread: pick at random among the nodes that fit
+            chosen_policy = replace(policy, weights={"random": 1.0})
+        ctx = make_context(view.nodes, chosen_policy, rng=random.Random())
+        result = place(req, view.nodes, chosen_policy, ctx)
+        if isinstance(result, core.Explanation):
+            if window is None:
+                lease = try_backfill(
+                    pool, tenant, req, request, actor, now, expires_at, job, idempotency_key
+                )
+                if lease is not None:
+                    return _replayed(lease, digest)  # another request may have won the key
+            raise _refusal(pool, req, policy, result, conflicts)
+        try:
+            return _apply_reserve(
+                pool=pool,
+                tenant=tenant,
+                request=request,
+                actor=actor,
+                placement=result,
+                view=view,
+                expires_at=expires_at,
+                window=window,
+                job=job,
+                idempotency_key=idempotency_key,
+                now=now,
+                attempts=attempt + 1,
+            )
+        except ledger.Conflict:
+            conflicts += 1
+        except IntegrityError:
+            if idempotency_key:
+                existing = Lease.objects.filter(
+                    tenant=tenant, idempotency_key=idempotency_key
+                ).first()
+                if existing is not None:
+                    return _replayed(existing, digest)
+            conflicts += 1
+    raise NoCapacity(
+        {
+            "message": f"capacity contended: {conflicts} conflicting writers in {MAX_ATTEMPTS} "
+            "attempts; retry",
+            "total_nodes": len(view.nodes),
+            "reasons": {"capacity_contention": conflicts},
+            "nearest_miss": None,
+            "policy_version": policy.version,
+            "conflicts": conflicts,
+        }
+    )
+
+
+def _apply_reserve(
+    *,
+    pool,
+    tenant,
+    request,
+    actor,
+    placement,
+    view,
+    expires_at,
+    window,
+    job,
+    idempotency_key,
+    now,
+    attempts=1,
+) -> Lease:
+    """One placement written: quota checked, lease and event inserted, capacity taken."""
+    node_id = view.node_ids[placement.node]
+    allocations = ledger.gpu_allocations(placement, view, node_id)
+    with transaction.atomic():
+        check_quota(pool, tenant, placement.cpu_millicores, placement.memory_mib, len(allocations))
+        lease, event = ledger.build_reserved(
+            pool=pool,
+            tenant=tenant,
+            request=request,
+            actor=actor,
+            placement=placement,
+            node_id=node_id,
+            allocations=allocations,
+            expires_at=expires_at,
+            window=window,
+            job=job,
+            idempotency_key=idempotency_key,
+            now=now,
+            attempts=attempts,
+        )
+        ledger.insert_taking_node_capacity(lease, event)
+        ledger.take_gpus(lease, allow_mixing=pool.allow_tenant_mixing_on_shared_gpus)
+    return lease
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+def check_ever_fits(*, pool, tenant, request: dict) -> None:
+    """Raises NeverFits (422) when no node of the pool could ever hold `request` (see
+    `_never_fits`): job submission refuses such a job instead of queueing it forever."""
+    refusal = _never_fits(pool, snap.core_request(request, tenant.pk), snap.pool_policy(pool))
+    if refusal is not None:
+        raise refusal
+
+
+def _never_fits(pool, req, policy, conflicts: int = 0) -> NeverFits | None:
+    """The one definition of "never fits": no node of the pool that is not retired, viewed
+    ready and empty, could hold the request. A pool without any node yet is "not now" (409):
+    capacity may still be enrolled."""
+    empty = snap.pool_snapshot(
+        pool.pk, states=[s for s in NodeState.values if s != NodeState.RETIRED], empty=True
+    )
+    ever = place(req, empty.nodes, policy) if empty.nodes else None
+    if isinstance(ever, core.Explanation):
+        return NeverFits(explanation_dict(ever, conflicts=conflicts))
+    return None
+
+
+def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:
+    """422 when the request never fits, else 409 with counts over every non-retired node."""
+    never = _never_fits(pool, req, policy, conflicts)
+    if never is not None:
+        return never
+    everything = snap.all_nodes_snapshot(pool.pk)
+    now_result = place(req, everything.nodes, policy)
+    if isinstance(now_result, core.Explanation):  # else capacity appeared meanwhile
+        explanation = now_result
+    return NoCapacity(explanation_dict(explanation, conflicts=conflicts))
+
+
+def _check_window(pool, window: Window, now) -> datetime:
+    knobs = {**RESERVATION_DEFAULTS, **snap.pool_knobs(pool)}
+    if window.end <= window.start:
+        raise TransitionRefused("reservation_window_invalid", "The window ends before it starts.")
+    if window.start < now:
+        raise TransitionRefused("reservation_window_invalid", "The window starts in the past.")
+    if (window.start - now).total_seconds() > knobs["reservation_max_horizon_s"]:
+        raise TransitionRefused(
+            "reservation_horizon_exceeded",
+            f"Windows may start at most {knobs['reservation_max_horizon_s']} s ahead.",
+        )
+    if (window.end - window.start).total_seconds() > knobs["reservation_max_hold_s"]:
+        raise TransitionRefused(
+            "reservation_hold_exceeded",
+            f"Windows may last at most {knobs['reservation_max_hold_s']} s.",
+        )
+    if window.tolerance.total_seconds() > knobs["reservation_max_tolerance_s"]:
+        raise TransitionRefused(
+            "reservation_tolerance_exceeded",
+            f"Tolerance may be at most {knobs['reservation_max_tolerance_s']} s.",
+        )
+    return min(window.start + window.tolerance, window.end)

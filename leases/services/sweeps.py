@@ -1,0 +1,86 @@
+"""Sweeps: leases past their expiry, uncertain past the deadline, reservations not claimed in
+their tolerance end with a reason and return their capacity. Safe on several workers at once."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from leases.choices import LeaseState
+from leases.models import Lease, LeaseEvent
+from leases.window import as_timedelta
+from pools.actors import Actor
+from pools.reasons import Reason
+from pools.statemachine import record_sweep_failure
+
+from .lifecycle import end_lease
+
+S = LeaseState
+
+
+def _sweep(queryset, *, to: str, reason_for, actor: Actor, now, batch: int = 500) -> int:
+    """Each lease in its own short transaction; SKIP LOCKED lets several sweepers share. A lease
+    that fails is rolled back and recorded (`record_sweep_failure`); the others go on."""
+    count = 0
+    ids = list(queryset.order_by("id").values_list("id", flat=True)[:batch])
+    for pk in ids:
+        try:
+            with transaction.atomic():
+                lease = queryset.select_for_update(skip_locked=True).filter(pk=pk).first()
+                if lease is None:
+                    continue  # someone else ended it, or holds it right now
+                end_lease(
+                    lease,
+                    to=to,
+                    actor=actor,
+                    reason=reason_for(lease),
+                    message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
+                    now=now,
+                )
+        except Exception as error:
+            record_sweep_failure(
+                Lease, pk, event_model=LeaseEvent, actor=actor, error=error, now=now
+            )
+            continue
+        count += 1
+    return count
+
+
+def expire_leases(*, now) -> int:
+    """Reserved or committed leases past their expiry → expired, capacity returned."""
+    due = Lease.objects.filter(state__in=(S.RESERVED, S.COMMITTED), expires_at__lte=now).exclude(
+        state=S.RESERVED, window_start__isnull=False
+    )
+    return _sweep(
+        due,
+        to=S.EXPIRED,
+        reason_for=lambda lease: (
+            Reason.EXPIRED_UNCOMMITTED if lease.state == S.RESERVED else Reason.EXPIRED_NOT_RENEWED
+        ),
+        actor=Actor.system("lease-expiry"),
+        now=now,
+    )
+
+
+def expire_uncertain(*, now, deadline) -> int:
+    """Uncertain longer than `deadline` (a timedelta or seconds) → expired, capacity returned."""
+    cutoff = now - as_timedelta(deadline)
+    due = Lease.objects.filter(state=S.UNCERTAIN, uncertain_since__lte=cutoff)
+    return _sweep(
+        due,
+        to=S.EXPIRED,
+        reason_for=lambda lease: Reason.UNCERTAIN_DEADLINE,
+        actor=Actor.system("lease-uncertain"),
+        now=now,
+    )
+
+
+def release_unclaimed_reservations(*, now) -> int:
+    """Reservations not claimed within their tolerance → released with a reason."""
+    due = Lease.objects.filter(state=S.RESERVED, window_start__isnull=False, expires_at__lte=now)
+    return _sweep(
+        due,
+        to=S.RELEASED,
+        reason_for=lambda lease: Reason.RESERVATION_UNCLAIMED,
+        actor=Actor.system("reservations"),
+        now=now,
+    )

@@ -1,0 +1,441 @@
+"""The thin adapter between the database and the pure scheduler core.
+
+`pool_snapshot` reads the schedulable (ready and reachable) nodes of a pool and their GPUs in two
+plain queries, with no locks, and turns them into core `NodeView`s whose free capacity is
+allocatable − reserved. The snapshot may be stale by the time it is used; the apply step in
+`leases.services` guards every capacity change with a compare-and-set UPDATE, so staleness
+costs a retry, never an overcommit.
+
+Conventions of the adapter (documented in docs/leases.md):
+- node names are unique within a pool, so a `NodeView.name` is the node's name;
+- a GPU's sharing mode: MIG when `mig_enabled`, else its `sharing_mode` field
+  (`exclusive` | `timeslice` | `mps`);
+- MIG slices in use come from the `mig_slots_used` bitmask (one slot per bit);
+- tenants are identified by their primary key as a string.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from datetime import datetime
+
+from django.db import connection
+
+from leases.choices import HOLDING
+from leases.models import Lease
+from nodes.choices import SCHEDULABLE, NodeState, Reachability
+from nodes.models import GpuDevice, Node
+from pools.choices import GpuSharingClass
+from scheduling.core import types as core
+from scheduling.core.mig import profiles_for
+from scheduling.core.policy import DEFAULT_POLICY, policy_from
+
+_NODE_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "reachability",
+    "architecture",
+    "os",
+    "runtimes",
+    "labels",
+    "region",
+    "zone",
+    "rack",
+    "network_class",
+    "cpu_millicores_allocatable",
+    "memory_mib_allocatable",
+    "scratch_mib_allocatable",
+    "cpu_millicores_reserved",
+    "memory_mib_reserved",
+    "scratch_mib_reserved",
+)
+_GPU_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "model",
+    "memory_mib",
+    "mig_enabled",
+    "sharing_mode",
+    "interconnect_group",
+    "numa_node",
+    "healthy",
+    "driver_version",
+    "cuda_version",
+    "milli_reserved",
+    "mig_slots_used",
+    "share_tenant_id",
+)
+
+
+class Snapshot:
+    """Core node views plus what the apply step needs to map a placement back to rows."""
+
+    __slots__ = ("gpu_ids", "node_ids", "nodes")
+
+    def __init__(self, nodes, node_ids, gpu_ids):
+        self.nodes: list[core.NodeView] = nodes
+        self.node_ids: dict[str, int] = node_ids  # node name → id
+        self.gpu_ids: dict[tuple[int, int], int] = gpu_ids  # (node id, gpu index) → gpu id
+
+    def node(self, name: str) -> core.NodeView:
+        return next(n for n in self.nodes if n.name == name)
+
+
+def mig_slices_from_mask(mask: int) -> tuple[core.MigSlice, ...]:
+    # A slot per bit: `occupied_slices` counts an unknown profile as one slice.
+    return tuple(core.MigSlice("", bit) for bit in range(8) if mask >> bit & 1)
+
+
+def mig_mask(model: str, memory_mib: int, profile: str, start: int) -> int:
+    size = profiles_for(model, memory_mib)[profile].slices
+    return ((1 << size) - 1) << start
+
+
+def _gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
+    if row["mig_enabled"]:
+        mask = 0 if empty else row["mig_slots_used"]
+        slices = mig_slices_from_mask(mask)
+        return core.GpuView(
+            index=row["index"],
+            model=row["model"],
+            memory_mib=row["memory_mib"],
+            free_milli=max(0, 1000 - 125 * len(slices)),
+            sharing=core.MIG,
+            uuid=row["uuid"],
+            mig_slices=slices,
+            interconnect_group=row["interconnect_group"],
+            numa_node=row["numa_node"] or 0,
+            healthy=row["healthy"],
+            driver_version=row["driver_version"],
+            cuda_version=row["cuda_version"],
+        )
+    tenant = row["share_tenant_id"]
+    return core.GpuView(
+        index=row["index"],
+        model=row["model"],
+        memory_mib=row["memory_mib"],
+        free_milli=1000 if empty else 1000 - row["milli_reserved"],
+        sharing=row["sharing_mode"],
+        uuid=row["uuid"],
+        interconnect_group=row["interconnect_group"],
+        numa_node=row["numa_node"] or 0,
+        healthy=row["healthy"],
+        driver_version=row["driver_version"],
+        cuda_version=row["cuda_version"],
+        tenants=(str(tenant),) if tenant is not None and not empty else (),
+    )
+
+
+def _lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
+    """Holding leases of a node (JSON rows of `_read`) as core lease ends, earliest first."""
+    ends = []
+    for lease in leases or ():
+        ends_at = lease["ends_at"]
+        if isinstance(ends_at, str):
+            ends_at = datetime.fromisoformat(ends_at)
+        ends.append(
+            core.LeaseEnd(
+                lease_id=str(lease["id"]),
+                ends_at=ends_at,
+                tenant=str(lease["tenant"]),
+                cpu_millicores=lease["cpu_millicores"],
+                memory_mib=lease["memory_mib"],
+                scratch_mib=lease["scratch_mib"],
+                gpu_milli=tuple(
+                    (a["index"], a["milli"])
+                    for a in lease["gpu_allocations"] or ()
+                    if not a.get("mig_slots")
+                ),
+                mig_slots=tuple(
+                    (a["index"], a["mig_slots"])
+                    for a in lease["gpu_allocations"] or ()
+                    if a.get("mig_slots")
+                ),
+            )
+        )
+    return tuple(sorted(ends, key=lambda x: (x.ends_at, x.lease_id)))
+
+
+def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
+    labels = row["labels"] if isinstance(row["labels"], dict) else {}
+    cpu, mem, scratch = (
+        row["cpu_millicores_allocatable"],
+        row["memory_mib_allocatable"],
+        row["scratch_mib_allocatable"],
+    )
+    return core.NodeView(
+        name=row["name"],
+        cpu_millicores=cpu,
+        memory_mib=mem,
+        scratch_mib=scratch,
+        free_cpu_millicores=cpu if empty else cpu - row["cpu_millicores_reserved"],
+        free_memory_mib=mem if empty else mem - row["memory_mib_reserved"],
+        free_scratch_mib=scratch if empty else scratch - row["scratch_mib_reserved"],
+        gpus=tuple(_gpu_view(g, empty=empty) for g in gpus),
+        state=NodeState.READY if empty else row["state"],
+        reachable=empty or row["reachability"] == Reachability.REACHABLE,
+        labels={str(k): str(v) for k, v in labels.items()},
+        arch=row["architecture"],
+        os=row["os"],
+        runtimes=frozenset(row["runtimes"] or ("docker",)),
+        region=row["region"],
+        zone=row["zone"],
+        rack=row["rack"],
+        network_class=row["network_class"],
+        leases=() if empty else _lease_ends(row.get("leases")),
+    )
+
+
+def _read(
+    pool_id: int, states: list[str], leases: bool = True, reachable_only: bool = False
+) -> tuple[list[dict], dict[int, list[dict]]]:
+    """Nodes with their GPUs and their holding leases' ends, in one query (both aggregated as
+    JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed.
+    `leases=False` leaves the lease ends out (an empty list per node): placement does not use
+    them, only explanations do, and reading them costs O(live leases of the pool).
+    `reachable_only`: without the nodes that missed their heartbeats."""
+    if connection.vendor != "postgresql":
+        return _read_portable(pool_id, states, leases, reachable_only)
+    node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
+    gpu_cols = ", ".join(
+        f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
+    )
+    sql = (
+        f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
+        f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
+        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
+        + (
+            "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
+            "'ends_at', l.expires_at, "
+            "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
+            "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
+            "ORDER BY l.expires_at, l.id), '[]'::json) "
+            f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
+            "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) "
+            if leases
+            else "'[]'::json "
+        )
+        + f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
+        + ("AND n.reachability = %s " if reachable_only else "")
+        + "ORDER BY n.name"
+    )
+    params = [*([sorted(HOLDING)] if leases else []), pool_id, states]
+    params += [Reachability.REACHABLE.value] if reachable_only else []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        raw = cursor.fetchall()
+    rows, gpus_by_node = [], {}
+    for record in raw:
+        row = dict(zip(_NODE_FIELDS, record[:-2], strict=True))
+        for key in ("labels", "runtimes"):
+            if isinstance(row[key], str):
+                row[key] = json.loads(row[key])
+        gpus, leases = record[-2], record[-1]
+        gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
+        row["leases"] = json.loads(leases) if isinstance(leases, str) else leases
+        rows.append(row)
+    return rows, gpus_by_node
+
+
+def _read_portable(
+    pool_id: int, states: list[str], leases: bool, reachable_only: bool = False
+) -> tuple[list[dict], dict[int, list[dict]]]:
+    """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
+    nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
+    if reachable_only:
+        nodes = nodes.filter(reachability=Reachability.REACHABLE)
+    rows = list(nodes.order_by("name").values(*_NODE_FIELDS))
+    ids = [row["id"] for row in rows]
+    gpus_by_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    for gpu in GpuDevice.objects.filter(node_id__in=ids).order_by("index").values(*_GPU_FIELDS):
+        gpus_by_node[gpu["node_id"]].append(gpu)
+    ends: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    if leases:
+        held = Lease.objects.filter(
+            node_id__in=ids, state__in=HOLDING, backfill_of__isnull=True, expires_at__isnull=False
+        ).order_by("expires_at", "id")
+        for lease in held.values(
+            "id",
+            "tenant",
+            "node_id",
+            "expires_at",
+            "cpu_millicores",
+            "memory_mib",
+            "scratch_mib",
+            "gpu_allocations",
+        ):
+            ends[lease.pop("node_id")].append(lease | {"ends_at": lease.pop("expires_at")})
+    for row in rows:
+        row["leases"] = ends[row["id"]]
+    return rows, gpus_by_node
+
+
+def pool_snapshot(
+    pool_id: int,
+    *,
+    states=SCHEDULABLE,
+    empty: bool = False,
+    leases: bool = True,
+    reachable_only: bool = True,
+) -> Snapshot:
+    """Nodes of the pool in `states` as core views: two queries, no locks.
+
+    Unreachable nodes (missed heartbeats) are left out unless `reachable_only=False`, where
+    they are viewed as such and the core counts them as `node_unreachable` (explanations).
+    `empty=True` views every node as ready, reachable and empty (allocatable only): what the
+    pool could ever offer, used to tell "never fits" (422) from "not now" (409); a node may come
+    back. `leases=False`: without the nodes' lease ends (see `_read`; the reserve hot path).
+    """
+    rows, gpus_by_node = _read(
+        pool_id,
+        list(states),
+        leases=leases and not empty,
+        reachable_only=reachable_only and not empty,
+    )
+    nodes, node_ids, gpu_ids = [], {}, {}
+    for row in rows:
+        gpus = gpus_by_node.get(row["id"], [])
+        nodes.append(_node_view(row, gpus, empty=empty))
+        node_ids[row["name"]] = row["id"]
+        for g in gpus:
+            gpu_ids[(row["id"], g["index"])] = g["id"]
+    return Snapshot(nodes, node_ids, gpu_ids)
+
+
+def all_nodes_snapshot(pool_id: int) -> Snapshot:
+    """Every node of the pool that is not retired, as it is now (for explanations)."""
+    states = [s for s in NodeState.values if s != NodeState.RETIRED]
+    return pool_snapshot(pool_id, states=states, reachable_only=False)
+
+
+def core_request(request: dict, tenant_id: int | str = "") -> core.Request:
+    """A validated shape/request dict (pools.api.serializers.REQUEST_FIELDS) as a core Request."""
+    sharing = request.get("gpu_sharing_class") or GpuSharingClass.NONE
+    gpu_count = int(request.get("gpu_count") or 0)
+    if sharing == GpuSharingClass.NONE:
+        sharing, gpu_count = core.EXCLUSIVE, 0
+    gpu_milli = 1000
+    if sharing in (core.TIMESLICE, core.MPS) and request.get("gpu_milli"):
+        gpu_milli = int(request["gpu_milli"])
+    return core.Request(
+        cpu_millicores=int(request.get("cpu_millicores_min") or 0),
+        preferred_cpu_millicores=request.get("cpu_millicores_preferred"),
+        memory_mib=int(request.get("memory_mib_min") or 0),
+        preferred_memory_mib=request.get("memory_mib_preferred"),
+        scratch_mib=int(request.get("scratch_mib") or 0),
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=int(request.get("gpu_memory_mib_min") or 0),
+        gpu_models=tuple(request.get("gpu_models") or ()),
+        sharing=sharing,
+        mig_profile=request.get("mig_profile") or "",
+        arch=request.get("architecture") or "",
+        os=request.get("os") or "",
+        runtime=request.get("container_runtime") or "",
+        regions=tuple(request.get("regions") or ()),
+        zones=tuple(request.get("zones") or ()),
+        network_class=request.get("network_class") or "",
+        node_pin=request.get("node_pin") or "",
+        tenant=str(tenant_id),
+    )
+
+
+# Policies change rarely; a pool's current version is cached a few seconds per process so the
+# hot path does not read it on every request.
+_POLICY_CACHE: dict[int, tuple[float, core.Policy]] = {}
+POLICY_CACHE_SECONDS = 5.0
+
+
+def pool_policy(pool) -> core.Policy:
+    now = time.monotonic()
+    cached = _POLICY_CACHE.get(pool.pk)
+    if cached and now - cached[0] < POLICY_CACHE_SECONDS:
+        return cached[1]
+    from pools.models import SchedulingPolicyVersion
+
+    version = (
+        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
+        .order_by("-number")
+        .values("number", "weights")
+        .first()
+    )
+    mixing = pool.allow_tenant_mixing_on_shared_gpus
+    if version is None:  # a pool without a version yet places with the default
+        policy = replace(DEFAULT_POLICY, allow_tenant_mixing=mixing)
+    else:  # a name the core does not know raises ValueError: never dropped silently
+        policy = policy_from(
+            version["weights"], version=version["number"], allow_tenant_mixing=mixing
+        )
+    _POLICY_CACHE[pool.pk] = (now, policy)
+    return policy
+
+
+def pool_knobs(pool) -> dict:
+    from pools.models import SchedulingPolicyVersion
+
+    version = (
+        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
+        .order_by("-number")
+        .values_list("knobs", flat=True)
+        .first()
+    )
+    return version if isinstance(version, dict) else {}
+
+
+def reservation_view(parent) -> core.NodeView | None:
+    """What a reservation holds, minus its live backfills, as one node for the core.
+
+    Backfill runs inside the reservation's hold, so it is placed against this view; MIG slices
+    held by a reservation are not offered to backfill.
+    """
+    row = Node.objects.filter(pk=parent.node_id).values(*_NODE_FIELDS).first()
+    if row is None:
+        return None
+    children = list(
+        parent.backfills.filter(state__in=HOLDING).values(
+            "tenant_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+        )
+    )
+    used_milli: dict[int, int] = {}
+    tenants: dict[int, set[str]] = {}
+    for child in children:
+        for alloc in child["gpu_allocations"]:
+            used_milli[alloc["gpu"]] = used_milli.get(alloc["gpu"], 0) + alloc["milli"]
+            if alloc["milli"] < 1000:
+                tenants.setdefault(alloc["gpu"], set()).add(str(child["tenant_id"]))
+    held = [a for a in parent.gpu_allocations if not a.get("mig_slots")]
+    gpu_rows = {
+        g["id"]: g
+        for g in GpuDevice.objects.filter(pk__in=[a["gpu"] for a in held]).values(*_GPU_FIELDS)
+    }
+    gpus = []
+    for alloc in held:
+        g = gpu_rows.get(alloc["gpu"])
+        if g is None:
+            continue
+        base = _gpu_view(g, empty=True)
+        gpus.append(
+            replace(
+                base,
+                free_milli=max(0, alloc["milli"] - used_milli.get(alloc["gpu"], 0)),
+                tenants=tuple(sorted(tenants.get(alloc["gpu"], ()))),
+            )
+        )
+    node = _node_view(row, [], empty=True)
+    return replace(
+        node,
+        cpu_millicores=parent.cpu_millicores,
+        memory_mib=parent.memory_mib,
+        scratch_mib=parent.scratch_mib,
+        free_cpu_millicores=parent.cpu_millicores - sum(c["cpu_millicores"] for c in children),
+        free_memory_mib=parent.memory_mib - sum(c["memory_mib"] for c in children),
+        free_scratch_mib=parent.scratch_mib - sum(c["scratch_mib"] for c in children),
+        gpus=tuple(gpus),
+        state=row["state"],
+        reachable=row["reachability"] == Reachability.REACHABLE,  # no backfill onto a lost node
+    )

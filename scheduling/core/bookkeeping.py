@@ -1,0 +1,91 @@
+"""Capacity bookkeeping on a snapshot: take a placement's capacity from its node, or give it
+back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .types import MigSlice, NodeView, Placement, Request
+
+
+def gpu_class(req: Request) -> str:
+    """The workload label a GPU request leaves on its node (read by the GPU-clustering scorer)."""
+    if not req.gpu_count:
+        return ""
+    return "gpu-class=share" if req.gpu_milli < 1000 else f"gpu-class={req.gpu_count}"
+
+
+def apply_placement(node: NodeView, placement: Placement, sign: int = 1) -> NodeView:
+    """The node with the placement's capacity reserved (``sign=-1`` releases it)."""
+    if placement.node != node.name:
+        raise ValueError(f"placement is for {placement.node}, not {node.name}")
+    req = placement.request
+    by_index = {d.index: d for d in placement.devices}
+    gpus = []
+    for g in node.gpus:
+        share = by_index.get(g.index)
+        if share is None:
+            gpus.append(g)
+            continue
+        if share.mig_profile:
+            if sign > 0:
+                slices = (*g.mig_slices, MigSlice(share.mig_profile, share.mig_start, req.tenant))
+            else:
+                slices = tuple(
+                    s
+                    for s in g.mig_slices
+                    if not (s.profile == share.mig_profile and s.start == share.mig_start)
+                )
+            gpus.append(replace(g, mig_slices=slices, free_milli=g.free_milli - sign * share.milli))
+            continue
+        tenants = list(g.tenants)
+        if share.milli < 1000:
+            if sign > 0:
+                tenants.append(req.tenant)
+            elif req.tenant in tenants:
+                tenants.remove(req.tenant)
+        gpus.append(
+            replace(g, free_milli=g.free_milli - sign * share.milli, tenants=tuple(tenants))
+        )
+    numa = node.numa
+    if placement.numa_node is not None:
+        numa = tuple(
+            replace(
+                n,
+                free_cpu_millicores=n.free_cpu_millicores - sign * placement.cpu_millicores,
+                free_memory_mib=n.free_memory_mib - sign * placement.memory_mib,
+            )
+            if n.id == placement.numa_node
+            else n
+            for n in node.numa
+        )
+    labels = set(node.workload_labels)
+    own = set(req.labels) | ({gpu_class(req)} if req.gpu_count else set())
+    tenants = set(node.tenants)
+    if sign > 0:
+        labels |= own
+        tenants.add(req.tenant)
+    return replace(
+        node,
+        free_cpu_millicores=node.free_cpu_millicores - sign * placement.cpu_millicores,
+        free_memory_mib=node.free_memory_mib - sign * placement.memory_mib,
+        free_scratch_mib=node.free_scratch_mib - sign * placement.scratch_mib,
+        gpus=tuple(gpus),
+        workload_labels=frozenset(labels),
+        tenants=frozenset(tenants),
+        numa=numa,
+    )
+
+
+def release(node: NodeView, placement: Placement) -> NodeView:
+    """The node with the placement's capacity given back.
+
+    Workload labels and tenants are kept: a snapshot does not know which other work carries
+    them; the next snapshot from the database recomputes them.
+    """
+    return apply_placement(node, placement, sign=-1)
+
+
+def apply_to_nodes(nodes, placement: Placement) -> list[NodeView]:
+    """The node list with ``placement`` applied to its node."""
+    return [apply_placement(n, placement) if n.name == placement.node else n for n in nodes]

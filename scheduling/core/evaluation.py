@@ -1,0 +1,187 @@
+"""One request on one node: run the policy's filters, choose devices, score the ways it fits.
+
+``evaluate`` returns the best fit as ``(score, fit, breakdown, gpu count, gpu memory)`` or the
+reason code of the first check that refused the node.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import reasons as r
+from .context import Fit, ScoreContext
+from .devices import eligible_devices
+from .mig import free_starts, occupied_slices, profiles_for
+from .registry import active_filters, active_scorers
+from .types import EXCLUSIVE, MIG, DeviceShare, NodeView, Policy, Request
+
+
+def static_reason(req: Request, node: NodeView, ctx: ScoreContext) -> str | None:
+    """The reason the policy's static filters refuse ``node``, or None. A pass or a replay may
+    check these once per node and then call ``evaluate(..., static_checked=True)``."""
+    policy = ctx.policy
+    for check in active_filters(req, ctx)[0]:
+        reason = check(req, node, policy)
+        if reason:
+            return reason
+    return None
+
+
+def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bool = False):
+    """Best way to place ``req`` on ``node``: (score, fit, breakdown, gpu count, gpu memory).
+
+    Returns a reason code string when the node is not eligible.
+    """
+    policy = ctx.policy
+    _, dynamic, chain = active_filters(req, ctx)
+    for check in dynamic if static_checked else chain:
+        reason = check(req, node, policy)
+        if reason:
+            return reason
+    cpu = _granted(req.cpu_millicores, req.preferred_cpu_millicores, node.free_cpu_millicores)
+    mem = _granted(req.memory_mib, req.preferred_memory_mib, node.free_memory_mib)
+    scratch = _granted(req.scratch_mib, req.preferred_scratch_mib, node.free_scratch_mib)
+    count = req.gpu_count
+    gpu_mem = req.gpu_memory_mib
+    devices = []
+    if req.wants_gpu:
+        devices = None
+        if req.preferred_gpu_memory_mib and req.preferred_gpu_memory_mib > gpu_mem:
+            preferred = eligible_devices(req, node, policy, req.preferred_gpu_memory_mib)
+            if not isinstance(preferred, str):
+                devices, gpu_mem = preferred, req.preferred_gpu_memory_mib
+        if devices is None:
+            devices = eligible_devices(req, node, policy)
+            if isinstance(devices, str):
+                return devices
+        if req.preferred_gpu_count and count < req.preferred_gpu_count <= len(devices):
+            count = req.preferred_gpu_count
+    numa_node = None
+    if req.require_numa and node.numa:
+        aligned = _numa_devices(req, node, devices, cpu, mem)
+        if aligned is None:
+            return r.NUMA_UNAVAILABLE
+        numa_node, devices = aligned
+    fits = _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx)
+    if isinstance(fits, str):
+        return fits
+    if numa_node is not None:
+        for fit in fits:
+            fit.numa_node = numa_node
+    best = None
+    for fit in fits:  # first wins ties: lowest device index
+        total, breakdown = score_fit(req, node, fit, ctx)
+        if best is None or total > best[0]:
+            best = (total, fit, breakdown, count, gpu_mem)
+    return best
+
+
+def score_fit(req, node, fit, ctx) -> tuple[float, dict[str, float]]:
+    policy = ctx.policy
+    breakdown = {}
+    total = 0.0
+    for name, weight, scorer in active_scorers(req, ctx):
+        value = scorer(req, node, fit, ctx)
+        if policy.integer_scores or name in policy.truncated:
+            value = math.floor(value)
+        breakdown[name] = value
+        total += weight * value
+    return total, breakdown
+
+
+def _granted(minimum: int, preferred: int | None, free: int) -> int:
+    if preferred is not None and preferred > minimum and free >= preferred:
+        return preferred
+    return minimum
+
+
+def _choose_whole(devices, count: int, req: Request):
+    """Whole devices: one interconnect group when possible (the tightest that fits)."""
+    if count > 1:
+        groups: dict[str, list] = {}
+        for d in devices:
+            if d.interconnect_group:
+                groups.setdefault(d.interconnect_group, []).append(d)
+        fitting = [g for g in groups.values() if len(g) >= count]
+        if fitting:
+            best = min(fitting, key=lambda g: (len(g), g[0].index))
+            return best[:count]
+        if req.require_interconnect:
+            return None
+    return devices[:count]
+
+
+def _share_candidates(devices, req: Request, policy: Policy, ctx: ScoreContext):
+    """Devices a fractional share may go to, in the order the policy prefers them."""
+    if policy.gpu_choice == "best_fit":
+        return [min(devices, key=lambda d: (d.free_milli, d.index))]
+    if policy.gpu_choice == "random":
+        return [ctx.rng.choice(devices)]
+    if policy.gpu_choice == "lowest_index":
+        return [devices[0]]
+    seen, out = set(), []  # fragmentation: every distinct free level, lowest index first
+    for d in devices:
+        if d.free_milli not in seen:
+            seen.add(d.free_milli)
+            out.append(d)
+    return out
+
+
+def _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx):
+    frees = tuple(g.free_milli for g in node.gpus)
+    if not req.wants_gpu:
+        return [Fit((), cpu, mem, scratch, frees, frees)]
+    if req.sharing == MIG:
+        best = None
+        for d in devices:
+            profiles = profiles_for(d.model, d.memory_mib)
+            profile = profiles[req.mig_profile]
+            used = occupied_slices(d.mig_slices, profiles)
+            for start in free_starts(profile, used):
+                key = (-len(used), start, d.index)  # fill carved devices first
+                if best is None or key < best[0]:
+                    best = (key, d, start, profile)
+        _, d, start, profile = best
+        after = list(frees)
+        position = node.gpus.index(d)
+        after[position] = max(0, after[position] - profile.compute_milli)
+        share = DeviceShare(d.index, profile.compute_milli, profile.name, start, d.uuid)
+        return [Fit((share,), cpu, mem, scratch, frees, tuple(after))]
+    position = {g.index: i for i, g in enumerate(node.gpus)}
+    if req.gpu_milli >= 1000 or req.sharing == EXCLUSIVE:
+        chosen = _choose_whole(devices, count, req)
+        if chosen is None:
+            return r.INTERCONNECT_UNAVAILABLE
+        after = list(frees)
+        for d in chosen:
+            after[position[d.index]] = 0
+        shares = tuple(DeviceShare(d.index, 1000, uuid=d.uuid) for d in chosen)
+        return [Fit(shares, cpu, mem, scratch, frees, tuple(after))]
+    out = []
+    if count == 1:
+        for d in _share_candidates(devices, req, policy, ctx):
+            after = list(frees)
+            after[position[d.index]] -= req.gpu_milli
+            share = DeviceShare(d.index, req.gpu_milli, uuid=d.uuid)
+            out.append(Fit((share,), cpu, mem, scratch, frees, tuple(after)))
+        return out
+    chosen = sorted(devices, key=lambda d: (d.free_milli, d.index))[:count]
+    after = list(frees)
+    for d in chosen:
+        after[position[d.index]] -= req.gpu_milli
+    shares = tuple(DeviceShare(d.index, req.gpu_milli, uuid=d.uuid) for d in chosen)
+    return [Fit(shares, cpu, mem, scratch, frees, tuple(after))]
+
+
+def _numa_devices(req: Request, node: NodeView, devices, cpu: int, mem: int):
+    """(NUMA node id, its devices) for the first NUMA node that has the CPU, the memory and
+    enough of the eligible devices, or None."""
+    good = {n.id for n in node.numa if n.free_cpu_millicores >= cpu and n.free_memory_mib >= mem}
+    if not req.wants_gpu:
+        return (min(good), devices) if good else None
+    needed = max(req.gpu_count, 1)
+    for numa_id in sorted(good):
+        on_numa = [d for d in devices if d.numa_node == numa_id]
+        if len(on_numa) >= needed:
+            return numa_id, on_numa
+    return None

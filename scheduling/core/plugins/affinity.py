@@ -1,0 +1,39 @@
+"""Node labels the request requires (filter) or prefers (scorer), and workload labels it must
+avoid on the node (anti-affinity, a filter on what placing work changes)."""
+
+from __future__ import annotations
+
+from .. import reasons as r
+from ..context import Fit, ScoreContext
+from ..registry import register_filter, register_scorer
+from ..types import NodeView, Request
+
+
+@register_filter(
+    "affinity", reasons=(r.AFFINITY_MISMATCH,), static=True, applies=lambda req: bool(req.affinity)
+)
+def affinity(req: Request, node: NodeView, policy) -> str | None:
+    for key, value in req.affinity.items():
+        if node.labels.get(key) != value:
+            return r.AFFINITY_MISMATCH
+    return None
+
+
+@register_filter(
+    "anti_affinity",
+    reasons=(r.ANTI_AFFINITY,),
+    static=False,
+    applies=lambda req: bool(req.anti_affinity),
+)
+def anti_affinity(req: Request, node: NodeView, policy) -> str | None:
+    if req.anti_affinity and node.workload_labels.intersection(req.anti_affinity):
+        return r.ANTI_AFFINITY
+    return None
+
+
+@register_scorer("affinity", applies=lambda req, ctx: bool(req.preferred_affinity))
+def preferred_affinity(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
+    if not req.preferred_affinity:
+        return 0.0
+    matched = sum(node.labels.get(k) == v for k, v in req.preferred_affinity.items())
+    return matched / len(req.preferred_affinity)

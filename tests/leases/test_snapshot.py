@@ -1,0 +1,86 @@
+"""The database adapter of the core: holding leases' end times in the snapshot."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from leases import services, snapshot
+from pools.reasons import Reason
+from scheduling.core import types as core
+from scheduling.core.planner import place
+
+from .conftest import SYSTEM, cpu_request, gpu_request, make_node
+
+
+def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, ltenant):
+    make_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {}])
+    now = timezone.now()
+    first = services.lease_reserve(
+        pool=lpool,
+        tenant=ltenant,
+        request=gpu_request(count=1, cpu=2000, memory=4096),
+        actor=SYSTEM,
+        duration=timedelta(hours=1),
+        now=now,
+    )
+    second = services.lease_reserve(
+        pool=lpool,
+        tenant=ltenant,
+        request=cpu_request(1000, 1024),
+        actor=SYSTEM,
+        duration=timedelta(minutes=30),
+        now=now,
+    )
+    gone = services.lease_reserve(
+        pool=lpool,
+        tenant=ltenant,
+        request=cpu_request(500, 512),
+        actor=SYSTEM,
+        duration=timedelta(minutes=10),
+        now=now,
+    )
+    services.lease_release(lease=gone, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
+
+    (node,) = snapshot.pool_snapshot(lpool.pk).nodes
+    assert [x.lease_id for x in node.leases] == [str(second.pk), str(first.pk)]  # earliest first
+    by_id = {x.lease_id: x for x in node.leases}
+    held = by_id[str(first.pk)]
+    assert held.ends_at == first.expires_at
+    assert (held.cpu_millicores, held.memory_mib) == (2000, 4096)
+    assert held.gpu_milli == ((first.gpu_allocations[0]["index"], 1000),)
+    assert by_id[str(second.pk)].gpu_milli == ()
+    # An empty view (what the pool could ever offer) carries no leases.
+    assert snapshot.pool_snapshot(lpool.pk, empty=True).nodes[0].leases == ()
+
+    # The explanation of a request that does not fit now names the lease to wait for.
+    req = snapshot.core_request(gpu_request(count=2, cpu=2000, memory=4096), ltenant.pk)
+    result = place(req, [node], snapshot.pool_policy(lpool))
+    assert isinstance(result, core.Explanation)
+    assert result.nearest_miss.fits_at == first.expires_at
+    assert result.nearest_miss.after_leases == (str(first.pk),)
+    assert f"when lease {first.pk} ends at" in result.message
+
+
+def test_portable_read_matches_the_postgresql_query(lpool, ltenant):
+    """SQLite (`make run`) reads the snapshot through the ORM; it must see the same pool."""
+    make_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {"sharing": "timeslice"}])
+    make_node(lpool, "c1", cpu=4000, memory=8192)
+    for request in (gpu_request(count=1), gpu_request("timeslice", milli=250), cpu_request()):
+        services.lease_reserve(
+            pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, duration=600
+        )
+    states = ["ready"]
+    fast_rows, fast_gpus = snapshot._read(lpool.pk, states)
+    rows, gpus = snapshot._read_portable(lpool.pk, states, leases=True)
+    assert gpus == fast_gpus
+
+    def comparable(row):
+        return row | {
+            "leases": [
+                lease | {"ends_at": snapshot._lease_ends([lease])[0].ends_at}
+                for lease in row["leases"]
+            ]
+        }
+
+    assert [comparable(r) for r in rows] == [comparable(r) for r in fast_rows]
+    assert sum(len(r["leases"]) for r in rows) == 3

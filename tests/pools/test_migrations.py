@@ -1,0 +1,68 @@
+"""Data migrations of pools: corrected policy versions for the legacy scorer name."""
+
+import importlib
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from scheduling.core import DEFAULT_POLICY
+
+fix = importlib.import_module("pools.migrations.0003_publish_corrected_policy_versions")
+BEFORE = [("pools", "0002_priority_class_restrictions")]
+AFTER = [("pools", "0003_publish_corrected_policy_versions")]
+
+
+def test_the_migration_copies_todays_default():
+    assert DEFAULT_POLICY.weights == fix.PRODUCT_DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("weights", "published"),
+    [
+        (fix.LEGACY_DEFAULT, dict(DEFAULT_POLICY.weights)),
+        ({}, dict(DEFAULT_POLICY.weights)),
+        ({"binpack": 2, "fragmentation": 1}, {"bin_pack": 2, "fragmentation": 1}),
+        ({"binpack": 2, "bin_pack": 3}, {"bin_pack": 3}),
+        ({"bin_pack": 1}, None),
+    ],
+)
+def test_what_each_current_version_is_corrected_to(weights, published):
+    assert fix.corrected(weights) == published
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pools_on_a_legacy_version_get_a_corrected_one():
+    executor = MigrationExecutor(connection)
+    executor.migrate(BEFORE)
+    apps = executor.loader.project_state(BEFORE).apps
+    ComputePool = apps.get_model("pools", "ComputePool")
+    SchedulingPolicy = apps.get_model("pools", "SchedulingPolicy")
+    policies = {}
+    for slug, versions in {
+        "legacy": [fix.LEGACY_DEFAULT],
+        "edited": [fix.LEGACY_DEFAULT, {"binpack": 2, "locality": 1}],
+        "fine": [fix.LEGACY_DEFAULT, {"bin_pack": 1}],
+    }.items():
+        policy = SchedulingPolicy.objects.create(
+            pool=ComputePool.objects.create(name=slug, slug=slug)
+        )
+        for number, weights in enumerate(versions, 1):
+            policy.versions.create(number=number, weights=weights, knobs={"k": number})
+        policies[slug] = policy.pk
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(AFTER)
+    apps = executor.loader.project_state(AFTER).apps
+    Version = apps.get_model("pools", "SchedulingPolicyVersion")
+
+    def newest(slug):
+        version = Version.objects.filter(policy_id=policies[slug]).order_by("-number").first()
+        return version.number, version.weights, version.knobs
+
+    assert newest("legacy") == (2, dict(DEFAULT_POLICY.weights), {"k": 1})
+    assert newest("edited") == (3, {"bin_pack": 2, "locality": 1}, {"k": 2})
+    assert newest("fine") == (2, {"bin_pack": 1}, {"k": 2})
+    assert Version.objects.filter(policy_id=policies["legacy"], number=1).get().weights == (
+        fix.LEGACY_DEFAULT
+    )

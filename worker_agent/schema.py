@@ -1,0 +1,104 @@
+"""The inventory format, defined once: `schemas/inventory-v1.json` (JSON Schema 2020-12).
+
+The agent checks what it is about to send against it, and the control plane checks what it
+receives against the same file (`nodes.api.serializers.InventorySerializer`), so the two sides
+cannot disagree. `inventory_errors` is that check: the schema, then the two rules a schema
+cannot say (unique GPU UUIDs and indexes), as (path, message) pairs a person can read.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from jsonschema import Draft202012Validator, validators
+
+SCHEMA_VERSION = 1
+INVENTORY_SCHEMA: dict = json.loads(
+    resources.files(__package__).joinpath(f"schemas/inventory-v{SCHEMA_VERSION}.json").read_text()
+)
+GPU_SCHEMA: dict = INVENTORY_SCHEMA["properties"]["gpus"]["items"]
+GPU_KEYS = tuple(GPU_SCHEMA["properties"])  # what one device's inventory may hold
+
+# An integer is a JSON integer: jsonschema would also take 3.0, and never a bool.
+_Validator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    ),
+)
+_VALIDATOR = _Validator(INVENTORY_SCHEMA)
+
+_TYPES = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+    "null": "null",
+}
+# Messages name the bound, never echo the value (which may be a 300-item list).
+_MESSAGES = {
+    "minimum": "Ensure this value is greater than or equal to {}.",
+    "maximum": "Ensure this value is less than or equal to {}.",
+    "minLength": "Ensure this field has at least {} characters.",
+    "maxLength": "Ensure this field has no more than {} characters.",
+    "maxItems": "Ensure this field has no more than {} elements.",
+    "const": "Must be {}.",
+}
+
+Path = tuple[str | int, ...]
+
+
+class InventoryInvalid(ValueError):
+    """An inventory the schema refuses; `errors` holds (path, message) pairs."""
+
+    def __init__(self, errors: list[tuple[Path, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{'.'.join(map(str, p)) or '(root)'}: {m}" for p, m in errors))
+
+
+def inventory_errors(inventory) -> list[tuple[Path, str]]:
+    """Everything wrong with `inventory`, each as (path to the field, message); [] if valid."""
+    explained = (pair for error in _VALIDATOR.iter_errors(inventory) for pair in _explain(error))
+    errors = list(dict.fromkeys(explained))  # each missing field is reported once per field
+    if errors:
+        return errors
+    gpus = inventory.get("gpus", [])
+    uuids = [gpu["uuid"] for gpu in gpus]
+    if len(set(uuids)) != len(uuids):
+        errors.append((("gpus",), "GPU UUIDs must be unique."))
+    indexes = [gpu.get("index", i) for i, gpu in enumerate(gpus)]  # a GPU's default: its position
+    if len(set(indexes)) != len(indexes):
+        errors.append((("gpus",), "GPU indexes must be unique."))
+    return errors
+
+
+def validate_inventory(inventory) -> dict:
+    """`inventory` itself if the schema takes it; raises InventoryInvalid otherwise."""
+    errors = inventory_errors(inventory)
+    if errors:
+        raise InventoryInvalid(errors)
+    return inventory
+
+
+def _explain(error) -> list[tuple[Path, str]]:
+    path, keyword, bound = tuple(error.absolute_path), error.validator, error.validator_value
+    if keyword == "required":  # reported on the object: name the missing field itself
+        return [
+            ((*path, name), "This field is required.")
+            for name in bound
+            if name not in error.instance
+        ]
+    if keyword == "additionalProperties":
+        known = error.schema.get("properties", {})
+        return [((*path, name), "Unknown field.") for name in error.instance if name not in known]
+    if keyword == "type":
+        kinds = [bound] if isinstance(bound, str) else bound
+        return [(path, f"Must be {' or '.join(_TYPES[kind] for kind in kinds)}.")]
+    if keyword == "enum":
+        return [(path, f"Must be one of: {', '.join(map(str, bound))}.")]
+    if keyword in _MESSAGES:
+        return [(path, _MESSAGES[keyword].format(bound))]
+    return [(path, error.schema.get("description") or "Invalid value.")]  # anyOf and the like
