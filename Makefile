@@ -34,6 +34,7 @@ services:
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(VENV)/.test-deps
 	$(BIN)/ruff format .

@@ -8,6 +8,7 @@ from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
 from pools.api.routers import OptionalSlashRouter
 from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
+from scheduling.api.agent import AgentDrainViewSet
 
 router = OptionalSlashRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
@@ -20,6 +21,7 @@ router.register("nodes", NodeViewSet, basename="node")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
 router.register("enroll", EnrollViewSet, basename="enroll")
 router.register("agent", AgentViewSet, basename="agent")
+router.register("agent", AgentDrainViewSet, basename="agent-drain")
 
 urlpatterns = [
     re_path(r"^me/?$", me, name="me"),

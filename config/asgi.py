@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (live job events)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (live events)."""
 
 import os
 

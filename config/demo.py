@@ -1,21 +1,18 @@
 """An idempotent demo: one pool, two tenants, shapes, priority classes, people and nodes.
 
-Loading it twice changes nothing; everything is created through the services, so the demo's
-nodes and policy have events and versions like real ones.
+Loading it twice changes nothing; everything is built by config.builders (through the services,
+like the tests' state), so the demo's nodes and policy have events and versions like real ones.
 """
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from nodes.choices import NodeState
+from config.builders import build_node, build_person, build_pool, build_tenant
 from nodes.models import Node
-from nodes.services import node_mark_ready, node_register, node_verify
 from pools.actors import Actor
 from pools.choices import GpuSharingClass, PlatformRole, TenantRole
-from pools.models import AllowedRegistry, ComputePool, PriorityClass, Quota, ResourceShape, Tenant
-from pools.services import membership_set, platform_role_grant, pool_create
+from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 
 POOL = {"slug": "lab", "name": "Lab fleet", "description": "Demo private fleet"}
 TENANTS = [("vision", "Vision research"), ("nlp", "Language team")]
@@ -71,60 +68,41 @@ SHAPES = [
 ]
 
 
-def _gpus(model: str, count: int, memory_mib: int, node: str, *, mig: bool = False):
-    return [
-        dict(
-            index=i,
-            uuid=f"GPU-demo-{node}-{i}",
-            model=model,
-            memory_mib=memory_mib,
-            driver_version="550.54",
-            cuda_version="12.4",
-            mig_enabled=mig,
-            interconnect_group=f"{node}-nvl0" if count > 1 else "",
-            numa_node=i * 2 // count,
-        )
-        for i in range(count)
-    ]
-
-
+# Nodes as an operator registers them; each GPU dict holds config.builders.gpu() fields.
+A100 = {"model": "A100", "memory_mib": 81920, "driver_version": "550.54"}
 NODES = [
-    dict(name="cpu-01", cpu_millicores=32000, memory_mib=131072, scratch_mib=500_000, gpus=[]),
-    dict(name="cpu-02", cpu_millicores=32000, memory_mib=131072, scratch_mib=500_000, gpus=[]),
-    dict(name="ram-01", cpu_millicores=64000, memory_mib=1048576, scratch_mib=200_000, gpus=[]),
-    dict(
-        name="gpu-a100-01",
-        cpu_millicores=64000,
-        memory_mib=524288,
-        scratch_mib=2_000_000,
-        gpus=_gpus("A100", 4, 81920, "gpu-a100-01"),
-    ),
+    dict(name="cpu-01", cpu=32000, memory=131072, scratch=500_000),
+    dict(name="cpu-02", cpu=32000, memory=131072, scratch=500_000),
+    dict(name="ram-01", cpu=64000, memory=1048576, scratch=200_000),
+    dict(name="gpu-a100-01", cpu=64000, memory=524288, scratch=2_000_000, gpus=[A100] * 4),
     dict(
         name="gpu-a100-mig-01",
-        cpu_millicores=64000,
-        memory_mib=524288,
-        scratch_mib=1_000_000,
-        gpus=_gpus("A100", 2, 40960, "gpu-a100-mig-01", mig=True),
+        cpu=64000,
+        memory=524288,
+        scratch=1_000_000,
+        gpus=[A100 | {"memory_mib": 40960, "mig_enabled": True}] * 2,
     ),
     dict(
         name="gpu-t4-01",
-        cpu_millicores=16000,
-        memory_mib=65536,
-        scratch_mib=200_000,
-        gpus=[g | {"sharing_mode": "timeslice"} for g in _gpus("T4", 2, 15360, "gpu-t4-01")],
+        cpu=16000,
+        memory=65536,
+        scratch=200_000,
+        gpus=[A100 | {"model": "T4", "memory_mib": 15360, "sharing_mode": "timeslice"}] * 2,
     ),
 ]
+# Where the demo's nodes stand.
+PLACE = dict(region="eu-west", zone="eu-west-1a", rack="r1", network_class="25g")
 
 
 @transaction.atomic
 def load_demo() -> list[tuple[str, str, str]]:
     """Create what is missing; return (username, password, roles) for the printout."""
     actor = Actor.system("demo")
-    pool = ComputePool.objects.filter(slug=POOL["slug"]).first() or pool_create(**POOL)
-    AllowedRegistry.objects.get_or_create(pool=pool, prefix="127.0.0.1:5000/computepool/")
+    pool = ComputePool.objects.filter(slug=POOL["slug"]).first() or build_pool(**POOL)
     tenants = {}
     for slug, name in TENANTS:
-        tenants[slug], _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
+        tenants[slug] = Tenant.objects.filter(slug=slug).first() or build_tenant(slug, name=name)
+        # No service for quotas, priority classes and shapes: policy admins edit them.
         Quota.objects.get_or_create(
             tenant=tenants[slug],
             pool=pool,
@@ -145,32 +123,14 @@ def load_demo() -> list[tuple[str, str, str]]:
             pool=pool, name=shape["name"], defaults={k: v for k, v in shape.items() if k != "name"}
         )
     printout = []
-    User = get_user_model()
     for username, password, memberships, platform_roles in PEOPLE:
-        user, created = User.objects.get_or_create(username=username)
-        if created:
-            user.set_password(password)
-            user.save(update_fields=["password"])
         for tenant_slug, role in memberships.items():
-            membership_set(user=user, tenant=tenants[tenant_slug], role=role)
+            build_person(username, password=password, tenant=tenants[tenant_slug], role=role)
         for role in platform_roles:
-            platform_role_grant(user=user, role=role)
+            build_person(username, password=password, platform_role=role)
         roles = [f"{role} of {t}" for t, role in memberships.items()] + list(platform_roles)
         printout.append((username, password, ", ".join(roles)))
     for spec in NODES:
-        if Node.objects.filter(pool=pool, name=spec["name"]).exists():
-            continue
-        node = node_register(
-            pool=pool,
-            actor=actor,
-            region="eu-west",
-            zone="eu-west-1a",
-            rack="r1",
-            network_class="25g",
-            runtimes=["docker"],
-            **spec,
-        )
-        node = node_verify(node=node, actor=actor, message="demo node")
-        if node.state == NodeState.VERIFIED:
-            node_mark_ready(node=node, actor=actor, message="demo node")
+        if not Node.objects.filter(pool=pool, name=spec["name"]).exists():
+            build_node(pool, actor=actor, message="demo node", runtimes=["docker"], **PLACE, **spec)
     return printout

@@ -1,8 +1,10 @@
-from django.urls import path
-
 from jobs.consumers import JobEventsConsumer
+from leases.consumers import LeaseEventsConsumer
+from nodes.consumers import NodeEventsConsumer
 
+# /ws/<stream>/ and /ws/<stream>/<pk>/ for each: pools/consumers.py
 websocket_urlpatterns = [
-    path("ws/jobs/", JobEventsConsumer.as_asgi()),
-    path("ws/jobs/<int:job_id>/", JobEventsConsumer.as_asgi()),
+    *JobEventsConsumer.routes(),
+    *LeaseEventsConsumer.routes(),
+    *NodeEventsConsumer.routes(),
 ]

@@ -3,21 +3,15 @@ from django.db import models
 from django.utils import timezone
 
 from pools.statemachine import EventBase
+from pools.visibility import Visibility, VisibleQuerySet
 
 from .choices import TERMINAL, JobState
 
 
-class JobQuerySet(models.QuerySet):
-    def visible_to(self, user):
-        from pools.roles import is_operator, tenant_roles
-
-        if is_operator(user):
-            return self
-        return self.filter(tenant_id__in=list(tenant_roles(user)))
-
-
 class Job(models.Model):
-    objects = JobQuerySet.as_manager()
+    objects = VisibleQuerySet.as_manager()
+    # a node's agent sees the jobs that hold (or held) a lease on its node
+    visibility = Visibility(tenant="tenant", node="leases__node")
 
     tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="jobs")
     pool = models.ForeignKey("pools.ComputePool", on_delete=models.PROTECT, related_name="jobs")
@@ -63,6 +57,8 @@ class Job(models.Model):
 
 
 class JobEvent(EventBase):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="job__tenant", node="job__leases__node")
     subject_field = "job"
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
 

@@ -6,14 +6,14 @@ from pools.images import parse_image_reference
 from .models import Job
 
 
-def jobs_visible_to(user):
-    return Job.objects.visible_to(user).select_related("tenant", "pool", "shape", "priority_class")
+def jobs_visible_to(actor):
+    return Job.objects.visible_to(actor).select_related("tenant", "pool", "shape", "priority_class")
 
 
-def jobs_for_console(user, limit: int = 100):
+def jobs_for_console(actor, limit: int = 100):
     """With the node of each job's newest lease, so people see where their work landed."""
     newest = Lease.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-id")
-    return jobs_visible_to(user).annotate(node_name=Subquery(newest.values("node__name")[:1]))[
+    return jobs_visible_to(actor).annotate(node_name=Subquery(newest.values("node__name")[:1]))[
         :limit
     ]
 

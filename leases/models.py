@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from pools.statemachine import EventBase
+from pools.visibility import Visibility, VisibleQuerySet
 
 from .choices import HOLDING, LeaseState
 
@@ -15,20 +16,14 @@ def new_fencing_token() -> int:
     return secrets.randbits(62)
 
 
-class LeaseQuerySet(models.QuerySet):
-    def visible_to(self, user):
-        from pools.roles import is_operator, tenant_roles
-
-        if is_operator(user):
-            return self
-        return self.filter(tenant_id__in=list(tenant_roles(user)))
-
+class LeaseQuerySet(VisibleQuerySet):
     def holding(self):
         return self.filter(state__in=HOLDING)
 
 
 class Lease(models.Model):
     objects = LeaseQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant", node="node")
 
     pool = models.ForeignKey("pools.ComputePool", on_delete=models.PROTECT, related_name="leases")
     tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="leases")
@@ -109,6 +104,8 @@ class Lease(models.Model):
 
 
 class LeaseEvent(EventBase):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="lease__tenant", node="lease__node")
     subject_field = "lease"
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="events")
 

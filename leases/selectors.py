@@ -9,20 +9,16 @@ from django.db.models import Count, F, Q, Sum
 from nodes.choices import NodeState
 from nodes.models import GpuDevice, Node
 from pools.models import ResourceShape
-from scheduling.core.planner import evaluate, make_context
+from scheduling.core import evaluate, make_context
 
 from . import snapshot as snap
 from .choices import HOLDING, LeaseState
 from .models import Lease
 
 
-def leases_visible_to(user):
-    """People: their tenants' leases (operators: all). A node principal: its own node's."""
-    node = getattr(user, "node", None)
-    qs = Lease.objects.select_related("pool", "tenant", "node")
-    if node is not None and not getattr(user, "is_person", True):
-        return qs.filter(node=node)
-    return qs.visible_to(user)
+def leases_visible_to(actor):
+    """People: their tenants' leases (operators: all). A node's agent: its own node's."""
+    return Lease.objects.visible_to(actor).select_related("pool", "tenant", "node")
 
 
 # --- the ledger invariant --------------------------------------------------------------------

@@ -55,10 +55,3 @@ class ProbeState(models.TextChoices):
     PASSED = "passed", "Passed"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
-
-
-class DrainPolicy(models.TextChoices):
-    """What happens at a drain deadline to running work that cannot checkpoint (pool knob)."""
-
-    FAIL = "fail", "Stop it: the job fails with reason drain_deadline"
-    WAIT = "wait", "Let it run to its end; the node stays draining"

@@ -11,11 +11,15 @@ from django.utils import timezone
 
 from pools.choices import Architecture, GpuSharingMode
 from pools.statemachine import EventBase
+from pools.visibility import Visibility, VisibleQuerySet
 
 from .choices import GpuHealth, NodeState, ProbeKind, ProbeState, Reachability
 
 
 class Node(models.Model):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(node="pk")  # operators, and a node's agent its own node
+
     pool = models.ForeignKey("pools.ComputePool", on_delete=models.PROTECT, related_name="nodes")
     name = models.CharField(max_length=100)
     machine_id = models.CharField(max_length=100, blank=True)
@@ -100,6 +104,9 @@ class Node(models.Model):
 
 
 class GpuDevice(models.Model):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(node="node")
+
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField(max_length=80)
@@ -153,6 +160,8 @@ class GpuDevice(models.Model):
 
 
 class NodeEvent(EventBase):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(node="node")
     subject_field = "node"
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
 
@@ -162,6 +171,9 @@ class NodeEvent(EventBase):
 
 class EnrollmentToken(models.Model):
     """Lets a node join one pool. Only the digest is stored; the secret is shown once."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
 
     pool = models.ForeignKey(
         "pools.ComputePool", on_delete=models.CASCADE, related_name="enrollment_tokens"
@@ -203,6 +215,9 @@ class EnrollmentToken(models.Model):
 class NodeCredential(models.Model):
     """A node agent's secret, bound to one node; digest only, expiring, rotated with overlap."""
 
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only: an agent presents its secret, it never lists
+
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
     digest = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=12)
@@ -234,6 +249,9 @@ class NodeCredential(models.Model):
 
 class NodeProbe(models.Model):
     """A validation probe (claims vs measured) or a device recovery probe, and its result."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(node="node")
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="probes")
     gpu = models.ForeignKey(

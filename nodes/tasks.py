@@ -12,11 +12,6 @@ def heartbeat_sweep() -> list[int]:
     return services.node_heartbeat_sweep(now=timezone.now())
 
 
-@shared_task(name="nodes.drain_sweep")
-def drain_sweep() -> dict[str, list[int]]:
-    return services.node_drain_sweep(now=timezone.now())
-
-
 @shared_task(name="nodes.inventory_reconcile_sweep")
 def inventory_reconcile_sweep() -> dict[int, int]:
     results = services.inventory_reconcile_sweep(now=timezone.now())

@@ -7,9 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from jobs.views import console_context
 from pools.actors import Actor
-from pools.roles import is_operator
 from pools.statemachine import TransitionRefused
 
 from . import services
@@ -17,28 +15,27 @@ from .forms import DrainForm
 from .selectors import nodes_with_latest_event
 
 
-def _operator_only(request):
-    if not is_operator(request.user):
+def _operator(request) -> Actor:
+    actor = Actor.from_request(request)
+    if not actor.is_operator:
         raise PermissionDenied("Only operators see nodes.")
+    return actor
 
 
 @login_required
 def nodes_page(request):
-    _operator_only(request)
-    return render(
-        request, "console/nodes.html", console_context(request, nodes=nodes_with_latest_event())
-    )
+    nodes = nodes_with_latest_event(_operator(request))
+    return render(request, "console/nodes.html", {"nodes": nodes})
 
 
 @login_required
 def node_detail(request, pk: int):
-    _operator_only(request)
-    node = get_object_or_404(nodes_with_latest_event(), pk=pk)
+    node = get_object_or_404(nodes_with_latest_event(_operator(request)), pk=pk)
     events = node.events.order_by("-at", "-id")[:200]
     return render(
         request,
         "console/node_detail.html",
-        console_context(request, node=node, events=events, probes=node.probes.all()[:20]),
+        {"node": node, "events": events, "probes": node.probes.all()[:20]},
     )
 
 
@@ -64,13 +61,13 @@ ACTIONS = {
 @require_POST
 def node_action(request, pk: int, action: str):
     """An htmx post: run the service, answer with the node's refreshed row."""
-    _operator_only(request)
+    actor = _operator(request)
     if action not in ACTIONS:
         raise Http404("No such action.")
-    node = get_object_or_404(nodes_with_latest_event(), pk=pk)
+    node = get_object_or_404(nodes_with_latest_event(actor), pk=pk)
     error = ""
     try:
-        ACTIONS[action](node, Actor.for_user(request.user), request)
+        ACTIONS[action](node, actor, request)
     except TransitionRefused as refused:
         error = refused.message
     except ValidationError as invalid:  # a form field out of range: nothing was done
@@ -79,6 +76,6 @@ def node_action(request, pk: int, action: str):
         error = " ".join(invalid.messages)
     if not request.htmx:
         return redirect("console-nodes")
-    node = nodes_with_latest_event().get(pk=pk)
+    node = nodes_with_latest_event(actor).get(pk=pk)
     # 200 even when refused: htmx swaps only 2xx, and the row itself shows the refusal.
     return render(request, "console/_node_row.html", {"node": node, "error": error})

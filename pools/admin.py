@@ -106,7 +106,7 @@ class SchedulingPolicyVersionAdmin(admin.ModelAdmin):
             weights=obj.weights,
             knobs=obj.knobs,
             comment=obj.comment,
-            actor=Actor.for_user(request.user),
+            actor=Actor.from_request(request),
         )
         obj.pk, obj.number = version.pk, version.number
 

@@ -47,3 +47,10 @@ class TokenScope(models.TextChoices):
     READ = "read", "Read"
     WRITE = "write", "Write (submit, lease, cancel)"
     OPERATE = "operate", "Operate nodes (operators only)"
+
+
+class DrainPolicy(models.TextChoices):
+    """What happens at a drain deadline to running work that cannot checkpoint (pool knob)."""
+
+    FAIL = "fail", "Stop it: the job fails with reason drain_deadline"
+    WAIT = "wait", "Let it run to its end; the node stays draining"

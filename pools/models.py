@@ -11,19 +11,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .choices import Architecture, GpuSharingClass, PlatformRole, TenantRole, TrustLevel
-from .roles import has_platform_role, tenant_roles
+from .roles import tenant_roles
 from .validation import shape_errors
-
-
-class TenantQuerySet(models.QuerySet):
-    def visible_to(self, user):
-        if has_platform_role(user, PlatformRole.OPERATOR, PlatformRole.POLICY_ADMIN):
-            return self
-        return self.filter(memberships__user=user)
+from .visibility import Visibility, VisibleQuerySet
 
 
 class Tenant(models.Model):
-    objects = TenantQuerySet.as_manager()
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="pk", seen_by=(PlatformRole.POLICY_ADMIN,))
 
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=60, unique=True)
@@ -34,6 +29,9 @@ class Tenant(models.Model):
 
 
 class Membership(models.Model):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant")
+
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
@@ -50,6 +48,9 @@ class Membership(models.Model):
 
 
 class ComputePool(models.Model):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(public=True)  # shared infrastructure: every person sees the pools
+
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=60, unique=True)
     trust_level = models.CharField(
@@ -96,6 +97,9 @@ REQUEST_FIELDS = (
 
 class ResourceShape(models.Model):
     """A catalogue entry: what a workload needs, never which machine it runs on."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(public=True)
 
     pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="shapes")
     name = models.SlugField(max_length=60)
@@ -168,7 +172,7 @@ class ResourceShape(models.Model):
             raise ValidationError(errors)
 
 
-class PriorityClassQuerySet(models.QuerySet):
+class PriorityClassQuerySet(VisibleQuerySet):
     def allowed_to(self, user, tenant):
         """The classes `user` may submit at for `tenant`: the one check point for priorities."""
         role = tenant_roles(user).get(tenant.pk)
@@ -183,6 +187,7 @@ class PriorityClassQuerySet(models.QuerySet):
 
 class PriorityClass(models.Model):
     objects = PriorityClassQuerySet.as_manager()
+    visibility = Visibility(public=True)
 
     name = models.SlugField(max_length=40, unique=True)
     value = models.IntegerField(help_text="Higher runs first")
@@ -207,6 +212,9 @@ class PriorityClass(models.Model):
 
 
 class Quota(models.Model):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant", seen_by=(PlatformRole.POLICY_ADMIN,))
+
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
     pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="quotas")
     cpu_millicores = models.PositiveBigIntegerField()
@@ -294,6 +302,9 @@ def new_token_secret(kind: str) -> str:
 
 class ApiToken(models.Model):
     """A person's API token; only its digest is stored, the secret is shown once."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(owner="user")  # its owner's alone, operators included
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"

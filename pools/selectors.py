@@ -1,23 +1,26 @@
-"""Reads for pools and tenants, already filtered to what the asker may see."""
+"""Reads for pools and tenants, already filtered to what the actor may see."""
 
 from .models import ApiToken, ComputePool, ResourceShape, Tenant
 
 
-def tenants_visible_to(user):
-    return Tenant.objects.visible_to(user).order_by("slug")
+def tenants_visible_to(actor):
+    return Tenant.objects.visible_to(actor).order_by("slug")
 
 
-def pools_visible_to(user):
-    # Pools are shared infrastructure: every signed-in person may see their names and shapes.
-    return ComputePool.objects.order_by("slug")
+def pools_visible_to(actor):
+    return ComputePool.objects.visible_to(actor).order_by("slug")
 
 
-def shapes_visible_to(user):
-    return ResourceShape.objects.select_related("pool").order_by("pool__slug", "name")
+def shapes_visible_to(actor):
+    return (
+        ResourceShape.objects.visible_to(actor)
+        .select_related("pool")
+        .order_by("pool__slug", "name")
+    )
 
 
-def tokens_of(user):
-    return ApiToken.objects.filter(user=user).order_by("-created_at")
+def tokens_visible_to(actor):
+    return ApiToken.objects.visible_to(actor).order_by("-created_at")
 
 
 def resolve_shape(pool: ComputePool, name: str) -> ResourceShape | None:

@@ -9,6 +9,7 @@ import re
 
 from django.core.exceptions import ValidationError
 
+from pools.choices import DrainPolicy
 from scheduling.core import policy_problems
 
 # Lists of names in a shape (gpu_models, regions, zones).
@@ -86,8 +87,6 @@ def _reservation_seconds(value) -> str | None:
 
 
 def _drain_policy(value) -> str | None:
-    from nodes.choices import DrainPolicy
-
     return None if value in DrainPolicy.values else f"one of {', '.join(DrainPolicy.values)}"
 
 

@@ -7,9 +7,8 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
-from jobs.views import console_context
-
 from . import selectors, services
+from .actors import Actor
 from .forms import ApiTokenForm
 
 
@@ -28,15 +27,17 @@ def tokens_page(request):
             form = ApiTokenForm(user=request.user)
         except ValidationError as exc:  # the service's rules, shown on the form's fields
             form.add_error(None, exc)
-    context = console_context(
-        request, form=form, secret=secret, tokens=selectors.tokens_of(request.user)
-    )
+    context = {
+        "form": form,
+        "secret": secret,
+        "tokens": selectors.tokens_visible_to(Actor.from_request(request)),
+    }
     return render(request, "console/tokens.html", context)
 
 
 @login_required
 @require_POST
 def token_revoke(request, pk):
-    token = get_object_or_404(selectors.tokens_of(request.user), pk=pk)
+    token = get_object_or_404(selectors.tokens_visible_to(Actor.from_request(request)), pk=pk)
     services.api_token_revoke(token=token)
     return render(request, "console/_token_row.html", {"token": token})

@@ -5,7 +5,7 @@ never fails a task: the pass records it on that job and goes on."""
 from celery import shared_task
 
 from leases.tasks import parse_now
-from scheduling import passes
+from scheduling import drain, passes
 
 
 @shared_task(name="scheduling.pass")
@@ -17,3 +17,8 @@ def scheduling_pass(now=None) -> dict:
 @shared_task(name="scheduling.requeue_stranded_jobs")
 def requeue_stranded_jobs(now=None) -> list[int]:
     return passes.requeue_jobs_without_lease(now=parse_now(now))
+
+
+@shared_task(name="scheduling.drain_sweep")
+def drain_sweep(now=None) -> dict[str, list[int]]:
+    return drain.node_drain_sweep(now=parse_now(now))

@@ -1,23 +1,26 @@
-"""Shared fixtures: a pool, two tenants and one person per role, built through the services."""
+"""Shared fixtures, built by config.builders: a pool, two tenants and one person per role; the
+lease tests' pool with exact capacity (`l…`); pools that nodes enroll into."""
 
 import os
 
 import pytest
-from django.contrib.auth import get_user_model
-from rest_framework.test import APIClient
 
-from nodes.choices import NodeState
-from nodes.services import node_mark_ready, node_register, node_verify
-from pools.actors import Actor
-from pools.choices import PlatformRole, TenantRole, TokenScope
-from pools.models import AllowedRegistry, ResourceShape
-from pools.services import (
-    api_token_issue,
-    membership_set,
-    platform_role_grant,
-    pool_create,
-    tenant_create,
+from config.builders import (
+    SYSTEM,
+    Enrolled,
+    build_node,
+    build_person,
+    build_pool,
+    build_tenant,
+    enroll_node,
+    gpu_inventory,
 )
+from nodes import services as node_services
+from nodes.choices import NodeState
+from pools.actors import Actor
+from pools.choices import PlatformRole, TenantRole, TrustLevel
+from pools.models import ResourceShape
+from tests.clients import client_for
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -33,97 +36,142 @@ def require_service(available: bool, what: str):
 
 @pytest.fixture
 def system():
-    return Actor.system("tests")
+    return SYSTEM
 
 
 @pytest.fixture
 def pool(db):
-    pool = pool_create(name="Test pool", slug="test")
-    AllowedRegistry.objects.create(pool=pool, prefix="127.0.0.1:5000/computepool/")
-    return pool
+    return build_pool("test", name="Test pool")
 
 
 @pytest.fixture
 def tenant(db):
-    return tenant_create(name="Vision", slug="vision")
+    return build_tenant("vision", name="Vision")
 
 
 @pytest.fixture
 def other_tenant(db):
-    return tenant_create(name="Language", slug="nlp")
-
-
-def make_user(username, **extra):
-    return get_user_model().objects.create_user(username=username, password="pw-" + username)
+    return build_tenant("nlp", name="Language")
 
 
 @pytest.fixture
 def member(tenant):
-    user = make_user("member")
-    membership_set(user=user, tenant=tenant, role=TenantRole.MEMBER)
-    return user
+    return build_person("member", tenant=tenant)
 
 
 @pytest.fixture
 def tenant_admin(tenant):
-    user = make_user("tadmin")
-    membership_set(user=user, tenant=tenant, role=TenantRole.ADMIN)
-    return user
+    return build_person("tadmin", tenant=tenant, role=TenantRole.ADMIN)
 
 
 @pytest.fixture
 def outsider(other_tenant):
-    user = make_user("outsider")
-    membership_set(user=user, tenant=other_tenant, role=TenantRole.MEMBER)
-    return user
+    return build_person("outsider", tenant=other_tenant)
 
 
 @pytest.fixture
 def operator(db):
-    user = make_user("operator")
-    platform_role_grant(user=user, role=PlatformRole.OPERATOR)
-    return user
+    return build_person("operator", platform_role=PlatformRole.OPERATOR)
 
 
 @pytest.fixture
 def policy_admin(db):
-    user = make_user("padmin")
-    platform_role_grant(user=user, role=PlatformRole.POLICY_ADMIN)
-    return user
-
-
-def client_for(user, scopes=(TokenScope.READ, TokenScope.WRITE)):
-    """An API client authenticated the way a CLI would be: a bearer token."""
-    client = APIClient()
-    if user is not None:
-        _, secret = api_token_issue(user=user, name="test", scopes=list(scopes))
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    return client
+    return build_person("padmin", platform_role=PlatformRole.POLICY_ADMIN)
 
 
 @pytest.fixture
 def api():
+    """client_for(user, scopes): an API client holding a bearer token of `user`."""
     return client_for
 
 
 @pytest.fixture
 def cpu_shape(pool):
+    # No service for shapes: a policy admin edits them in the admin.
     return ResourceShape.objects.create(
         pool=pool, name="cpu-small", cpu_millicores_min=1000, memory_mib_min=1024
     )
 
 
 @pytest.fixture
-def ready_node(pool, system):
-    node = node_register(
-        pool=pool,
-        name="node-1",
-        actor=system,
-        cpu_millicores=16000,
-        memory_mib=65536,
-        scratch_mib=100_000,
-    )
-    node = node_verify(node=node, actor=system)
-    node = node_mark_ready(node=node, actor=system)
+def ready_node(pool):
+    node = build_node(pool, "node-1", cpu=16000, memory=65536, scratch=100_000)
     assert node.state == NodeState.READY
     return node
+
+
+# The lease tests' world: allocatable == raw, so a node fills to the last millicore.
+@pytest.fixture
+def lpool(db):
+    return build_pool("leases", exact_capacity=True)
+
+
+@pytest.fixture
+def ltenant(db):
+    return build_tenant("lt", name="Lease tenant")
+
+
+@pytest.fixture
+def ltenant2(db):
+    return build_tenant("lt2", name="Lease tenant 2")
+
+
+@pytest.fixture
+def lnode(lpool):
+    return build_node(lpool, "n1", cpu=4000, memory=8192, scratch=10_000)
+
+
+@pytest.fixture
+def lmember(ltenant):
+    return build_person("lmember", tenant=ltenant)
+
+
+@pytest.fixture
+def loutsider(ltenant2):
+    return build_person("loutsider", tenant=ltenant2)
+
+
+@pytest.fixture
+def loperator(db):
+    return build_person("loperator", platform_role=PlatformRole.OPERATOR)
+
+
+# Pools that nodes enroll into through the token path, as their agents do.
+@pytest.fixture
+def private_pool(db):
+    return build_pool("private", name="Private", registry=None)
+
+
+@pytest.fixture
+def market_pool(db):
+    return build_pool("market", name="Market", registry=None, trust_level=TrustLevel.MARKETPLACE)
+
+
+@pytest.fixture
+def enroll(db, operator):
+    """enroll(pool, name=…, gpus=2, now=…, **fields): an `Enrolled` node with unique GPUs."""
+    counter = {"n": 0}
+
+    def make(pool, *, name=None, gpus=2, now=None, **fields):
+        counter["n"] += 1
+        n = counter["n"]
+        return enroll_node(
+            pool,
+            name or f"node-{n}",
+            actor=Actor.for_user(operator),
+            inventory=gpu_inventory(gpus=gpus, uuid_tag=f"{n:04d}"),
+            identity=f"ssh-ed25519 AAAA{n}",
+            now=now,
+            **fields,
+        )
+
+    return make
+
+
+@pytest.fixture
+def agent(enroll, private_pool) -> Enrolled:
+    """A private-fleet node with two GPUs, made ready by its agent's first heartbeat."""
+    enrolled = enroll(private_pool)
+    actor = Actor.for_node(enrolled.node)
+    enrolled.node = node_services.node_heartbeat(node=enrolled.node, actor=actor)
+    return enrolled

@@ -19,7 +19,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     }
 
     def get_queryset(self):
-        return selectors.jobs_visible_to(self.request.user)
+        return selectors.jobs_visible_to(Actor.from_request(self.request))
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict})
     def create(self, request, *args, **kwargs):
@@ -27,13 +27,13 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         # a shape that never fits raises NeverFits: the same 422 body as POST /compute-leases
-        job = services.job_submit(actor=Actor.for_user(request.user), **data)
+        job = services.job_submit(actor=Actor.from_request(request), **data)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        job = services.job_cancel(job=self.get_object(), actor=Actor.for_user(request.user))
+        job = services.job_cancel(job=self.get_object(), actor=Actor.from_request(request))
         return Response(JobSerializer(job).data)
 
     @extend_schema(responses=JobEventSerializer(many=True))

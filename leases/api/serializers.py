@@ -9,9 +9,9 @@ from rest_framework import serializers
 from leases.choices import HOLDING
 from leases.models import Lease, LeaseEvent
 from leases.services import SCHEDULER_KEY_PREFIX
+from pools.actors import Actor
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
-from pools.roles import is_operator
 
 MAX_DURATION_S = 7 * 24 * 3600
 USAGE_MAX = 2**31 - 1  # the usage columns are PostgreSQL integers
@@ -181,10 +181,8 @@ class LeaseCreateSerializer(KnownFieldsOnly, serializers.Serializer):
     window = WindowSerializer(required=False)
 
     def validate_tenant(self, slug):
-        user = self.context["request"].user
-        tenant = Tenant.objects.filter(slug=slug, memberships__user=user).first()
-        if tenant is None and is_operator(user):
-            tenant = Tenant.objects.filter(slug=slug).first()
+        actor = Actor.from_request(self.context["request"])
+        tenant = Tenant.objects.visible_to(actor).filter(slug=slug).first()
         if tenant is None:
             # The same answer for "does not exist" and "not yours": tenants stay invisible.
             raise serializers.ValidationError("No tenant of yours has this slug.")

@@ -1,7 +1,7 @@
 """/api/v1/compute-leases: reserve, commit, renew, release; GET the leases you may see.
 
-People act on their tenants' leases (operators on all); a node's agent (request.user is a
-NodePrincipal) only on leases of its own node. Leases of others are 404, never 403.
+People act on their tenants' leases (operators on all); a node's agent only on leases of its
+own node (`Lease.objects.visible_to`). Leases of others are 404, never 403.
 """
 
 import copy
@@ -17,7 +17,6 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view, permission_classes
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
 from leases import selectors, services
@@ -32,37 +31,15 @@ from leases.api.serializers import (
     idempotency_key,
 )
 from pools.actors import Actor
-from pools.api.permissions import IsOperator, IsPerson, TokenScopeAllows
+from pools.api.permissions import (
+    IsNodeOrOperator,
+    IsOperator,
+    IsPerson,
+    IsPersonOrNode,
+    TokenScopeAllows,
+)
 from pools.models import ComputePool, Membership, ResourceShape, Tenant
 from pools.reasons import Reason
-from pools.roles import is_operator
-
-
-def _is_node(user) -> bool:
-    return getattr(user, "is_person", True) is False and getattr(user, "node", None) is not None
-
-
-class IsPersonOrNode(BasePermission):
-    """A signed-in person (with the token scope needed) or a node's agent."""
-
-    message = "Authentication as a person or a node is required."
-
-    def has_permission(self, request, view):
-        user = request.user
-        if user and getattr(user, "is_authenticated", False) and _is_node(user):
-            return True
-        return IsPerson().has_permission(request, view)
-
-
-class IsNodeOrOperator(BasePermission):
-    message = "Only the node's agent (or an operator) reports usage."
-
-    def has_permission(self, request, view):
-        user = request.user
-        if user and getattr(user, "is_authenticated", False) and _is_node(user):
-            return True
-        return IsOperator().has_permission(request, view)
-
 
 # Validated create bodies per (user, body), for a few seconds: the tenant-membership lookup
 # (and the pool and catalogue-shape lookups) of a repeated request body are not redone on every
@@ -114,10 +91,6 @@ def validated_create_body(request) -> dict:
     return validated
 
 
-def actor_for(user) -> Actor:
-    return Actor.for_node(user.node) if _is_node(user) else Actor.for_user(user)
-
-
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = LeaseSerializer
     permission_classes = [IsPersonOrNode]
@@ -137,11 +110,10 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         return [IsPersonOrNode()]
 
     def get_queryset(self):
-        return selectors.leases_visible_to(self.request.user)
+        return selectors.leases_visible_to(Actor.from_request(self.request))
 
     @extend_schema(request=LeaseCreateSerializer, responses={201: LeaseSerializer})
     def create(self, request, *args, **kwargs):
-        user = request.user
         key = idempotency_key(request)
         data = validated_create_body(request)
         window = data.get("window")
@@ -149,7 +121,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
             pool=data["pool"],
             tenant=data["tenant"],
             request=data["request"],
-            actor=Actor.for_user(user),
+            actor=Actor.from_request(request),
             duration=timedelta(seconds=data["duration_s"]),
             idempotency_key=key,
             window=(
@@ -173,7 +145,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         lease = services.lease_commit(
             lease=self._lease(),
             fencing_token=body.validated_data["fencing_token"],
-            actor=actor_for(request.user),
+            actor=Actor.from_request(request),
         )
         return Response(LeaseSerializer(lease).data)
 
@@ -188,7 +160,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         lease = services.lease_renew(
             lease=self._lease(),
             fencing_token=body.validated_data["fencing_token"],
-            actor=actor_for(request.user),
+            actor=Actor.from_request(request),
             duration=timedelta(seconds=seconds),
         )
         return Response(LeaseSerializer(lease).data)
@@ -200,7 +172,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         lease = services.lease_release(
             lease=self._lease(),
-            actor=actor_for(request.user),
+            actor=Actor.from_request(request),
             reason=Reason.RELEASED_BY_CLIENT,
             message=body.validated_data["message"],
         )
@@ -212,7 +184,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         body = UsageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         lease = services.lease_report_usage(
-            lease=self._lease(), actor=actor_for(request.user), **body.validated_data
+            lease=self._lease(), actor=Actor.from_request(request), **body.validated_data
         )
         return Response(LeaseSerializer(lease).data)
 
@@ -225,17 +197,13 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=False, methods=["get"])
     def accounting(self, request):
         """Held vs consumed for each tenant you may see (?tenant=slug&pool=slug to narrow)."""
-        tenants = Tenant.objects.visible_to(request.user)
-        if not is_operator(request.user):
-            tenants = tenants.filter(memberships__user=request.user)
+        tenants = Tenant.objects.visible_to(Actor.from_request(request))
         if request.query_params.get("tenant"):
             tenants = tenants.filter(slug=request.query_params["tenant"])
         pool = None
         if request.query_params.get("pool"):
             pool = get_object_or_404(ComputePool, slug=request.query_params["pool"])
-        return Response(
-            [selectors.tenant_accounting(t, pool) for t in tenants.distinct().order_by("slug")]
-        )
+        return Response([selectors.tenant_accounting(t, pool) for t in tenants.order_by("slug")])
 
 
 @extend_schema(responses={200: dict})

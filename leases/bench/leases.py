@@ -1,11 +1,12 @@
 """The leases API throughput benchmark: real HTTP clients against a real server on loopback.
 
-`run(clients, seconds, url=None, ...)` seeds a pool (nodes with room for every grant the run can
-make), starts a server on a free loopback port (gunicorn gthread by default; unless `url` names
-a running server that uses the same database), drives `clients` keep-alive connections that
-each POST /api/v1/compute-leases in a loop — with `wrk` (C, leases/bench/leases.lua) when it
-is installed, else with Python threads — then checks the ledger and removes everything it
-seeded. Returns one dict of figures.
+`run(pool=…, tenant=…, secret=…, clients=…, seconds=…, url=None, ...)` takes a pool seeded by
+the caller (`manage.py bench_leases`, with config.builders: nodes with room for every grant the
+run can make, a tenant and a member's token `secret`), starts a server on a free loopback port
+(gunicorn gthread by default; unless `url` names a running server that uses the same database),
+drives `clients` keep-alive connections that each POST /api/v1/compute-leases in a loop — with
+`wrk` (C, leases/bench/leases.lua) when it is installed, else with Python threads — then checks
+the pool's ledger. Returns one dict of figures.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import importlib.util
 import json
 import os
 import random
-import secrets
 import shutil
 import signal
 import socket
@@ -27,55 +27,8 @@ import time
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import transaction
 
 BASE_DIR = settings.BASE_DIR
-
-
-def seed(nodes: int, cpu_per_node: int, memory_per_node: int):
-    from nodes.services import node_mark_ready, node_register, node_verify
-    from pools.actors import Actor
-    from pools.choices import TenantRole
-    from pools.services import api_token_issue, membership_set, pool_create, tenant_create
-
-    tag = secrets.token_hex(4)
-    system = Actor.system("bench")
-    with transaction.atomic():
-        pool = pool_create(
-            name=f"bench {tag}",
-            slug=f"bench-{tag}",
-            system_reserve_cpu_millicores=0,
-            system_reserve_memory_mib=0,
-            safety_margin_percent=0,
-        )
-        tenant = tenant_create(name=f"bench {tag}", slug=f"bench-{tag}")
-        user = get_user_model().objects.create_user(username=f"bench-{tag}")
-        membership_set(user=user, tenant=tenant, role=TenantRole.MEMBER)
-        _, secret = api_token_issue(user=user, name="bench")
-        for i in range(nodes):
-            node = node_register(
-                pool=pool,
-                name=f"bench-{i:03d}",
-                actor=system,
-                cpu_millicores=cpu_per_node,
-                memory_mib=memory_per_node,
-            )
-            node = node_verify(node=node, actor=system)
-            node_mark_ready(node=node, actor=system)
-    return pool, tenant, user, secret
-
-
-def cleanup(pool, tenant, user) -> None:
-    from leases.models import Lease
-    from nodes.models import Node
-
-    with transaction.atomic():
-        Lease.objects.filter(pool=pool).delete()
-        Node.objects.filter(pool=pool).delete()
-        pool.delete()
-        tenant.delete()
-        user.delete()
 
 
 def _free_port() -> int:
@@ -394,6 +347,9 @@ def _percentile(values, q):
 
 def run(
     *,
+    pool,
+    tenant,
+    secret: str,
     clients: int,
     seconds: float,
     url: str | None = None,
@@ -411,8 +367,6 @@ def run(
     from leases import selectors
 
     database = connection.settings_dict["NAME"]
-    # room for every grant: 100 millicores and 64 MiB each
-    pool, tenant, user, secret = seed(nodes, 1000 * 1000, 1024 * 1024)
     procs = []
     try:
         if url is None:
@@ -518,5 +472,4 @@ def run(
         stop_servers(procs)
     result["overcommitted_nodes"] = selectors.overcommitted_nodes(pool)
     result["ledger_problems"] = len(selectors.ledger_problems(pool))
-    cleanup(pool, tenant, user)
     return result

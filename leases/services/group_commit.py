@@ -23,8 +23,8 @@ from django.db import connection, transaction
 
 from leases import snapshot as snap
 from pools.statemachine import TransitionRefused
+from scheduling.core import apply_placement, make_context, place
 from scheduling.core import types as core
-from scheduling.core.planner import apply_placement, make_context, place
 
 from . import ledger, quota
 

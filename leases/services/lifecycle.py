@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from leases.choices import HOLDING, LEASE_TRANSITIONS, TERMINAL, LeaseState
+from leases.events import publish_lease_event
 from leases.models import Lease, LeaseEvent
 from leases.window import as_timedelta
 from pools.actors import Actor
@@ -49,6 +50,7 @@ def lease_transition(
         changes=changes,
         check=check,
         data=data,
+        on_commit=publish_lease_event,
     )
 
 

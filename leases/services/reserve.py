@@ -24,8 +24,8 @@ from leases.window import Window, as_timedelta, request_digest
 from nodes.choices import NodeState
 from pools.actors import Actor
 from pools.statemachine import TransitionRefused
+from scheduling.core import make_context, place
 from scheduling.core import types as core
-from scheduling.core.planner import make_context, place
 
 from . import group_commit, ledger
 from .backfill import try_backfill

@@ -236,7 +236,7 @@ class EnrollSerializer(serializers.Serializer):
 
 
 class GpuReadingSerializer(serializers.Serializer):
-    """One device's NVML readings (nodes.services.gpu_health_evaluate reads them)."""
+    """One device's NVML readings (nodes.health_rules.gpu_health_evaluate reads them)."""
 
     temperature_c = temperature()
     slowdown_temperature_c = temperature()
@@ -292,7 +292,7 @@ class MeasuredGpuSerializer(serializers.Serializer):
 
 class ProbeMeasurementSerializer(GpuReadingSerializer):
     """What a probe measured: the node's resources (validation, compared with its claims by
-    nodes.services.compare_claims) or one device's readings (recovery)."""
+    nodes.claims.compare_claims) or one device's readings (recovery)."""
 
     passed = serializers.BooleanField(required=False)
     cpu_count = bounded_int(0, CPUS_MAX, required=False)

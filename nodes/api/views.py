@@ -8,10 +8,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from jobs.models import Job
 from nodes import selectors, services
 from nodes.api.serializers import (
     DrainSerializer,
@@ -27,41 +25,17 @@ from nodes.api.serializers import (
     QuarantineSerializer,
 )
 from nodes.authentication import NodeCredentialAuthentication
-from nodes.models import NodeCredential
+from nodes.errors import EnrollmentRefused, NodeScopeRefused
 from pools.actors import Actor
-from pools.api.permissions import IsOperator
+from pools.api.permissions import IsNode, IsNotNode, IsOperator
 from pools.choices import TokenScope
-
-
-class IsNodeAgent(BasePermission):
-    """A node agent authenticated with its own node credential."""
-
-    message = "Only a node agent with its node credential may do this."
-
-    def has_permission(self, request, view):
-        user = request.user
-        return (
-            getattr(user, "is_person", True) is False
-            and getattr(user, "node", None) is not None
-            and isinstance(request.auth, NodeCredential)
-        )
-
-
-class IsNotNode(BasePermission):
-    """Anyone holding an enrollment token, but never a node credential: a node cannot enroll
-    other nodes."""
-
-    message = "A node credential cannot enroll nodes."
-
-    def has_permission(self, request, view):
-        return getattr(request.user, "is_person", True) is not False
 
 
 class NodeErrorsMixin:
     """Scope and enrollment refusals are 403s with a code."""
 
     def handle_exception(self, exc):
-        if isinstance(exc, services.NodeScopeRefused | services.EnrollmentRefused):
+        if isinstance(exc, NodeScopeRefused | EnrollmentRefused):
             exc = PermissionDenied(detail=exc.message, code=exc.code)
         return super().handle_exception(exc)
 
@@ -82,7 +56,7 @@ class EnrollmentTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelView
     required_scope = TokenScope.OPERATE
 
     def get_queryset(self):
-        return selectors.enrollment_tokens().select_related("pool")
+        return selectors.enrollment_tokens_visible_to(Actor.from_request(self.request))
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
@@ -90,7 +64,7 @@ class EnrollmentTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelView
         data = serializer.validated_data
         token, secret = services.enrollment_token_issue(
             pool=data["pool"],
-            actor=Actor.for_user(request.user),
+            actor=Actor.from_request(request),
             max_uses=data["max_uses"],
             ttl=timedelta(hours=data["ttl_hours"]),
             name=data.get("name", ""),
@@ -136,13 +110,13 @@ class EnrollViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
 
 
 class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
-    """The agent side: everything acts on `request.user.node` and nothing else."""
+    """The agent side: everything acts on the asking node's own node and nothing else."""
 
-    permission_classes = [IsNodeAgent]
+    permission_classes = [IsNode]
     serializer_class = HeartbeatSerializer
 
     def node(self):
-        return self.request.user.node
+        return Actor.from_request(self.request).node
 
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=False, methods=["get"])
@@ -155,7 +129,7 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
         serializer = HeartbeatSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         node = services.node_heartbeat(
-            node=self.node(), actor=Actor.for_user(request.user), **serializer.validated_data
+            node=self.node(), actor=Actor.from_request(request), **serializer.validated_data
         )
         probes = node.probes.filter(state="requested")
         return Response(
@@ -199,20 +173,9 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
     @action(detail=False, methods=["post"], url_path="credential/rotate")
     def rotate_credential(self, request):
         credential, secret = services.node_credential_rotate(
-            credential=request.auth, actor=Actor.for_user(request.user)
+            credential=request.auth, actor=Actor.from_request(request)
         )
         return Response(credential_body(credential, secret), status=status.HTTP_201_CREATED)
-
-    @extend_schema(request=None, responses={200: dict})
-    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/checkpointed")
-    def job_checkpointed(self, request, job_id=None):
-        job = Job.objects.filter(pk=job_id).first()
-        if job is None:
-            raise services.NodeScopeRefused(f"job {job_id} holds no lease on this node")
-        job = services.agent_job_checkpointed(
-            node=self.node(), job=job, actor=Actor.for_user(request.user)
-        )
-        return Response({"job": job.pk, "state": job.state})
 
 
 class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):
@@ -223,7 +186,7 @@ class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):
     filterset_fields = {"pool__slug": ["exact"], "state": ["exact", "in"]}
 
     def get_queryset(self):
-        return selectors.nodes_for_operators()
+        return selectors.nodes_visible_to(Actor.from_request(self.request))
 
     def get_permissions(self):
         if self.action not in ("list", "retrieve", "events"):
@@ -231,7 +194,7 @@ class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):
         return super().get_permissions()
 
     def actor(self):
-        return Actor.for_user(self.request.user)
+        return Actor.from_request(self.request)
 
     def _message(self, serializer_class=MessageSerializer):
         serializer = serializer_class(data=self.request.data)

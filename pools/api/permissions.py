@@ -1,10 +1,11 @@
-"""The permission check points of the API, shared by every app."""
+"""The permission check points of the API, shared by every app: who is asking comes from
+`Actor.from_request`, what they may see from `Model.objects.visible_to(actor)`."""
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
+from pools.actors import Actor
 from pools.choices import TokenScope
 from pools.models import ApiToken
-from pools.roles import is_operator, is_policy_admin
 
 
 class TokenScopeAllows(BasePermission):
@@ -27,8 +28,7 @@ class IsPerson(BasePermission):
     message = "Authentication as a person is required."
 
     def has_permission(self, request, view):
-        user = request.user
-        if not (user and user.is_authenticated and getattr(user, "is_person", True)):
+        if not Actor.from_request(request).is_person:
             return False
         return TokenScopeAllows().has_permission(request, view)
 
@@ -37,7 +37,7 @@ class IsOperator(IsPerson):
     message = "Only operators may do this."
 
     def has_permission(self, request, view):
-        return super().has_permission(request, view) and is_operator(request.user)
+        return super().has_permission(request, view) and Actor.from_request(request).is_operator
 
 
 class IsPolicyAdminOrReadOnly(IsPerson):
@@ -46,4 +46,38 @@ class IsPolicyAdminOrReadOnly(IsPerson):
     def has_permission(self, request, view):
         if not super().has_permission(request, view):
             return False
-        return request.method in SAFE_METHODS or is_policy_admin(request.user)
+        return request.method in SAFE_METHODS or Actor.from_request(request).is_policy_admin
+
+
+class IsNode(BasePermission):
+    """A node's agent, authenticated with its own node credential."""
+
+    message = "Only a node agent with its node credential may do this."
+
+    def has_permission(self, request, view):
+        return Actor.from_request(request).is_node
+
+
+class IsNotNode(BasePermission):
+    """Anyone but a node credential (e.g. an enrollment: a node cannot enroll other nodes)."""
+
+    message = "A node credential cannot enroll nodes."
+
+    def has_permission(self, request, view):
+        return not Actor.from_request(request).is_node
+
+
+class IsPersonOrNode(BasePermission):
+    """A signed-in person (with the token scope needed) or a node's agent."""
+
+    message = "Authentication as a person or a node is required."
+
+    def has_permission(self, request, view):
+        return IsNode().has_permission(request, view) or IsPerson().has_permission(request, view)
+
+
+class IsNodeOrOperator(BasePermission):
+    message = "Only the node's agent (or an operator) reports usage."
+
+    def has_permission(self, request, view):
+        return IsNode().has_permission(request, view) or IsOperator().has_permission(request, view)

@@ -16,21 +16,11 @@ from .registry import active_filters, active_scorers
 from .types import EXCLUSIVE, MIG, DeviceShare, NodeView, Policy, Request
 
 
-def static_reason(req: Request, node: NodeView, ctx: ScoreContext) -> str | None:
-    """The reason the policy's static filters refuse ``node``, or None. A pass or a replay may
-    check these once per node and then call ``evaluate(..., static_checked=True)``."""
-    policy = ctx.policy
-    for check in active_filters(req, ctx)[0]:
-        reason = check(req, node, policy)
-        if reason:
-            return reason
-    return None
-
-
 def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bool = False):
     """Best way to place ``req`` on ``node``: (score, fit, breakdown, gpu count, gpu memory).
 
-    Returns a reason code string when the node is not eligible.
+    Returns a reason code string when the node is not eligible. ``static_checked``: the caller
+    already ran the static filters on this node (a pass or replay re-evaluating a changed node).
     """
     policy = ctx.policy
     _, dynamic, chain = active_filters(req, ctx)

@@ -7,16 +7,11 @@ from channels.testing import ChannelsLiveServerTestCase
 from django.db import connection
 from playwright.sync_api import expect
 
-from jobs.services import job_cancel, job_submit
-from nodes.services import node_mark_ready, node_register, node_verify
+from config.builders import build_node, build_person, build_pool, build_tenant, submit_job
+from jobs.services import job_cancel
 from pools.actors import Actor
-from pools.choices import TenantRole
-from pools.services import membership_set, pool_create, tenant_create
 from scheduling.passes import scheduling_pass
 from tests.browser import chromium_page, sign_in
-from tests.conftest import make_user
-
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "b" * 64
 
 
 @pytest.mark.browser
@@ -24,22 +19,14 @@ class TestJobsConsole(ChannelsLiveServerTestCase):
     serve_static = True
 
     def setUp(self):
-        self.pool = pool_create(name="Lab", slug="lab")
-        self.tenant = tenant_create(name="Vision", slug="vision")
-        self.other = tenant_create(name="Lang", slug="nlp")
-        self.user = make_user("alice")
-        membership_set(user=self.user, tenant=self.tenant, role=TenantRole.MEMBER)
+        self.pool = build_pool("lab", name="Lab")
+        self.tenant = build_tenant("vision", name="Vision")
+        self.other = build_tenant("nlp", name="Lang")
+        self.user = build_person("alice", tenant=self.tenant)
         self.actor = Actor.for_user(self.user)
 
     def _submit(self, tenant, name):
-        return job_submit(
-            tenant=tenant,
-            pool=self.pool,
-            name=name,
-            image=IMAGE,
-            actor=self.actor,
-            resources={"cpu_millicores_min": 500, "memory_mib_min": 256},
-        )
+        return submit_job(self.pool, tenant, name, cpu=500, memory=256, actor=self.actor)
 
     def _cancel_elsewhere(self, job):
         try:
@@ -50,10 +37,7 @@ class TestJobsConsole(ChannelsLiveServerTestCase):
     def test_member_sees_own_jobs_and_live_events(self):
         mine = self._submit(self.tenant, "resnet-train")
         self._submit(self.other, "someone-elses")
-        node = node_register(
-            pool=self.pool, name="cpu-7", actor=self.actor, cpu_millicores=16000, memory_mib=65536
-        )
-        node_mark_ready(node=node_verify(node=node, actor=self.actor), actor=self.actor)
+        build_node(self.pool, "cpu-7", cpu=16000, memory=65536, actor=self.actor)
         assert mine.pk in scheduling_pass().placed
         with chromium_page() as page:
             sign_in(page, self.live_server_url, "alice", "pw-alice")

@@ -4,9 +4,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from config.builders import SYSTEM, cpu_request
 from leases import services
-
-from .conftest import SYSTEM, cpu_request
 
 
 def test_lease_admin_pages_load(admin_client, lpool, ltenant, lnode):

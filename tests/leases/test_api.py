@@ -5,11 +5,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, build_pool, build_tenant, cpu_request
 from leases.choices import LeaseState
 from leases.models import Lease
+from leases.selectors import ledger_problems
 from pools.models import ResourceShape
-
-from .conftest import api_client, assert_ledger_ok, make_node
+from tests.clients import client_for
 
 URL = "/api/v1/compute-leases"
 
@@ -27,29 +28,29 @@ def body(pool, tenant, **extra):
 
 @pytest.fixture
 def granted(lpool, ltenant, lnode, lmember):
-    response = api_client(lmember).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(lmember).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 201, response.json()
     return response.json()
 
 
 def test_create_anonymous_wrong_role_right_role(lpool, ltenant, lnode, lmember, loutsider):
-    assert api_client().post(URL, body(lpool, ltenant), format="json").status_code in (401, 403)
+    assert client_for().post(URL, body(lpool, ltenant), format="json").status_code in (401, 403)
     # a member of another tenant: the tenant is invisible to them
-    response = api_client(loutsider).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(loutsider).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 400 and "tenant" in response.json()
     # a read-only token may not reserve
-    response = api_client(lmember, scopes=("read",)).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(lmember, scopes=("read",)).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 403
     # a node's agent may not reserve
-    response = api_client(node=lnode).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(node=lnode).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code in (401, 403)
-    response = api_client(lmember).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(lmember).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 201
     lease = response.json()
     assert lease["state"] == "reserved" and lease["node"] == "n1"
     assert lease["cpu_millicores"] == 1000 and lease["fencing_token"]
     assert lease["held"]["cpu_millicores"] == 1000 and lease["consumed"] is None
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_create_trailing_slash_and_catalogue_shape(lpool, ltenant, lnode, lmember):
@@ -58,12 +59,12 @@ def test_create_trailing_slash_and_catalogue_shape(lpool, ltenant, lnode, lmembe
     )
     data = body(lpool, ltenant, shape="small")
     del data["resources"]
-    response = api_client(lmember).post(URL + "/", data, format="json")
+    response = client_for(lmember).post(URL + "/", data, format="json")
     assert response.status_code == 201 and response.json()["cpu_millicores"] == 500
 
 
 def test_operator_may_reserve_for_any_tenant(lpool, ltenant, lnode, loperator):
-    response = api_client(loperator).post(URL, body(lpool, ltenant), format="json")
+    response = client_for(loperator).post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 201
 
 
@@ -88,21 +89,21 @@ def test_operator_may_reserve_for_any_tenant(lpool, ltenant, lnode, loperator):
 )
 def test_bad_input_is_400_with_field_errors(lpool, ltenant, lnode, lmember, change, field):
     data = {**body(lpool, ltenant), **change}
-    response = api_client(lmember).post(URL, data, format="json")
+    response = client_for(lmember).post(URL, data, format="json")
     assert response.status_code == 400, response.content
     payload = response.json()
     assert field in payload or "shape" in payload or "non_field_errors" in payload
 
 
 def test_no_body_and_garbage_are_400(lpool, ltenant, lnode, lmember):
-    client = api_client(lmember)
+    client = client_for(lmember)
     assert client.post(URL, {}, format="json").status_code == 400
     response = client.post(URL, "{not json", content_type="application/json")
     assert response.status_code == 400
 
 
 def test_409_with_reasons_and_422_never_fits(lpool, ltenant, lnode, lmember):
-    client = api_client(lmember)
+    client = client_for(lmember)
     big = {"cpu_millicores_min": 4000, "memory_mib_min": 1024}
     holder = client.post(URL, body(lpool, ltenant, resources=big), format="json")
     assert holder.status_code == 201
@@ -126,14 +127,14 @@ def test_quota_refusal_is_409(lpool, ltenant, lnode, lmember):
     from pools.models import Quota
 
     Quota.objects.create(tenant=ltenant, pool=lpool, cpu_millicores=1000, memory_mib=10**6)
-    client = api_client(lmember)
+    client = client_for(lmember)
     assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
     response = client.post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 409 and response.json()["code"] == "quota_exceeded"
 
 
 def test_idempotency_key_returns_the_same_lease(lpool, ltenant, lnode, lmember):
-    client = api_client(lmember)
+    client = client_for(lmember)
     first = client.post(URL, body(lpool, ltenant), format="json", HTTP_IDEMPOTENCY_KEY="k1")
     second = client.post(URL, body(lpool, ltenant), format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert first.status_code == 201 and second.status_code == 201
@@ -148,78 +149,78 @@ def test_window_creates_a_reservation(lpool, ltenant, lnode, lmember):
         "end": (start + timedelta(hours=1)).isoformat(),
         "tolerance_s": 120,
     }
-    response = api_client(lmember).post(URL, body(lpool, ltenant, window=window), format="json")
+    response = client_for(lmember).post(URL, body(lpool, ltenant, window=window), format="json")
     assert response.status_code == 201
     assert response.json()["window_start"] and response.json()["tolerance_s"] == 120
     far = {
         "start": (timezone.now() + timedelta(days=60)).isoformat(),
         "end": (timezone.now() + timedelta(days=60, hours=1)).isoformat(),
     }
-    response = api_client(lmember).post(URL, body(lpool, ltenant, window=far), format="json")
+    response = client_for(lmember).post(URL, body(lpool, ltenant, window=far), format="json")
     assert response.status_code == 409
     assert response.json()["code"] == "reservation_horizon_exceeded"
 
 
 def test_list_and_detail_visibility(granted, lmember, loutsider, loperator, lnode, lpool):
     lease_url = f"{URL}/{granted['id']}"
-    assert api_client().get(URL).status_code in (401, 403)
-    assert api_client(loutsider).get(URL).json()["count"] == 0
-    assert api_client(loutsider).get(lease_url).status_code == 404
-    assert api_client(lmember).get(URL).json()["count"] == 1
-    assert api_client(lmember).get(lease_url).json()["id"] == granted["id"]
-    assert api_client(loperator).get(lease_url).status_code == 200
-    assert api_client(node=lnode).get(lease_url).status_code == 200
-    other = make_node(lpool, "n2")
-    assert api_client(node=other).get(lease_url).status_code == 404
-    events = api_client(lmember).get(f"{lease_url}/events").json()
+    assert client_for().get(URL).status_code in (401, 403)
+    assert client_for(loutsider).get(URL).json()["count"] == 0
+    assert client_for(loutsider).get(lease_url).status_code == 404
+    assert client_for(lmember).get(URL).json()["count"] == 1
+    assert client_for(lmember).get(lease_url).json()["id"] == granted["id"]
+    assert client_for(loperator).get(lease_url).status_code == 200
+    assert client_for(node=lnode).get(lease_url).status_code == 200
+    other = build_node(lpool, "n2")
+    assert client_for(node=other).get(lease_url).status_code == 404
+    events = client_for(lmember).get(f"{lease_url}/events").json()
     assert [e["reason"] for e in events] == ["reserved"]
 
 
 def test_commit_renew_release_roles(granted, lmember, loutsider, lnode, lpool):
     lease_url = f"{URL}/{granted['id']}"
     token = {"fencing_token": granted["fencing_token"]}
-    other = make_node(lpool, "n2")
+    other = build_node(lpool, "n2")
     for action in ("commit", "renew", "release"):
-        assert api_client().post(f"{lease_url}/{action}", token).status_code in (401, 403)
-        assert api_client(loutsider).post(f"{lease_url}/{action}", token).status_code == 404
-        assert api_client(node=other).post(f"{lease_url}/{action}", token).status_code == 404
-    read_only = api_client(lmember, scopes=("read",))
+        assert client_for().post(f"{lease_url}/{action}", token).status_code in (401, 403)
+        assert client_for(loutsider).post(f"{lease_url}/{action}", token).status_code == 404
+        assert client_for(node=other).post(f"{lease_url}/{action}", token).status_code == 404
+    read_only = client_for(lmember, scopes=("read",))
     assert read_only.post(f"{lease_url}/commit", token).status_code == 403
-    stale = api_client(node=lnode).post(f"{lease_url}/commit", {"fencing_token": 1})
+    stale = client_for(node=lnode).post(f"{lease_url}/commit", {"fencing_token": 1})
     assert stale.status_code == 409 and stale.json()["code"] == "fencing_token_mismatch"
-    assert api_client(node=lnode).post(f"{lease_url}/commit", {}).status_code == 400
-    committed = api_client(node=lnode).post(f"{lease_url}/commit", token)
+    assert client_for(node=lnode).post(f"{lease_url}/commit", {}).status_code == 400
+    committed = client_for(node=lnode).post(f"{lease_url}/commit", token)
     assert committed.status_code == 200 and committed.json()["state"] == "committed"
-    renewed = api_client(lmember).post(f"{lease_url}/renew", {**token, "duration_s": 900})
+    renewed = client_for(lmember).post(f"{lease_url}/renew", {**token, "duration_s": 900})
     assert renewed.status_code == 200
-    again = api_client(node=lnode).post(f"{lease_url}/commit", token)
+    again = client_for(node=lnode).post(f"{lease_url}/commit", token)
     assert again.status_code == 409 and again.json()["code"] == "transition_not_allowed"
     usage = {"cpu_millicores": 700, "memory_mib": 512}
-    assert api_client(lmember).post(f"{lease_url}/usage", usage).status_code == 403
-    reported = api_client(node=lnode).post(f"{lease_url}/usage", usage)
+    assert client_for(lmember).post(f"{lease_url}/usage", usage).status_code == 403
+    reported = client_for(node=lnode).post(f"{lease_url}/usage", usage)
     assert reported.status_code == 200 and reported.json()["consumed"]["cpu_millicores"] == 700
-    released = api_client(lmember).post(f"{lease_url}/release", {})
+    released = client_for(lmember).post(f"{lease_url}/release", {})
     assert released.status_code == 200 and released.json()["state"] == "released"
     # idempotent
-    assert api_client(node=lnode).post(f"{lease_url}/release", {}).status_code == 200
+    assert client_for(node=lnode).post(f"{lease_url}/release", {}).status_code == 200
     assert Lease.objects.get(pk=granted["id"]).state == LeaseState.RELEASED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_accounting_and_capacity(granted, lmember, loutsider, loperator, lpool):
-    own = api_client(lmember).get(f"{URL}/accounting").json()
+    own = client_for(lmember).get(f"{URL}/accounting").json()
     assert [row["tenant"] for row in own] == ["lt"]
     assert own[0]["held"]["cpu_millicores"] == 1000
-    assert api_client(loutsider).get(f"{URL}/accounting").json()[0]["held"]["leases"] == 0
+    assert client_for(loutsider).get(f"{URL}/accounting").json()[0]["held"]["leases"] == 0
     capacity_url = f"/api/v1/pools/{lpool.slug}/capacity"
-    assert api_client().get(capacity_url).status_code in (401, 403)
-    assert api_client(lmember).get(capacity_url).status_code == 403
-    response = api_client(loperator).get(capacity_url)
+    assert client_for().get(capacity_url).status_code in (401, 403)
+    assert client_for(lmember).get(capacity_url).status_code == 403
+    response = client_for(loperator).get(capacity_url)
     assert response.status_code == 200
     totals = response.json()["totals"]
     assert totals["reserved"]["cpu_millicores"] == 1000
     assert totals["allocatable"]["cpu_millicores"] == 4000
-    assert api_client(loperator).get("/api/v1/pools/none/capacity").status_code == 404
+    assert client_for(loperator).get("/api/v1/pools/none/capacity").status_code == 404
 
 
 # --- the reserve hot path: cached validation, group commit --------------------------------------
@@ -234,7 +235,7 @@ def test_membership_removed_elsewhere_is_refused_after_the_ttl(
     now = [1000.0]
     monkeypatch.setattr(views, "_clock", lambda: now[0])
     views.forget_validated_bodies()
-    client = api_client(lmember)
+    client = client_for(lmember)
     small = {"cpu_millicores_min": 100, "memory_mib_min": 64}
     assert client.post(URL, body(lpool, ltenant, resources=small), format="json").status_code == 201
     # removed by another process (no signal here): the cached answer lasts until its TTL ends
@@ -249,7 +250,7 @@ def test_membership_removed_elsewhere_is_refused_after_the_ttl(
 def test_membership_removed_in_this_process_is_refused_at_once(lpool, ltenant, lnode, lmember):
     from pools.models import Membership
 
-    client = api_client(lmember)
+    client = client_for(lmember)
     small = {"cpu_millicores_min": 100, "memory_mib_min": 64}
     assert client.post(URL, body(lpool, ltenant, resources=small), format="json").status_code == 201
     Membership.objects.filter(user=lmember).delete()
@@ -258,7 +259,7 @@ def test_membership_removed_in_this_process_is_refused_at_once(lpool, ltenant, l
 
 
 def test_cached_body_still_gets_field_errors_for_bad_variants(lpool, ltenant, lnode, lmember):
-    client = api_client(lmember)
+    client = client_for(lmember)
     assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
     response = client.post(URL, body(lpool, ltenant, duration_s=0), format="json")
     assert response.status_code == 400 and "duration_s" in response.json()
@@ -276,14 +277,11 @@ def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch
     from leases import selectors, services
     from leases.models import LeaseEvent
     from leases.services import group_commit
-    from pools.services import tenant_create
 
-    from .conftest import SYSTEM, cpu_request, make_pool
-
-    pool = make_pool("batch")
-    tenant = tenant_create(name="B", slug="b")
-    make_node(pool, "b1", cpu=4000, memory=8192)
-    make_node(pool, "b2", cpu=3000, memory=8192)
+    pool = build_pool("batch", exact_capacity=True)
+    tenant = build_tenant("b", name="B")
+    build_node(pool, "b1", cpu=4000, memory=8192)
+    build_node(pool, "b2", cpu=3000, memory=8192)
     sizes = []
     run_batch = group_commit._run_batch
 
@@ -327,7 +325,7 @@ def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch
     assert all(reasons for reasons in refused)
     assert max(sizes) > 1  # combined
     assert selectors.overcommitted_nodes(pool) == 0
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []
     leases = Lease.objects.filter(pk__in=granted)
     assert all(lease.state == LeaseState.RESERVED for lease in leases)
     events = LeaseEvent.objects.filter(lease__in=leases, reason="reserved")
@@ -341,14 +339,11 @@ def test_group_commit_conflict_is_replanned(monkeypatch):
     from django.db import transaction
 
     from leases import services, snapshot
-    from pools.services import tenant_create
 
-    from .conftest import SYSTEM, cpu_request, make_pool
-
-    pool = make_pool("stale")
-    tenant = tenant_create(name="S", slug="s")
-    make_node(pool, "s1", cpu=1000, memory=8192)
-    make_node(pool, "s2", cpu=1000, memory=8192)
+    pool = build_pool("stale", exact_capacity=True)
+    tenant = build_tenant("s", name="S")
+    build_node(pool, "s1", cpu=1000, memory=8192)
+    build_node(pool, "s2", cpu=1000, memory=8192)
     real_snapshot = snapshot.pool_snapshot
     calls = []
 
@@ -377,7 +372,7 @@ def test_group_commit_conflict_is_replanned(monkeypatch):
     )
     # both nodes are alike: the same policy picked the same node on the same (stale) view
     assert lease.placement["attempts"] == 2 and lease.node.name != calls[1]
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []
 
 
 def test_a_repeated_reserve_costs_a_fixed_handful_of_statements(lpool, ltenant, lnode, lmember):
@@ -387,8 +382,8 @@ def test_a_repeated_reserve_costs_a_fixed_handful_of_statements(lpool, ltenant, 
     from django.test.utils import CaptureQueriesContext
 
     for i in range(8):
-        make_node(lpool, f"extra-{i}", cpu=8000, memory=16384)
-    client = api_client(lmember)
+        build_node(lpool, f"extra-{i}", cpu=8000, memory=16384)
+    client = client_for(lmember)
     for _ in range(3):  # warm the per-process caches (token, validated body, policy)
         assert client.post(URL, body(lpool, ltenant), format="json").status_code == 201
     with CaptureQueriesContext(connection) as queries:

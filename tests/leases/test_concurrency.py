@@ -11,13 +11,13 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, build_pool, build_tenant, cpu_request, gpu_request
 from leases import selectors, services
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
+from leases.selectors import ledger_problems
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
-
-from .conftest import SYSTEM, assert_ledger_ok, cpu_request, gpu_request, make_node, make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,20 +44,19 @@ def run_threads(count, target):
 
 
 def test_many_clients_race_for_the_last_units(db):
-    from pools.services import tenant_create
 
-    pool = make_pool("race")
-    tenants = [tenant_create(name=f"T{i}", slug=f"t{i}") for i in range(2)]
-    make_node(pool, "c1", cpu=4000, memory=8192, scratch=4000)
-    make_node(pool, "c2", cpu=3000, memory=4096, scratch=3000)
-    make_node(
+    pool = build_pool("race", exact_capacity=True)
+    tenants = [build_tenant(f"t{i}", name=f"T{i}") for i in range(2)]
+    build_node(pool, "c1", cpu=4000, memory=8192, scratch=4000)
+    build_node(pool, "c2", cpu=3000, memory=4096, scratch=3000)
+    build_node(
         pool,
         "g1",
         cpu=8000,
         memory=16384,
-        gpus=[{"sharing": "timeslice"}, {"sharing": "timeslice"}],
+        gpus=[{"sharing_mode": "timeslice"}, {"sharing_mode": "timeslice"}],
     )
-    make_node(pool, "m1", cpu=8000, memory=16384, gpus=[{"mig": True}])
+    build_node(pool, "m1", cpu=8000, memory=16384, gpus=[{"mig_enabled": True}])
     shapes = [
         cpu_request(1000, 1024, 1000),
         cpu_request(1500, 2048),
@@ -94,7 +93,7 @@ def test_many_clients_race_for_the_last_units(db):
         assert explanation["code"] in ("no_capacity", "never_fits")
         assert explanation["reasons"] and explanation["message"]
     assert selectors.overcommitted_nodes(pool) == 0
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []
     assert Lease.objects.filter(pool=pool, state=LeaseState.RESERVED).count() == len(granted)
 
     # and releasing everything concurrently brings the ledger back to zero
@@ -107,16 +106,15 @@ def test_many_clients_race_for_the_last_units(db):
             )
 
     run_threads(8, releaser)
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []
     assert not Lease.objects.holding().filter(pool=pool).exists()
 
 
 def test_release_expire_commit_race_on_one_lease(db):
-    from pools.services import tenant_create
 
-    pool = make_pool("race2")
-    tenant = tenant_create(name="R", slug="r")
-    make_node(pool, "c1", cpu=64000, memory=65536)
+    pool = build_pool("race2", exact_capacity=True)
+    tenant = build_tenant("r", name="R")
+    build_node(pool, "c1", cpu=64000, memory=65536)
     start = timezone.now()
     outcomes = []
     for _ in range(12):
@@ -152,5 +150,5 @@ def test_release_expire_commit_race_on_one_lease(db):
         )
         assert endings.count() == 1  # capacity was returned exactly once
         outcomes.append(lease.state)
-        assert_ledger_ok(pool)
+        assert ledger_problems(pool) == []
     assert selectors.overcommitted_nodes(pool) == 0

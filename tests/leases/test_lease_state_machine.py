@@ -18,14 +18,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from config.builders import SYSTEM, build_node, build_pool, build_tenant, cpu_request, gpu_request
 from leases import selectors, services
 from leases.choices import LEASE_TRANSITIONS, LeaseState
 from leases.models import Lease, LeaseEvent
+from leases.selectors import ledger_problems
 from pools.reasons import Reason
-from pools.services import tenant_create
 from pools.statemachine import TransitionRefused
-
-from .conftest import SYSTEM, assert_ledger_ok, cpu_request, gpu_request, make_node, make_pool
 
 S = LeaseState
 MIN = timedelta(minutes=1)
@@ -111,7 +110,7 @@ def test_every_transition_allowed_or_refused(source, target, lpool, ltenant, lno
         lease.refresh_from_db()
         assert lease.state == source
         assert lease.events.count() == events_before  # refused: no event row
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -120,10 +119,10 @@ class LeaseMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         tag = uuid.uuid4().hex[:8]
-        self.pool = make_pool(f"sm-{tag}")
-        self.tenants = [tenant_create(name=f"sm {tag} {i}", slug=f"sm-{tag}-{i}") for i in range(2)]
-        make_node(self.pool, "a", cpu=3000, memory=6144)
-        make_node(self.pool, "g", cpu=3000, memory=6144, gpus=[{"sharing": "timeslice"}])
+        self.pool = build_pool(f"sm-{tag}", exact_capacity=True)
+        self.tenants = [build_tenant(f"sm-{tag}-{i}", name=f"sm {tag} {i}") for i in range(2)]
+        build_node(self.pool, "a", cpu=3000, memory=6144)
+        build_node(self.pool, "g", cpu=3000, memory=6144, gpus=[{"sharing_mode": "timeslice"}])
         self.now = timezone.now()
         self.shapes = [
             cpu_request(1000, 1024),

@@ -10,10 +10,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
+from config.builders import build_node, build_pool, build_tenant
 from leases.models import Lease, LeaseEvent
-from pools.services import tenant_create
-
-from .conftest import make_node, make_pool
 
 BEFORE_THE_MOVE = [("leases", None)]  # unapplies leases 0001 and scheduling 0006
 
@@ -28,9 +26,9 @@ def migrate(targets=None):
 
 @pytest.mark.django_db(transaction=True)
 def test_leases_events_and_reservations_survive_the_move():
-    pool = make_pool("moved")
-    tenant = tenant_create(name="Moved", slug="moved")
-    node = make_node(pool, "m1", cpu=4000, memory=8192)
+    pool = build_pool("moved", exact_capacity=True)
+    tenant = build_tenant("moved", name="Moved")
+    node = build_node(pool, "m1", cpu=4000, memory=8192)
     content_type = ContentType.objects.get_for_model(Lease)
     now = timezone.now()
     try:

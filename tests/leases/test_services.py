@@ -5,16 +5,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, cpu_request, gpu_request
 from leases import selectors, services
 from leases.choices import LeaseState
 from leases.models import Lease
+from leases.selectors import ledger_problems
 from nodes.services import node_drain
 from pools.actors import Actor
 from pools.models import Quota
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
-
-from .conftest import SYSTEM, assert_ledger_ok, cpu_request, gpu_request, make_node
 
 MIN = timedelta(minutes=1)
 
@@ -33,7 +33,7 @@ def test_reserve_takes_capacity_and_release_returns_it(lpool, ltenant, lnode):
     assert lnode.scratch_mib_reserved == 100
     assert lease.state == LeaseState.RESERVED and lease.node_id == lnode.pk
     assert lease.events.get().reason == Reason.RESERVED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
     services.lease_release(lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
     lnode.refresh_from_db()
     assert lnode.cpu_millicores_reserved == 0 and lnode.memory_mib_reserved == 0
@@ -41,7 +41,7 @@ def test_reserve_takes_capacity_and_release_returns_it(lpool, ltenant, lnode):
     again = services.lease_release(lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
     assert again.state == LeaseState.RELEASED
     assert lease.events.count() == 2
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_reserved_lease_and_event_are_stored_exactly_as_returned(lpool, ltenant, lnode, member):
@@ -75,8 +75,8 @@ def test_preferred_is_granted_when_free(lpool, ltenant, lnode):
 
 
 def test_no_capacity_explains_with_counts_and_nearest_miss(lpool, ltenant, lnode):
-    make_node(lpool, "n2", cpu=2000, memory=4096)
-    drained = make_node(lpool, "n3", cpu=8000, memory=16384)
+    build_node(lpool, "n2", cpu=2000, memory=4096)
+    drained = build_node(lpool, "n3", cpu=8000, memory=16384)
     node_drain(node=drained, actor=SYSTEM)
     reserve(lpool, ltenant, cpu_request(3000, 1024))
     with pytest.raises(services.NoCapacity) as caught:
@@ -107,7 +107,7 @@ def test_draining_node_gets_no_new_lease_but_release_works(lpool, ltenant, lnode
     with pytest.raises(services.NoCapacity):
         reserve(lpool, ltenant)
     services.lease_release(lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_idempotency_key_returns_the_same_lease(lpool, ltenant, lnode):
@@ -126,13 +126,13 @@ def test_quota_is_enforced(lpool, ltenant, lnode):
     with pytest.raises(TransitionRefused) as caught:
         reserve(lpool, ltenant)
     assert caught.value.code == "quota_exceeded"
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_exclusive_gpus_timeslice_shares_and_mig_slices(lpool, ltenant, ltenant2):
-    make_node(lpool, "g1", cpu=32000, memory=65536, gpus=[{}, {}])
-    make_node(lpool, "ts", cpu=32000, memory=65536, gpus=[{"sharing": "timeslice"}])
-    make_node(lpool, "mig", cpu=32000, memory=65536, gpus=[{"mig": True}])
+    build_node(lpool, "g1", cpu=32000, memory=65536, gpus=[{}, {}])
+    build_node(lpool, "ts", cpu=32000, memory=65536, gpus=[{"sharing_mode": "timeslice"}])
+    build_node(lpool, "mig", cpu=32000, memory=65536, gpus=[{"mig_enabled": True}])
     whole = reserve(lpool, ltenant, gpu_request("exclusive", 2))
     assert whole.node.name == "g1" and [a["milli"] for a in whole.gpu_allocations] == [1000] * 2
     half = reserve(lpool, ltenant, gpu_request("timeslice", 1, 500))
@@ -152,10 +152,10 @@ def test_exclusive_gpus_timeslice_shares_and_mig_slices(lpool, ltenant, ltenant2
         reserve(lpool, ltenant, gpu_request("mig", 1, mig_profile="1g.10gb"))
     # the refusal says which slice to wait for: the one that ends first
     assert caught.value.explanation["nearest_miss"]["after_leases"] == [str(slices[0].pk)]
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
     for s in slices:
         services.lease_release(lease=s, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_commit_renew_and_fencing(lpool, ltenant, lnode):
@@ -191,7 +191,7 @@ def test_commit_renew_and_fencing(lpool, ltenant, lnode):
 def test_node_principal_acts_only_on_its_own_node(lpool, ltenant, lnode):
     from pools.actors import Actor
 
-    other = make_node(lpool, "n2")
+    other = build_node(lpool, "n2")
     lease = reserve(lpool, ltenant)
     with pytest.raises(TransitionRefused) as caught:
         services.lease_commit(
@@ -220,7 +220,7 @@ def test_sweeps_expire_and_return_capacity(lpool, ltenant, lnode):
     assert fresh.state == LeaseState.RESERVED
     lnode.refresh_from_db()
     assert lnode.cpu_millicores_reserved == 1000
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_uncertain_then_reconciled_or_deadline(lpool, ltenant, lnode):
@@ -237,7 +237,7 @@ def test_uncertain_then_reconciled_or_deadline(lpool, ltenant, lnode):
     assert services.expire_uncertain(now=now + 11 * MIN, deadline=10 * MIN) == 1
     c.refresh_from_db()
     assert c.state == LeaseState.EXPIRED and c.events.last().reason == Reason.UNCERTAIN_DEADLINE
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_reservation_window_claim_and_unclaimed_release(lpool, ltenant, lnode):
@@ -255,7 +255,7 @@ def test_reservation_window_claim_and_unclaimed_release(lpool, ltenant, lnode):
     held.refresh_from_db()
     assert held.state == LeaseState.RELEASED
     assert held.events.last().reason == Reason.RESERVATION_UNCLAIMED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
     claimed = reserve(lpool, ltenant, cpu_request(4000, 1024), window=window, now=now)
     claimed = services.lease_commit(
@@ -294,7 +294,7 @@ def test_backfill_runs_on_reserved_capacity_until_the_window(lpool, ltenant, lte
     assert short.backfill_of_id == held.pk and short.node_id == held.node_id
     lnode.refresh_from_db()
     assert lnode.cpu_millicores_reserved == 4000  # the backfill borrows, the ledger is unchanged
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
     services.lease_commit(lease=short, fencing_token=short.fencing_token, actor=SYSTEM, now=now)
     clamped = services.lease_renew(
         lease=short,
@@ -319,7 +319,7 @@ def test_backfill_runs_on_reserved_capacity_until_the_window(lpool, ltenant, lte
     short.refresh_from_db()
     assert short.state == LeaseState.EXPIRED
     assert short.events.last().reason == Reason.BACKFILL_WINDOW_CLOSED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_accounting_held_vs_consumed_and_capacity(lpool, ltenant, lnode, cpu_shape_in):

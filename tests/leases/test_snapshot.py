@@ -4,16 +4,15 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, cpu_request, gpu_request
 from leases import services, snapshot
 from pools.reasons import Reason
+from scheduling.core import place
 from scheduling.core import types as core
-from scheduling.core.planner import place
-
-from .conftest import SYSTEM, cpu_request, gpu_request, make_node
 
 
 def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, ltenant):
-    make_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {}])
+    build_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {}])
     now = timezone.now()
     first = services.lease_reserve(
         pool=lpool,
@@ -63,8 +62,8 @@ def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, 
 
 def test_portable_read_matches_the_postgresql_query(lpool, ltenant):
     """SQLite (`make run`) reads the snapshot through the ORM; it must see the same pool."""
-    make_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {"sharing": "timeslice"}])
-    make_node(lpool, "c1", cpu=4000, memory=8192)
+    build_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {"sharing_mode": "timeslice"}])
+    build_node(lpool, "c1", cpu=4000, memory=8192)
     for request in (gpu_request(count=1), gpu_request("timeslice", milli=250), cpu_request()):
         services.lease_reserve(
             pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, duration=600

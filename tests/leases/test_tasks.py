@@ -4,11 +4,11 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from config.builders import SYSTEM, cpu_request
 from config.celery import app
 from leases import services, tasks
 from leases.choices import LeaseState
-
-from .conftest import SYSTEM, assert_ledger_ok, cpu_request
+from leases.selectors import ledger_problems
 
 MIN = timedelta(minutes=1)
 
@@ -27,7 +27,7 @@ def test_expire_task_takes_now_and_is_idempotent(lpool, ltenant, lnode):
     assert tasks.expire_leases(now=now + 2 * MIN) == 0
     lease.refresh_from_db()
     assert lease.state == LeaseState.EXPIRED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_uncertain_deadline_task(lpool, ltenant, lnode):
@@ -39,7 +39,7 @@ def test_uncertain_deadline_task(lpool, ltenant, lnode):
     assert tasks.expire_uncertain(now=now + 5 * MIN, deadline_s=60) == 1
     lease.refresh_from_db()
     assert lease.state == LeaseState.EXPIRED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_reservation_sweep_task(lpool, ltenant, lnode):
@@ -50,7 +50,7 @@ def test_reservation_sweep_task(lpool, ltenant, lnode):
     assert tasks.release_unclaimed_reservations(now=(now + 12 * MIN).isoformat()) == 1
     lease.refresh_from_db()
     assert lease.state == LeaseState.RELEASED
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_beat_schedule_names_registered_tasks():

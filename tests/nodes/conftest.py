@@ -1,65 +1,24 @@
-"""Factories for node tests: state is built through services, never by setting fields."""
+"""Fixtures of the node tests (built by config.builders): an operator and a tenant of their
+own, and a ready node enrolled through the token path like an agent's."""
 
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.db.models import F
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from config.builders import SYSTEM, build_person, build_tenant, submit_job
 from jobs.choices import JobState
-from jobs.services import job_submit, job_transition
+from jobs.services import job_transition
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.services import lease_transition
-from nodes import services
-from pools import services as pool_services
+from nodes.models import NodeEvent
 from pools.actors import Actor
-from pools.choices import PlatformRole, TokenScope, TrustLevel
+from pools.choices import PlatformRole, TokenScope
 from pools.reasons import Reason
-
-SYSTEM = Actor.system("tests")
-
-
-def gpu(i: int, **extra) -> dict:
-    return {
-        "index": i,
-        "uuid": f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd",
-        "model": "NVIDIA H100 80GB HBM3",
-        "memory_mib": 81559,
-        "driver_version": "550.54.15",
-        "cuda_version": "12.4",
-        "mig_enabled": False,
-        "interconnect_group": "nvl0",
-        "numa_node": i // 4,
-        **extra,
-    }
-
-
-def inventory(*, gpus: int = 2, cpu: int = 64000, memory: int = 512000, uuid_tag: str = ""):
-    devices = [gpu(i) for i in range(gpus)]
-    if uuid_tag:
-        for d in devices:
-            d["uuid"] = d["uuid"].replace("dddd", uuid_tag[:4].ljust(4, "0"), 1)
-    return {
-        "cpu_millicores": cpu,
-        "memory_mib": memory,
-        "scratch_mib": 1_000_000,
-        "numa": [{"id": 0, "cpus": 32, "memory_mib": memory // 2}, {"id": 1, "cpus": 32}],
-        "gpus": devices,
-    }
-
-
-class Enrolled:
-    """A node enrolled through the token path, with its credential secret."""
-
-    def __init__(self, node, secret, probe):
-        self.node, self.secret, self.probe = node, secret, probe
-
-    @property
-    def credential(self):
-        return self.node.credentials.order_by("-created_at", "-id").first()
+from tests.clients import client_for
 
 
 @pytest.fixture
@@ -69,73 +28,37 @@ def now():
 
 @pytest.fixture
 def operator(db):
-    user = User.objects.create_user("olga", password="pw")
-    pool_services.platform_role_grant(user=user, role=PlatformRole.OPERATOR)
-    return user
+    return build_person("olga", platform_role=PlatformRole.OPERATOR)
 
 
 @pytest.fixture
 def person(db):
-    return User.objects.create_user("pete", password="pw")
+    return build_person("pete")
 
 
 @pytest.fixture
 def tenant(db):
-    return pool_services.tenant_create(name="Lab", slug="lab")
+    return build_tenant("lab", name="Lab")
 
 
 @pytest.fixture
-def private_pool(db):
-    return pool_services.pool_create(name="Private", slug="private")
-
-
-@pytest.fixture
-def market_pool(db):
-    return pool_services.pool_create(
-        name="Market", slug="market", trust_level=TrustLevel.MARKETPLACE
-    )
-
-
-@pytest.fixture
-def enroll(db, operator):
-    counter = {"n": 0}
-
-    def make(pool, *, name=None, gpus=2, now=None, **fields):
-        counter["n"] += 1
-        n = counter["n"]
-        _, secret = services.enrollment_token_issue(pool=pool, actor=Actor.for_user(operator))
-        node, credential, probe = services.node_enroll(
-            secret=secret,
-            name=name or f"node-{n}",
-            inventory=inventory(gpus=gpus, uuid_tag=f"{n:04d}"),
-            identity=f"ssh-ed25519 AAAA{n}",
-            now=now,
-            **fields,
-        )
-        return Enrolled(node, credential, probe)
-
-    return make
-
-
-@pytest.fixture
-def ready_node(enroll, private_pool):
-    """A private-fleet node made ready by its first authenticated heartbeat."""
-    enrolled = enroll(private_pool)
-    enrolled.node = services.node_heartbeat(node=enrolled.node, actor=Actor.for_node(enrolled.node))
-    return enrolled
+def ready_node(agent):
+    """The node tests' ready node is an agent's (tests/conftest.py)."""
+    return agent
 
 
 @pytest.fixture
 def make_job(tenant, person):
     def make(node, *, state=JobState.RUNNING, checkpointable=False, cpu=1000, memory=1024):
-        """A job with a lease on `node`; the ledger is charged like a reservation would."""
-        job = job_submit(
-            tenant=tenant,
-            pool=node.pool,
-            name="train",
-            image="127.0.0.1:5000/computepool/busybox@sha256:" + "0" * 64,
+        """A job with a lease on `node`, whatever the node's state (the scheduler would place
+        only on a ready one, so no service does this): the ledger is charged like a
+        reservation's guarded write would."""
+        job = submit_job(
+            node.pool,
+            tenant,
+            cpu=cpu,
+            memory=memory,
             actor=Actor.for_user(person),
-            resources={"cpu_millicores_min": cpu, "memory_mib_min": memory},
             checkpointable=checkpointable,
         )
         type(node).objects.filter(pk=node.pk).update(
@@ -170,14 +93,7 @@ def api():
 
 @pytest.fixture
 def operator_api(operator):
-    client = APIClient()
-    _, secret = pool_services.api_token_issue(
-        user=operator,
-        name="ops",
-        scopes=[TokenScope.READ, TokenScope.WRITE, TokenScope.OPERATE],
-    )
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    return client
+    return client_for(operator, (TokenScope.READ, TokenScope.WRITE, TokenScope.OPERATE))
 
 
 @pytest.fixture
@@ -187,7 +103,24 @@ def person_api(person):
     return client
 
 
-def node_client(secret: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    return client
+def reasons(node) -> list[str]:
+    return list(NodeEvent.objects.filter(node=node).values_list("reason", flat=True))
+
+
+def last_event(node):
+    return NodeEvent.objects.filter(node=node).last()
+
+
+def measured(node, **overrides) -> dict:
+    """A validation probe's result that matches the node's claims, but for `overrides`."""
+    claims = node.inventory
+    result = {
+        "cpu_count": claims["cpu_millicores"] // 1000,
+        "memory_mib": claims["memory_mib"] - 2000,  # a container sees a little less
+        "gpus": [
+            {"uuid": g["uuid"], "model": g["model"], "memory_mib": g["memory_mib"]}
+            for g in claims["gpus"]
+        ],
+        "benchmark": {"matmul_tflops": 612.0},
+    }
+    return result | overrides

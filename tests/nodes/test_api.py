@@ -5,12 +5,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from config.builders import gpu_inventory
 from nodes import services
 from nodes.choices import NodeState
 from nodes.models import EnrollmentToken, Node, NodeEvent
 from pools.actors import Actor
-
-from .conftest import SYSTEM, inventory, node_client
+from tests.clients import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +30,7 @@ def enroll_body(secret, name="gpu-a", **extra):
         "machine_id": "m-1",
         "identity": "ssh-ed25519 AAAA",
         "agent_version": "0.1.0",
-        "inventory": inventory(gpus=1, uuid_tag=name[-4:]),
+        "inventory": gpu_inventory(gpus=1, uuid_tag=name[-4:]),
         "labels": {"team": "ml"},
         "runtimes": ["docker"],
         "region": "eu",
@@ -55,7 +55,7 @@ def test_enrollment_tokens_anonymous_person_node_operator(
     assert api.post(url, body, format="json").status_code == 401
     assert person_api.get(url).status_code == 403
     assert person_api.post(url, body, format="json").status_code == 403
-    node = node_client(ready_node.secret)
+    node = bearer_client(ready_node.secret)
     assert node.get(url).status_code == 403
     assert node.post(url, body, format="json").status_code == 403
 
@@ -95,7 +95,7 @@ def test_enroll_with_token_returns_credential_once(api, private_pool, operator):
     node = Node.objects.get(name="gpu-a")
     assert node.labels == {"team": "ml"} and node.gpus.count() == 1
     # the credential works and makes the private node ready
-    hb = node_client(body["credential"]).post("/api/v1/agent/heartbeat/", {}, format="json")
+    hb = bearer_client(body["credential"]).post("/api/v1/agent/heartbeat/", {}, format="json")
     assert hb.status_code == 200 and hb.json()["state"] == "ready"
 
 
@@ -118,7 +118,7 @@ def test_enroll_refusals(api, private_pool, operator, ready_node):
     assert late.status_code == 403 and "expired" in late.json()["detail"]
     # a node credential cannot enroll other nodes, even with a valid token
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
-    as_node = node_client(ready_node.secret).post(
+    as_node = bearer_client(ready_node.secret).post(
         "/api/v1/enroll/", enroll_body(secret, name="gpu-d"), format="json"
     )
     assert as_node.status_code == 403
@@ -153,7 +153,7 @@ def test_agent_endpoints_refuse_anonymous_people_and_operators(url, api, person_
 
 
 def test_agent_heartbeat_and_inventory(ready_node):
-    client = node_client(ready_node.secret)
+    client = bearer_client(ready_node.secret)
     gpu = ready_node.node.gpus.get(index=0)
     hb = client.post(
         "/api/v1/agent/heartbeat/",
@@ -164,7 +164,7 @@ def test_agent_heartbeat_and_inventory(ready_node):
     assert [p["kind"] for p in hb.json()["probes"]] == ["recovery"]
     gpu.refresh_from_db()
     assert not gpu.healthy
-    inv = client.post("/api/v1/agent/inventory/", inventory(gpus=0), format="json")
+    inv = client.post("/api/v1/agent/inventory/", gpu_inventory(gpus=0), format="json")
     assert inv.status_code == 202
     ready_node.node.refresh_from_db()
     assert ready_node.node.reported_inventory["gpus"] == []
@@ -176,7 +176,7 @@ def test_agent_heartbeat_refuses_other_nodes_leases_and_jobs(
     ready_node, enroll, private_pool, make_job
 ):
     job, lease = make_job(enroll(private_pool).node)
-    client = node_client(ready_node.secret)
+    client = bearer_client(ready_node.secret)
     for workload in ({"lease": lease.pk}, {"job": job.pk}):
         response = client.post("/api/v1/agent/heartbeat/", {"workloads": [workload]}, format="json")
         assert response.status_code == 403
@@ -197,20 +197,20 @@ def test_agent_probe_result_own_node_only(api, market_pool, operator, enroll):
     }
     assert api.post(url, {"result": result}, format="json").status_code == 401
     assert (
-        node_client(second.secret).post(url, {"result": result}, format="json").status_code == 404
+        bearer_client(second.secret).post(url, {"result": result}, format="json").status_code == 404
     )
-    listed = node_client(first.secret).get("/api/v1/agent/probes/").json()
+    listed = bearer_client(first.secret).get("/api/v1/agent/probes/").json()
     assert [p["id"] for p in listed] == [first.probe.pk]
-    ok = node_client(first.secret).post(url, {"result": result}, format="json")
+    ok = bearer_client(first.secret).post(url, {"result": result}, format="json")
     assert ok.status_code == 200 and ok.json()["state"] == "passed"
     node.refresh_from_db()
     assert node.state == NodeState.READY
-    again = node_client(first.secret).post(url, {"result": result}, format="json")
+    again = bearer_client(first.secret).post(url, {"result": result}, format="json")
     assert again.status_code == 409 and again.json()["code"] == "probe_closed"
 
 
 def test_agent_rotation_over_the_api(ready_node):
-    old = node_client(ready_node.secret)
+    old = bearer_client(ready_node.secret)
     rotated = old.post("/api/v1/agent/credential/rotate/")
     assert rotated.status_code == 201
     new_secret = rotated.json()["credential"]
@@ -218,31 +218,14 @@ def test_agent_rotation_over_the_api(ready_node):
     assert old.post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 200
     assert old.post("/api/v1/agent/credential/rotate/").status_code == 409
     assert (
-        node_client(new_secret).post("/api/v1/agent/heartbeat/", {}, format="json").status_code
+        bearer_client(new_secret).post("/api/v1/agent/heartbeat/", {}, format="json").status_code
         == 200
     )
 
 
-def test_agent_checkpointed_callback_checks_the_job_is_on_this_node(
-    ready_node, enroll, private_pool, make_job, now
-):
-    from jobs.choices import JobState
-
-    node = ready_node.node
-    mine, _ = make_job(node, checkpointable=True)
-    theirs, _ = make_job(enroll(private_pool).node, checkpointable=True)
-    services.node_drain(node=node, actor=SYSTEM, deadline=now + timedelta(seconds=1), now=now)
-    services.node_drain_sweep(now=now + timedelta(seconds=1))
-    client = node_client(ready_node.secret)
-    assert client.post(f"/api/v1/agent/jobs/{theirs.pk}/checkpointed/").status_code == 403
-    assert client.post("/api/v1/agent/jobs/999999/checkpointed/").status_code == 403
-    done = client.post(f"/api/v1/agent/jobs/{mine.pk}/checkpointed/")
-    assert done.status_code == 200 and done.json()["state"] == JobState.QUEUED
-
-
 def test_node_credential_cannot_reach_people_endpoints(ready_node, enroll, private_pool, make_job):
     job, _ = make_job(enroll(private_pool).node)
-    client = node_client(ready_node.secret)
+    client = bearer_client(ready_node.secret)
     for url in (
         "/api/v1/nodes/",
         f"/api/v1/nodes/{ready_node.node.pk}/",
@@ -266,8 +249,8 @@ def test_node_credential_cannot_reach_people_endpoints(ready_node, enroll, priva
 
 
 def test_revoked_expired_and_unknown_credentials_are_401(ready_node, operator):
-    client = node_client(ready_node.secret)
-    assert node_client("cpn_unknown").post("/api/v1/agent/heartbeat/", {}).status_code == 401
+    client = bearer_client(ready_node.secret)
+    assert bearer_client("cpn_unknown").post("/api/v1/agent/heartbeat/", {}).status_code == 401
     services.node_credentials_revoke(node=ready_node.node, actor=Actor.for_user(operator))
     response = client.post("/api/v1/agent/heartbeat/", {}, format="json")
     assert response.status_code == 401 and "revoked" in response.json()["detail"]
@@ -297,7 +280,7 @@ def test_operator_actions_roles(action, body, api, person_api, operator_api, rea
     url = f"/api/v1/nodes/{ready_node.node.pk}/{action}/"
     assert api.post(url, body, format="json").status_code == 401
     assert person_api.post(url, body, format="json").status_code == 403
-    assert node_client(ready_node.secret).post(url, body, format="json").status_code == 403
+    assert bearer_client(ready_node.secret).post(url, body, format="json").status_code == 403
     response = operator_api.post(url, body, format="json")
     assert response.status_code in (200, 201), response.content
     event = NodeEvent.objects.filter(node=ready_node.node).last()
@@ -326,4 +309,4 @@ def test_operator_drain_release_and_refusals(operator_api, ready_node):
 def test_operator_rotate_returns_a_working_credential(operator_api, ready_node):
     response = operator_api.post(f"/api/v1/nodes/{ready_node.node.pk}/rotate-credential/")
     secret = response.json()["credential"]
-    assert node_client(secret).get("/api/v1/agent/me/").status_code == 200
+    assert bearer_client(secret).get("/api/v1/agent/me/").status_code == 200

@@ -5,13 +5,12 @@ from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.test import APIRequestFactory
 
+from config.builders import SYSTEM
 from nodes import services
-from nodes.authentication import NodeCredentialAuthentication, NodePrincipal
+from nodes.authentication import NodeCredentialAuthentication
 from nodes.models import NodeCredential
-from pools.actors import Actor
+from pools.actors import Actor, NodePrincipal
 from pools.roles import is_operator, tenant_roles
-
-from .conftest import SYSTEM
 
 pytestmark = pytest.mark.django_db
 factory = APIRequestFactory()
@@ -26,7 +25,6 @@ def test_valid_credential_gives_a_node_principal(ready_node):
     principal, credential = authenticate(f"Bearer {ready_node.secret}")
     assert isinstance(principal, NodePrincipal)
     assert principal.node == ready_node.node and credential == ready_node.credential
-    assert principal.is_person is False
     assert principal.is_authenticated is True and principal.is_anonymous is False
     assert principal.pk is None
     assert principal.get_username() == f"node:{ready_node.node.name}"
@@ -38,7 +36,7 @@ def test_valid_credential_gives_a_node_principal(ready_node):
         principal.get_username(),
         principal.node,
     )
-    assert actor.user_id is None
+    assert actor.is_node and not actor.is_person and actor.user_id is None
 
 
 @pytest.mark.parametrize("header", ["", "Bearer cpu_persontoken", "Token cpn_x", "Basic abc"])

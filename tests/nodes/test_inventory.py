@@ -5,17 +5,18 @@ import pytest
 import yaml
 from rest_framework.test import APIClient
 
+from config.builders import gpu_inventory
 from nodes import services
 from nodes.api.serializers import error_tree
 from nodes.choices import GpuHealth, NodeState
+from nodes.health_rules import gpu_health_evaluate
+from nodes.inventory import GPU_FIELDS, normalize_inventory
 from nodes.models import GpuDevice, Node
 from pools.actors import Actor
 from pools.choices import GpuSharingMode
 from tests.worker_agent.test_inventory import recorded_reading
 from worker_agent.inventory import inventory_document, inventory_only
 from worker_agent.schema import GPU_SCHEMA, INVENTORY_SCHEMA
-
-from .conftest import inventory
 
 
 @pytest.fixture
@@ -28,19 +29,19 @@ def test_health_readings_flag_the_unsuitable_device(reading):
     hot = by_uuid[reading["gpus"][3]["uuid"]]
     assert (hot["temperature_c"], hot["slowdown_temperature_c"]) == (91, 87)
     assert (hot["pcie_link_width"], hot["pcie_link_width_max"], hot["nvlink_down"]) == (8, 16, 2)
-    health, flags, why = services.gpu_health_evaluate(hot)
+    health, flags, why = gpu_health_evaluate(hot)
     assert health == GpuHealth.TOO_HOT
     assert flags == ["over_temperature", "pcie_degraded"]
     assert "91°C ≥ 87°C" in why
     for gpu in reading["gpus"][:3]:
-        assert services.gpu_health_evaluate(by_uuid[gpu["uuid"]])[0] == GpuHealth.OK
+        assert gpu_health_evaluate(by_uuid[gpu["uuid"]])[0] == GpuHealth.OK
 
 
 def test_nvml_inventory_enrolls_and_heartbeats_through_the_services(
     reading, private_pool, operator
 ):
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
-    inv = inventory(gpus=0) | {"gpus": inventory_only(reading)}
+    inv = gpu_inventory(gpus=0) | {"gpus": inventory_only(reading)}
     node, _, _ = services.node_enroll(secret=secret, name="h100-a", inventory=inv)
     assert node.gpus.get(index=2).mig_slices[1]["profile"] == "1g.10gb"
     assert node.gpus.get(index=1).numa_node is None
@@ -57,7 +58,7 @@ def test_nvml_inventory_enrolls_and_heartbeats_through_the_services(
 def test_the_control_plane_checks_the_agents_own_schema():
     """The schema's device fields are GpuDevice columns, its sharing modes the model's choices."""
     columns = {field.name for field in GpuDevice._meta.get_fields()}
-    assert set(services.GPU_FIELDS) <= columns
+    assert set(GPU_FIELDS) <= columns
     assert GPU_SCHEMA["properties"]["sharing_mode"]["enum"] == GpuSharingMode.values
 
 
@@ -69,13 +70,13 @@ def test_the_agents_document_enrolls_through_the_api(reading, private_pool, oper
     response = APIClient().post("/api/v1/enroll/", body, format="json")
     assert response.status_code == 201, response.content
     node = Node.objects.get(name="h100-doc")
-    assert node.inventory == services.normalize_inventory(doc)
+    assert node.inventory == normalize_inventory(doc)
     assert "schema_version" not in node.inventory  # the registered form is the control plane's
 
 
 def test_the_registered_form_takes_the_schemas_defaults():
     gpu = {"uuid": "GPU-a", "model": "H100", "memory_mib": 81559}
-    registered = services.normalize_inventory({"cpu_millicores": 1000, "gpus": [gpu]})
+    registered = normalize_inventory({"cpu_millicores": 1000, "gpus": [gpu]})
     assert registered == {
         "cpu_millicores": 1000,
         "memory_mib": 0,
@@ -90,7 +91,7 @@ CPUS = INVENTORY_SCHEMA["properties"]["numa"]["items"]["properties"]["cpus"]
 
 def test_a_schema_refusal_is_a_400_keyed_by_the_field_path(private_pool, operator):
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
-    inv = inventory(gpus=2) | {"colour": "blue", "numa": [{"id": 0, "cpus": "all"}]}
+    inv = gpu_inventory(gpus=2) | {"colour": "blue", "numa": [{"id": 0, "cpus": "all"}]}
     inv["gpus"][0]["index"] = 256
     del inv["gpus"][1]["uuid"]
     body = {"token": secret, "name": "n", "inventory": inv}

@@ -5,12 +5,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from config.builders import gpu_inventory
 from config.celery import app
 from nodes import services, tasks
 from nodes.choices import NodeState, Reachability
 from nodes.models import Node
-
-from .conftest import SYSTEM, inventory
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +19,6 @@ def test_beat_schedule_names_registered_tasks():
     names = {entry["task"] for key, entry in schedule.items() if key.startswith("nodes-")}
     assert names == {
         "nodes.heartbeat_sweep",
-        "nodes.drain_sweep",
         "nodes.inventory_reconcile_sweep",
     }
     assert names <= set(app.tasks)
@@ -35,19 +33,8 @@ def test_heartbeat_sweep_task(ready_node):
     assert (node.state, node.reachability) == (NodeState.READY, Reachability.UNREACHABLE)
 
 
-def test_drain_sweep_task(ready_node, make_job):
-    now = timezone.now()
-    make_job(ready_node.node, checkpointable=True)
-    services.node_drain(
-        node=ready_node.node, actor=SYSTEM, deadline=now + timedelta(milliseconds=1), now=now
-    )
-    Node.objects.filter(pk=ready_node.node.pk).update(drain_deadline=now - timedelta(seconds=1))
-    result = tasks.drain_sweep.delay().get()
-    assert result["enforced"] == [ready_node.node.pk]
-
-
 def test_inventory_reconcile_task(ready_node):
-    inv = inventory(gpus=0)
+    inv = gpu_inventory(gpus=0)
     inv["gpus"] = list(ready_node.node.inventory["gpus"])
     inv["memory_mib"] = 256000
     services.node_inventory_report(node=ready_node.node, inventory=inv)

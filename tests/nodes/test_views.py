@@ -79,12 +79,11 @@ def test_operator_quarantines_and_releases_a_node_in_the_browser(live_server, re
     """Why a node is where it is, and the operator's buttons, in a real browser (htmx)."""
     from playwright.sync_api import expect
 
+    from config.builders import build_person
     from pools.choices import PlatformRole
-    from pools.services import platform_role_grant
     from tests.browser import chromium_page, sign_in
-    from tests.conftest import make_user
 
-    platform_role_grant(user=make_user("ops"), role=PlatformRole.OPERATOR)
+    build_person("ops", platform_role=PlatformRole.OPERATOR)
     node = ready_node.node
     with chromium_page() as page:
         sign_in(page, live_server.url, "ops", "pw-ops")

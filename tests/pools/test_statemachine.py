@@ -5,34 +5,28 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from config.builders import build_node, submit_job
 from jobs.choices import JOB_TRANSITIONS, JobState
 from jobs.models import Job, JobEvent
-from jobs.services import job_submit, job_transition
+from jobs.services import job_transition
 from leases.choices import LEASE_TRANSITIONS, LeaseState
 from leases.models import Lease, LeaseEvent
 from leases.services import lease_transition
 from nodes.choices import NODE_TRANSITIONS, NodeState
 from nodes.models import Node, NodeEvent
-from nodes.services import node_register, node_transition
+from nodes.services import node_transition
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
 
 
 def _node(pool, system, state):
-    node = node_register(pool=pool, name="n", actor=system, cpu_millicores=1000, memory_mib=1024)
+    node = build_node(pool, "n", cpu=1000, memory=1024, ready=False, actor=system)
     Node.objects.filter(pk=node.pk).update(state=state)  # a fixture in that state
     return node
 
 
 def _job(pool, tenant, system, state):
-    job = job_submit(
-        tenant=tenant,
-        pool=pool,
-        name="j",
-        image="127.0.0.1:5000/computepool/x",
-        actor=system,
-        resources={"cpu_millicores_min": 100, "memory_mib_min": 64},
-    )
+    job = submit_job(pool, tenant, "j", cpu=100, memory=64, actor=system)
     Job.objects.filter(pk=job.pk).update(state=state)
     return job
 
@@ -101,7 +95,7 @@ def test_transition(machine, frm, to, allowed, pool, tenant, system):
         assert changed.state == to
         event = event_model.objects.filter(**{subject: obj}).latest("id")
         assert (event.from_state, event.to_state) == (frm, to)
-        assert event.actor_label == "system:tests" and event.reason and event.at
+        assert event.actor_label == "system:builders" and event.reason and event.at
     else:
         with pytest.raises(TransitionRefused) as refused:
             change(obj, to, system)

@@ -4,15 +4,15 @@ import pytest
 from playwright.sync_api import expect
 from rest_framework.test import APIClient
 
+from config.builders import build_person
 from pools.models import ApiToken
 from tests.browser import chromium_page, sign_in
-from tests.conftest import make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_create_use_and_revoke_a_token(live_server):
-    make_user("carol")
+    build_person("carol")
     with chromium_page() as page:
         sign_in(page, live_server.url, "carol", "pw-carol")
         page.click("text=Tokens")

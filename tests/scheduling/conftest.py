@@ -1,20 +1,4 @@
-"""The scheduling pass tests build on the lease tests' pools and nodes (tests/leases/conftest.py)
-and submit jobs through the service."""
+"""Drain enforcement acts on an enrolled node's jobs: the node tests' fixtures (an agent's ready
+node, jobs with leases on it) serve here too."""
 
-from jobs.services import job_submit
-from tests.leases.conftest import SYSTEM, cpu_request, lpool, ltenant  # noqa: F401 (fixtures)
-
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "c" * 64
-
-
-def submit(pool, tenant, name, cpu=1000, priority=None):
-    """A queued CPU job, through the service (the scheduling pass places it)."""
-    return job_submit(
-        tenant=tenant,
-        pool=pool,
-        name=name,
-        image=IMAGE,
-        actor=SYSTEM,
-        resources=cpu_request(cpu=cpu, memory=512),
-        priority_class=priority,
-    )
+from tests.nodes.conftest import make_job, now, person, ready_node, tenant  # noqa: F401 (fixtures)

@@ -7,28 +7,26 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from config.builders import build_node, build_pool, build_tenant, submit_job
 from jobs.choices import JobState
 from jobs.models import Job
 from leases import selectors
 from leases.choices import LeaseState
 from leases.models import Lease
+from leases.selectors import ledger_problems
 from leases.services import expire_leases
 from pools.models import PriorityClass
-from pools.services import tenant_create
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
-from tests.leases.conftest import assert_ledger_ok, make_node, make_pool
-
-from .conftest import submit
 
 
 def test_places_highest_priority_first_then_oldest(lpool, ltenant):
-    make_node(lpool, "n1", cpu=2000, memory=4096)
+    build_node(lpool, "n1", cpu=2000, memory=4096)
     batch = PriorityClass.objects.create(name="batch", value=100)
     prod = PriorityClass.objects.create(name="prod", value=1000)
-    old_batch = submit(lpool, ltenant, "old-batch", priority=batch)
-    new_batch = submit(lpool, ltenant, "new-batch", priority=batch)
-    prod_job = submit(lpool, ltenant, "prod", priority=prod)
+    old_batch = submit_job(lpool, ltenant, "old-batch", priority=batch)
+    new_batch = submit_job(lpool, ltenant, "new-batch", priority=batch)
+    prod_job = submit_job(lpool, ltenant, "prod", priority=prod)
 
     result = scheduling_pass()
 
@@ -44,13 +42,13 @@ def test_places_highest_priority_first_then_oldest(lpool, ltenant):
     )
     lease = Lease.objects.get(job=prod_job)
     assert lease.state == LeaseState.RESERVED and event.data["lease"] == lease.pk
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 def test_a_job_that_does_not_fit_says_why(lpool, ltenant):
-    make_node(lpool, "n1", cpu=2000, memory=4096)
-    job = submit(lpool, ltenant, "too-big", cpu=1500)
-    submit(lpool, ltenant, "fits", cpu=1000)
+    build_node(lpool, "n1", cpu=2000, memory=4096)
+    job = submit_job(lpool, ltenant, "too-big", cpu=1500)
+    submit_job(lpool, ltenant, "fits", cpu=1000)
     scheduling_pass()  # "too-big" takes the node first (older), "fits" must then wait
     waiting = Job.objects.get(name="fits")
     assert waiting.state == JobState.QUEUED
@@ -62,8 +60,8 @@ def test_a_job_that_does_not_fit_says_why(lpool, ltenant):
 
 
 def test_expired_lease_requeues_the_job_and_the_next_pass_places_it_again(lpool, ltenant):
-    make_node(lpool, "n1", cpu=2000, memory=4096)
-    job = submit(lpool, ltenant, "j")
+    build_node(lpool, "n1", cpu=2000, memory=4096)
+    job = submit_job(lpool, ltenant, "j")
     scheduling_pass()
     later = timezone.now() + timedelta(hours=1)
     assert expire_leases(now=later) == 1
@@ -76,16 +74,16 @@ def test_expired_lease_requeues_the_job_and_the_next_pass_places_it_again(lpool,
     job.refresh_from_db()
     assert job.state == JobState.LEASED and job.attempts == 2
     assert Lease.objects.filter(job=job).count() == 2
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_passes_never_place_a_job_twice_nor_overcommit():
-    pool = make_pool("race")
-    tenant = tenant_create(name="Race", slug="race")
+    pool = build_pool("race", exact_capacity=True)
+    tenant = build_tenant("race", name="Race")
     for i in range(3):
-        make_node(pool, f"n{i}", cpu=4000, memory=8192)
-    jobs = [submit(pool, tenant, f"j{i}", cpu=1000) for i in range(20)]  # 12 fit
+        build_node(pool, f"n{i}", cpu=4000, memory=8192)
+    jobs = [submit_job(pool, tenant, f"j{i}", cpu=1000) for i in range(20)]  # 12 fit
     barrier = threading.Barrier(4)
 
     def run_pass():
@@ -107,4 +105,4 @@ def test_concurrent_passes_never_place_a_job_twice_nor_overcommit():
         assert Lease.objects.filter(job=job).count() == 1
     assert Job.objects.filter(state=JobState.QUEUED).count() == 8
     assert selectors.overcommitted_nodes(pool) == 0
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []

@@ -7,9 +7,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from config.builders import build_person
 from pools.choices import TenantRole
 from pools.models import Membership
-from tests.conftest import make_user
 
 MEMBERS_URL = "/api/v1/tenants/vision/members/"
 
@@ -27,7 +27,7 @@ def test_adding_a_member_answers_the_same_whether_or_not_the_user_exists(
     client = api(tenant_admin)
     existing = add_member(client, "outsider")
     missing = add_member(client, "nobody-by-this-name")
-    inactive_user = make_user("gone")
+    inactive_user = build_person("gone")
     get_user_model().objects.filter(pk=inactive_user.pk).update(is_active=False)
     inactive = add_member(client, "gone")
     assert existing.status_code == missing.status_code == inactive.status_code == 202
@@ -54,7 +54,7 @@ def test_platform_operators_and_policy_admins_are_not_added_and_that_does_not_sh
 def person(db):
     """A person with a unique name, so counters left in Redis by earlier runs never match."""
     username = f"p-{uuid.uuid4().hex[:10]}"
-    make_user(username)
+    build_person(username)
     return username
 
 

@@ -12,26 +12,19 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, build_pool, cpu_request, gpu_request
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_transition
 from leases import services
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
+from leases.selectors import ledger_problems
 from pools.choices import TenantRole
-from pools.models import AllowedRegistry
 from pools.reasons import Reason
 from pools.services import membership_set
 from scheduling.passes import scheduling_pass
-from tests.leases.conftest import (
-    SYSTEM,
-    api_client,
-    assert_ledger_ok,
-    cpu_request,
-    gpu_request,
-    make_node,
-    make_pool,
-)
+from tests.clients import client_for
 
 LEASES = "/api/v1/compute-leases"
 JOBS = "/api/v1/jobs/"
@@ -43,15 +36,13 @@ IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "d" * 64
 
 @pytest.fixture
 def lpool(db):
-    """allocatable == raw, and the registry of IMAGE allowed."""
-    pool = make_pool("d2")
-    AllowedRegistry.objects.create(pool=pool, prefix="127.0.0.1:5000/computepool/")
-    return pool
+    """allocatable == raw, and the registry of IMAGE allowed (as every built pool)."""
+    return build_pool("d2", exact_capacity=True)
 
 
 @pytest.fixture
 def lnode(lpool):
-    return make_node(lpool, "n1", cpu=4000, memory=8192)
+    return build_node(lpool, "n1", cpu=4000, memory=8192)
 
 
 def lease_body(pool, tenant, cpu=1000, memory=1024, **extra):
@@ -102,7 +93,7 @@ def names_lease(text: str, lease_id: int) -> bool:
 
 
 def test_cancelling_a_job_releases_its_lease_at_once(lpool, tenant, lnode, member):
-    client = api_client(member)
+    client = client_for(member)
     job, lease = placed_job(client, lpool, tenant)
     lnode.refresh_from_db()
     assert lnode.cpu_millicores_reserved == 1000
@@ -116,9 +107,9 @@ def test_cancelling_a_job_releases_its_lease_at_once(lpool, tenant, lnode, membe
     assert (event.to_state, event.reason) == (LeaseState.RELEASED, Reason.RELEASED_JOB_ENDED)
     lnode.refresh_from_db()
     assert lnode.cpu_millicores_reserved == 0 and lnode.memory_mib_reserved == 0
-    assert_ledger_ok(lpool)
+    assert ledger_problems(lpool) == []
     # the node's agent cannot renew it afterwards (the reported 7-day renewal)
-    agent = api_client(node=lnode)
+    agent = client_for(node=lnode)
     renew = agent.post(
         f"{LEASES}/{lease.pk}/renew",
         {"fencing_token": lease.fencing_token, "duration_s": 7 * 86400},
@@ -129,8 +120,8 @@ def test_cancelling_a_job_releases_its_lease_at_once(lpool, tenant, lnode, membe
 
 @pytest.mark.parametrize("ending", [JobState.FAILED, JobState.LOST])
 def test_a_lease_of_an_ended_job_is_not_renewed(lpool, tenant, lnode, member, ending):
-    job, lease = placed_job(api_client(member), lpool, tenant)
-    agent = api_client(node=lnode)
+    job, lease = placed_job(client_for(member), lpool, tenant)
+    agent = client_for(node=lnode)
     token = {"fencing_token": lease.fencing_token}
     assert agent.post(f"{LEASES}/{lease.pk}/commit", token, format="json").status_code == 200
     job_transition(job=job, to=ending, actor=SYSTEM, reason=Reason.NODE_LOST)
@@ -147,8 +138,8 @@ def test_a_lease_of_an_ended_job_is_not_renewed(lpool, tenant, lnode, member, en
 
 
 def test_a_lease_of_a_running_job_is_still_renewed(lpool, tenant, lnode, member):
-    _, lease = placed_job(api_client(member), lpool, tenant)
-    agent = api_client(node=lnode)
+    _, lease = placed_job(client_for(member), lpool, tenant)
+    agent = client_for(node=lnode)
     token = {"fencing_token": lease.fencing_token}
     assert agent.post(f"{LEASES}/{lease.pk}/commit", token, format="json").status_code == 200
     response = agent.post(f"{LEASES}/{lease.pk}/renew", {**token, "duration_s": 600}, format="json")
@@ -163,7 +154,7 @@ def test_an_explanation_gives_the_time_but_not_another_tenants_lease(
 ):
     theirs = reserve(lpool, other_tenant, cpu=4000)  # the other tenant fills the node
 
-    response = api_client(member).post(LEASES, lease_body(lpool, tenant), format="json")
+    response = client_for(member).post(LEASES, lease_body(lpool, tenant), format="json")
 
     assert response.status_code == 409
     payload = response.json()
@@ -175,16 +166,16 @@ def test_an_explanation_gives_the_time_but_not_another_tenants_lease(
     for text in (payload["message"], near["message"]):
         assert "lease" not in text, text
     # the same for a queued job's pending_reason, as GET shows it
-    job_id = api_client(member).post(JOBS, job_body(lpool, tenant), format="json").json()["id"]
+    job_id = client_for(member).post(JOBS, job_body(lpool, tenant), format="json").json()["id"]
     assert scheduling_pass().pending == {job_id: "no_capacity"}
-    reason = api_client(member).get(f"{JOBS}{job_id}/").json()["pending_reason"]
+    reason = client_for(member).get(f"{JOBS}{job_id}/").json()["pending_reason"]
     assert reason["nearest_miss"]["after_leases"] == []
     assert reason["nearest_miss"]["fits_at"][:19] == theirs.expires_at.isoformat()[:19]
     assert "lease" not in reason["message"]
 
 
 def test_an_explanation_still_names_the_callers_own_lease(lpool, tenant, lnode, member):
-    client = api_client(member)
+    client = client_for(member)
     mine = client.post(LEASES, lease_body(lpool, tenant, cpu=4000), format="json").json()
 
     payload = client.post(LEASES, lease_body(lpool, tenant), format="json").json()
@@ -199,7 +190,7 @@ def test_a_mixed_wait_names_only_the_callers_leases(lpool, tenant, other_tenant,
     mine = reserve(lpool, tenant, cpu=2000, duration=timedelta(minutes=9), now=now)
 
     payload = (
-        api_client(member).post(LEASES, lease_body(lpool, tenant, cpu=4000), format="json").json()
+        client_for(member).post(LEASES, lease_body(lpool, tenant, cpu=4000), format="json").json()
     )
 
     near = payload["nearest_miss"]
@@ -231,7 +222,7 @@ def committed(lpool, tenant, lnode):
     ],
 )
 def test_usage_beyond_the_lease_or_node_is_a_400(lnode, committed, usage, field):
-    response = api_client(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
+    response = client_for(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
     committed.refresh_from_db()
@@ -240,7 +231,7 @@ def test_usage_beyond_the_lease_or_node_is_a_400(lnode, committed, usage, field)
 
 def test_usage_within_bounds_is_recorded_and_cpu_may_burst_to_the_node(lnode, committed):
     usage = {"cpu_millicores": 4000, "memory_mib": 1024}
-    response = api_client(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
+    response = client_for(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
     assert response.status_code == 200
     assert response.json()["consumed"]["cpu_millicores"] == 4000
 
@@ -254,13 +245,13 @@ def test_usage_bounds_hold_in_the_service_for_every_caller(committed):
 
 
 def test_gpu_usage_is_bounded_by_the_devices_the_lease_holds(lpool, tenant):
-    node = make_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {}])
+    node = build_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {}])
     request = gpu_request(count=1)
     lease = services.lease_reserve(
         pool=lpool, tenant=tenant, request=request, actor=SYSTEM, duration=timedelta(minutes=5)
     )
     services.lease_commit(lease=lease, fencing_token=lease.fencing_token, actor=SYSTEM)
-    agent = api_client(node=node)
+    agent = client_for(node=node)
     url = f"{LEASES}/{lease.pk}/usage"
     ok = {"cpu_millicores": 100, "memory_mib": 100, "gpu_milli": 1000}
     assert agent.post(url, ok, format="json").status_code == 200
@@ -272,7 +263,7 @@ def test_gpu_usage_is_bounded_by_the_devices_the_lease_holds(lpool, tenant):
 
 
 def test_a_job_that_never_fits_is_refused_at_submit_like_a_lease(lpool, tenant, lnode, member):
-    client = api_client(member)
+    client = client_for(member)
     huge = {"cpu_millicores_min": 400_000, "memory_mib_min": 1024}
 
     response = client.post(JOBS, {**job_body(lpool, tenant), "resources": huge}, format="json")
@@ -292,13 +283,13 @@ def test_a_job_that_never_fits_is_refused_at_submit_like_a_lease(lpool, tenant, 
 
 def test_a_job_for_a_gpu_shape_in_a_cpu_pool_is_refused(lpool, tenant, lnode, member):
     body = {**job_body(lpool, tenant), "resources": gpu_request(count=1)}
-    response = api_client(member).post(JOBS, body, format="json")
+    response = client_for(member).post(JOBS, body, format="json")
     assert response.status_code == 422 and response.json()["code"] == "never_fits"
 
 
 def test_a_pool_without_nodes_yet_still_queues_jobs(lpool, tenant, member):
     """No node at all is "not yet", not "never": capacity may still be enrolled."""
-    response = api_client(member).post(JOBS, job_body(lpool, tenant), format="json")
+    response = client_for(member).post(JOBS, job_body(lpool, tenant), format="json")
     assert response.status_code == 201 and response.json()["state"] == "queued"
 
 
@@ -308,7 +299,7 @@ def test_a_pool_without_nodes_yet_still_queues_jobs(lpool, tenant, member):
 def test_a_client_cannot_pre_claim_the_schedulers_key(lpool, tenant, lnode, member):
     """The reported hijack: a member claimed `job-N-attempt-1` with a lease of their own
     choosing, and the scheduler then 'placed' the job on that lease."""
-    client = api_client(member)
+    client = client_for(member)
     job_id = client.post(JOBS, job_body(lpool, tenant), format="json").json()["id"]
     other = lease_body(lpool, tenant, cpu=3000, memory=4096)
 
@@ -328,7 +319,7 @@ def test_a_client_cannot_pre_claim_the_schedulers_key(lpool, tenant, lnode, memb
 
 @pytest.mark.parametrize("key", ["x" * 101, "two words", "tab\there", "é-accent"])
 def test_malformed_idempotency_keys_are_a_400(lpool, tenant, lnode, member, key):
-    response = api_client(member).post(
+    response = client_for(member).post(
         LEASES, lease_body(lpool, tenant), format="json", HTTP_IDEMPOTENCY_KEY=key
     )
     assert response.status_code == 400 and "Idempotency-Key" in response.json()
@@ -336,7 +327,7 @@ def test_malformed_idempotency_keys_are_a_400(lpool, tenant, lnode, member, key)
 
 
 def test_a_key_reused_with_another_body_is_a_422(lpool, tenant, lnode, member):
-    client = api_client(member)
+    client = client_for(member)
     key = {"HTTP_IDEMPOTENCY_KEY": "4f1c2a8e-0d7b-4c1e-9a53-7f3e2b1d9c60"}
     first = client.post(LEASES, lease_body(lpool, tenant), format="json", **key)
     assert first.status_code == 201
@@ -360,8 +351,8 @@ def test_the_same_key_in_another_tenant_is_another_lease(
     lpool, tenant, other_tenant, lnode, member, outsider
 ):
     key = {"HTTP_IDEMPOTENCY_KEY": "retry-1"}
-    mine = api_client(member).post(LEASES, lease_body(lpool, tenant), format="json", **key)
-    theirs = api_client(outsider).post(
+    mine = client_for(member).post(LEASES, lease_body(lpool, tenant), format="json", **key)
+    theirs = client_for(outsider).post(
         LEASES, lease_body(lpool, other_tenant), format="json", **key
     )
     assert mine.status_code == theirs.status_code == 201
@@ -370,7 +361,7 @@ def test_the_same_key_in_another_tenant_is_another_lease(
 
 def test_a_member_of_two_tenants_keeps_keys_apart(lpool, tenant, other_tenant, lnode, member):
     membership_set(user=member, tenant=other_tenant, role=TenantRole.MEMBER)
-    client, key = api_client(member), {"HTTP_IDEMPOTENCY_KEY": "same"}
+    client, key = client_for(member), {"HTTP_IDEMPOTENCY_KEY": "same"}
     one = client.post(LEASES, lease_body(lpool, tenant), format="json", **key)
     two = client.post(LEASES, lease_body(lpool, other_tenant), format="json", **key)
     assert one.status_code == two.status_code == 201

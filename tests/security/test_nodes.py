@@ -14,19 +14,14 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from config.builders import SYSTEM, gpu, gpu_inventory
 from nodes import services
 from nodes.choices import NodeState, Reachability
+from nodes.inventory import normalize_inventory
 from nodes.models import GpuDevice, Node, NodeEvent
 from pools.actors import Actor
-from tests.nodes.conftest import (  # noqa: F401 (fixtures)
-    SYSTEM,
-    enroll,
-    gpu,
-    inventory,
-    market_pool,
-    node_client,
-    private_pool,
-)
+from scheduling.drain import node_drain_sweep
+from tests.clients import bearer_client
 from tests.worker_agent.test_inventory import recorded_reading
 from worker_agent.inventory import inventory_only
 
@@ -35,41 +30,32 @@ pytestmark = pytest.mark.django_db
 BIG = 10**18
 
 
-# The fixtures of tests/nodes, taken once here (F811: a fixture argument shadows its import).
 @pytest.fixture
-def token(private_pool, operator):  # noqa: F811
+def token(private_pool, operator):
     """An enrollment token's secret for the private pool."""
     return services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))[1]
 
 
 @pytest.fixture
-def enroll_private(enroll, private_pool):  # noqa: F811
+def enroll_private(enroll, private_pool):
     return lambda **fields: enroll(private_pool, **fields).node
 
 
 @pytest.fixture
-def agent(enroll, private_pool):  # noqa: F811
-    """A ready private-fleet node with two GPUs, made ready by its first heartbeat."""
-    enrolled = enroll(private_pool)
-    enrolled.node = services.node_heartbeat(node=enrolled.node, actor=Actor.for_node(enrolled.node))
-    return enrolled
-
-
-@pytest.fixture
-def market_agent(enroll, market_pool):  # noqa: F811
+def market_agent(enroll, market_pool):
     """A marketplace node with its open validation probe."""
     return enroll(market_pool)
 
 
 def enroll_body(secret, **inventory_changes):
-    inv = inventory(gpus=2, uuid_tag="sec1")
+    inv = gpu_inventory(gpus=2, uuid_tag="sec1")
     inv.update(inventory_changes)
     return {"token": secret, "name": "gpu-sec", "inventory": inv}
 
 
 def with_gpu(**changes):
     """An inventory whose first GPU carries `changes`."""
-    inv = inventory(gpus=2, uuid_tag="sec1")
+    inv = gpu_inventory(gpus=2, uuid_tag="sec1")
     inv["gpus"][0].update(changes)
     return inv
 
@@ -129,7 +115,7 @@ def test_a_real_nvml_inventory_and_its_readings_pass_the_bounds(token):
     body = enroll_body(token, gpus=inventory_only(reading))
     enrolled = APIClient().post("/api/v1/enroll/", body, format="json")
     assert enrolled.status_code == 201, enrolled.content
-    agent = node_client(enrolled.json()["credential"])
+    agent = bearer_client(enrolled.json()["credential"])
     beat = {"usage": {"cpu_millicores": 1200, "gpu_util_percent": 37.5}, "gpus": reading["health"]}
     assert agent.post("/api/v1/agent/heartbeat/", beat, format="json").status_code == 200
     node = Node.objects.get(name="gpu-sec")
@@ -140,13 +126,13 @@ def test_a_real_nvml_inventory_and_its_readings_pass_the_bounds(token):
 @pytest.mark.parametrize(
     ("inv", "path"),
     [
-        (inventory(memory=BIG), ("memory_mib",)),
+        (gpu_inventory(memory=BIG), ("memory_mib",)),
         (with_gpu(memory_mib=BIG), ("gpus", 0, "memory_mib")),
         (with_gpu(index=70_000), ("gpus", 0, "index")),
     ],
 )
 def test_inventory_report_out_of_range_is_a_400(agent, inv, path):
-    response = node_client(agent.secret).post("/api/v1/agent/inventory/", inv, format="json")
+    response = bearer_client(agent.secret).post("/api/v1/agent/inventory/", inv, format="json")
     assert response.status_code == 400, response.content
     assert error_at(response.json(), *path)
     assert Node.objects.get(pk=agent.node.pk).reported_inventory is None
@@ -170,7 +156,7 @@ def test_heartbeat_out_of_range_is_a_400_and_changes_nothing(agent, body, path):
     device = node.gpus.first()
     for reading in body.get("gpus", []):
         reading["uuid"] = device.uuid
-    client = node_client(agent.secret)
+    client = bearer_client(agent.secret)
     response = client.post("/api/v1/agent/heartbeat/", body, format="json")
     assert response.status_code == 400, response.content
     assert error_at(response.json(), *path)
@@ -197,7 +183,7 @@ def test_probe_result_out_of_range_is_a_400_and_keeps_the_probe_open(market_agen
     enrolled = market_agent
     url = f"/api/v1/agent/probes/{enrolled.probe.pk}/result/"
     body = {"result": {"benchmark": {"matmul_tflops": 600}} | result}
-    response = node_client(enrolled.secret).post(url, body, format="json")
+    response = bearer_client(enrolled.secret).post(url, body, format="json")
     assert response.status_code == 400, response.content
     assert error_at(response.json(), *path)
     enrolled.probe.refresh_from_db()
@@ -234,7 +220,7 @@ def test_inventory_sweep_goes_on_after_a_node_that_fails(enroll_private):
     now = timezone.now()
     bad, good = enroll_private(), enroll_private()
     # a report stored before reports were bounded: a GPU bigger than its column
-    stored = services.normalize_inventory(bad.inventory)
+    stored = normalize_inventory(bad.inventory)
     stored["gpus"][0]["memory_mib"] = BIG
     Node.objects.filter(pk=bad.pk).update(reported_inventory=stored, inventory_reported_at=now)
     smaller = dict(good.inventory, memory_mib=good.inventory["memory_mib"] - 10_000)
@@ -281,7 +267,7 @@ def test_drain_sweep_goes_on_after_a_node_that_fails(enroll_private):
     bad, good = nodes
     make_legacy_overcommitted(bad)
 
-    result = services.node_drain_sweep(now=now + timedelta(minutes=2))
+    result = node_drain_sweep(now=now + timedelta(minutes=2))
 
     assert result == {"enforced": [good.pk], "completed": [good.pk]}
     assert events(good, "drain_deadline") and events(good, "drain_completed")

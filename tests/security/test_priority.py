@@ -5,11 +5,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
+from config.builders import build_person
 from jobs.models import Job
 from pools.choices import TenantRole
 from pools.models import PriorityClass, Tenant
 from pools.services import membership_set
-from tests.conftest import make_user
 from tests.jobs.test_api import submit
 
 NOT_OPEN = "No priority class of this name is open to you in this tenant."
@@ -87,7 +87,7 @@ def test_policy_admins_restrict_a_class_in_the_django_admin(policy_admin, tenant
     created = PriorityClass.objects.get(name="vision-urgent")
     assert list(created.allowed_tenants.all()) == [tenant]
     assert created.minimum_role == TenantRole.ADMIN
-    admin = make_user("vadmin")
+    admin = build_person("vadmin")
     membership_set(user=admin, tenant=tenant, role=TenantRole.ADMIN)
     assert PriorityClass.objects.allowed_to(admin, tenant).filter(pk=created.pk).exists()
     assert not PriorityClass.objects.allowed_to(admin, other_tenant).exists()

@@ -13,11 +13,13 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from config.builders import SYSTEM, build_node, build_pool, cpu_request, submit_job
 from jobs.choices import JobState
 from jobs.models import Job
 from leases import services, snapshot
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
+from leases.selectors import ledger_problems
 from leases.services import ledger
 from leases.services import reserve as reserve_module
 from leases.tasks import expire_leases as expire_leases_task
@@ -25,29 +27,16 @@ from nodes.choices import Reachability
 from nodes.services import node_mark_unreachable
 from pools.models import PriorityClass, Quota
 from pools.reasons import Reason
-from pools.services import tenant_create
-from scheduling.core.planner import place
+from scheduling.core import place
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
-from tests.leases.conftest import SYSTEM, assert_ledger_ok, cpu_request, make_node, make_pool
-from tests.scheduling.conftest import submit
 
 MIN = timedelta(minutes=1)
 
 
 @pytest.fixture
 def pool(db):
-    return make_pool("sec")
-
-
-@pytest.fixture
-def tenant_a(db):
-    return tenant_create(name="Tenant A", slug="ta")
-
-
-@pytest.fixture
-def tenant_b(db):
-    return tenant_create(name="Tenant B", slug="tb")
+    return build_pool("sec", exact_capacity=True)
 
 
 def refuse_rows(table: str, when: str, *, errcode: str = "P0001", on: str = "INSERT") -> None:
@@ -77,14 +66,12 @@ def refuse_rows(table: str, when: str, *, errcode: str = "P0001", on: str = "INS
         {"gpu_sharing_class": "exclusive", "gpu_count": 1, "gpu_models": [["A100"]]},
     ],
 )
-def test_a_corrupt_job_fails_alone_and_the_pass_places_the_others(
-    pool, tenant_a, tenant_b, corrupt
-):
-    make_node(pool, "n1", cpu=4000, memory=8192, gpus=[{}])
+def test_a_corrupt_job_fails_alone_and_the_pass_places_the_others(pool, ltenant, ltenant2, corrupt):
+    build_node(pool, "n1", cpu=4000, memory=8192, gpus=[{}])
     urgent = PriorityClass.objects.create(name="urgent", value=10_000)
-    bad = submit(pool, tenant_a, "bad", priority=urgent)  # first in every pass
+    bad = submit_job(pool, ltenant, "bad", priority=urgent)  # first in every pass
     Job.objects.filter(pk=bad.pk).update(resources={**bad.resources, **corrupt})
-    good = submit(pool, tenant_b, "good")
+    good = submit_job(pool, ltenant2, "good")
 
     result = scheduling_pass_task.delay().get()  # the Celery task, as beat runs it
 
@@ -105,13 +92,13 @@ def test_a_corrupt_job_fails_alone_and_the_pass_places_the_others(
     assert bad.pending_reason["code"] == "scheduling_error"
     assert not Lease.objects.filter(job=bad).exists()
     assert scheduling_pass().placed == []  # no longer blocking: nothing left to retry
-    assert_ledger_ok(pool)
+    assert ledger_problems(pool) == []
 
 
-def test_a_database_error_on_one_job_is_rolled_back_and_the_pass_goes_on(pool, tenant_a, tenant_b):
-    make_node(pool, "n1", cpu=4000, memory=8192)
-    bad = submit(pool, tenant_a, "bad")
-    good = submit(pool, tenant_b, "good")
+def test_a_database_error_on_one_job_is_rolled_back_and_the_pass_goes_on(pool, ltenant, ltenant2):
+    build_node(pool, "n1", cpu=4000, memory=8192)
+    bad = submit_job(pool, ltenant, "bad")
+    good = submit_job(pool, ltenant2, "good")
     refuse_rows("scheduling_lease", f"NEW.job_id = {bad.pk}")
 
     result = scheduling_pass()
@@ -122,13 +109,13 @@ def test_a_database_error_on_one_job_is_rolled_back_and_the_pass_goes_on(pool, t
     assert bad.state == JobState.FAILED
     assert bad.events.latest("id").reason == Reason.SCHEDULING_ERROR
     assert "bad row refused" in bad.events.latest("id").message
-    assert_ledger_ok(pool)  # the bad job's guarded UPDATE was undone with it
+    assert ledger_problems(pool) == []  # the bad job's guarded UPDATE was undone with it
 
 
-def test_a_transient_database_error_leaves_the_job_queued_with_the_reason(pool, tenant_a, tenant_b):
-    make_node(pool, "n1", cpu=4000, memory=8192)
-    busy = submit(pool, tenant_a, "busy")
-    good = submit(pool, tenant_b, "good")
+def test_a_transient_database_error_leaves_the_job_queued_with_the_reason(pool, ltenant, ltenant2):
+    build_node(pool, "n1", cpu=4000, memory=8192)
+    busy = submit_job(pool, ltenant, "busy")
+    good = submit_job(pool, ltenant2, "good")
     refuse_rows("scheduling_lease", f"NEW.job_id = {busy.pk}", errcode="55P03")  # lock n/a
 
     assert scheduling_pass().placed == [good.pk]
@@ -157,11 +144,11 @@ def sweep_failures(lease):
     return list(lease.events.filter(reason=Reason.SWEEP_FAILED))
 
 
-def test_expiry_sweep_skips_a_corrupt_lease_records_it_and_expires_the_rest(pool, tenant_a):
-    make_node(pool, "n1", cpu=4000, memory=8192)
+def test_expiry_sweep_skips_a_corrupt_lease_records_it_and_expires_the_rest(pool, ltenant):
+    build_node(pool, "n1", cpu=4000, memory=8192)
     now = timezone.now()
-    bad = reserve(pool, tenant_a, now)  # lower id: swept first
-    good = reserve(pool, tenant_a, now)
+    bad = reserve(pool, ltenant, now)  # lower id: swept first
+    good = reserve(pool, ltenant, now)
     corrupt_ledger(bad)
 
     assert expire_leases_task.delay(now=(now + 2 * MIN).isoformat()).get() == 1
@@ -178,15 +165,15 @@ def test_expiry_sweep_skips_a_corrupt_lease_records_it_and_expires_the_rest(pool
     assert len(sweep_failures(bad)) == 1
 
 
-def test_uncertain_and_reservation_sweeps_skip_a_corrupt_lease(pool, tenant_a):
-    make_node(pool, "n1", cpu=4000, memory=8192)
+def test_uncertain_and_reservation_sweeps_skip_a_corrupt_lease(pool, ltenant):
+    build_node(pool, "n1", cpu=4000, memory=8192)
     now = timezone.now()
-    uncertain = [reserve(pool, tenant_a, now, duration=60 * MIN) for _ in range(2)]
+    uncertain = [reserve(pool, ltenant, now, duration=60 * MIN) for _ in range(2)]
     for lease in uncertain:
         services.lease_commit(lease=lease, fencing_token=lease.fencing_token, actor=SYSTEM, now=now)
         services.lease_mark_uncertain(lease=lease, actor=SYSTEM, now=now)
     window = services.Window(now + 10 * MIN, now + 20 * MIN, MIN)
-    held = [reserve(pool, tenant_a, now, window=window) for _ in range(2)]
+    held = [reserve(pool, ltenant, now, window=window) for _ in range(2)]
     corrupt_ledger(uncertain[0])
     corrupt_ledger(held[0])
 
@@ -200,9 +187,9 @@ def test_uncertain_and_reservation_sweeps_skip_a_corrupt_lease(pool, tenant_a):
         assert bad.state != ended and len(sweep_failures(bad)) == 1
 
 
-def test_requeue_sweep_skips_a_job_the_database_refuses(pool, tenant_a):
-    make_node(pool, "n1", cpu=4000, memory=8192)
-    bad, good = submit(pool, tenant_a, "bad"), submit(pool, tenant_a, "good")
+def test_requeue_sweep_skips_a_job_the_database_refuses(pool, ltenant):
+    build_node(pool, "n1", cpu=4000, memory=8192)
+    bad, good = submit_job(pool, ltenant, "bad"), submit_job(pool, ltenant, "good")
     scheduling_pass()
     later = timezone.now() + timedelta(hours=1)
     assert services.expire_leases(now=later) == 2
@@ -220,12 +207,12 @@ def test_requeue_sweep_skips_a_job_the_database_refuses(pool, tenant_a):
 # --- 3. no starvation through the window -----------------------------------------------------
 
 
-def test_a_tenant_at_quota_cannot_starve_another_tenant(pool, tenant_a, tenant_b):
-    make_node(pool, "n1", cpu=64_000, memory=65_536)
-    Quota.objects.create(tenant=tenant_a, pool=pool, cpu_millicores=1000, memory_mib=10**6)
-    reserve(pool, tenant_a, timezone.now(), duration=60 * MIN)  # A is at its CPU quota
-    blocked = [submit(pool, tenant_a, f"a{i}") for i in range(50)]
-    b_job = submit(pool, tenant_b, "b")  # the youngest job: behind all 50 in FIFO order
+def test_a_tenant_at_quota_cannot_starve_another_tenant(pool, ltenant, ltenant2):
+    build_node(pool, "n1", cpu=64_000, memory=65_536)
+    Quota.objects.create(tenant=ltenant, pool=pool, cpu_millicores=1000, memory_mib=10**6)
+    reserve(pool, ltenant, timezone.now(), duration=60 * MIN)  # A is at its CPU quota
+    blocked = [submit_job(pool, ltenant, f"a{i}") for i in range(50)]
+    b_job = submit_job(pool, ltenant2, "b")  # the youngest job: behind all 50 in FIFO order
 
     result = scheduling_pass(limit=20)
 
@@ -236,21 +223,21 @@ def test_a_tenant_at_quota_cannot_starve_another_tenant(pool, tenant_a, tenant_b
         assert "cpu_millicores" in job.pending_reason["message"]
 
 
-def test_a_tenant_reaching_quota_mid_pass_is_skipped_cheaply(pool, tenant_a, tenant_b):
+def test_a_tenant_reaching_quota_mid_pass_is_skipped_cheaply(pool, ltenant, ltenant2):
     from django.test.utils import CaptureQueriesContext
 
-    make_node(pool, "n1", cpu=64_000, memory=65_536)
+    build_node(pool, "n1", cpu=64_000, memory=65_536)
     Quota.objects.create(
-        tenant=tenant_a, pool=pool, cpu_millicores=10**6, memory_mib=10**6, max_leases=1
+        tenant=ltenant, pool=pool, cpu_millicores=10**6, memory_mib=10**6, max_leases=1
     )
-    a_jobs = [submit(pool, tenant_a, f"a{i}") for i in range(50)]
-    b_job = submit(pool, tenant_b, "b")
+    a_jobs = [submit_job(pool, ltenant, f"a{i}") for i in range(50)]
+    b_job = submit_job(pool, ltenant2, "b")
 
     with CaptureQueriesContext(connection) as queries:
         result = scheduling_pass(limit=20)
 
     assert sorted(result.placed) == sorted([a_jobs[0].pk, b_job.pk])
-    waiting = Job.objects.filter(tenant=tenant_a, state=JobState.QUEUED)
+    waiting = Job.objects.filter(tenant=ltenant, state=JobState.QUEUED)
     assert waiting.count() == 49
     assert {j.pending_reason["code"] for j in waiting} == {"quota_exceeded"}
     # one refused attempt, then the rest of A's jobs in bulk, not 18 more placement attempts
@@ -266,24 +253,24 @@ def unreachable(node):
     assert node.reachability == Reachability.UNREACHABLE
 
 
-def test_the_snapshot_leaves_out_unreachable_nodes_and_explanations_count_them(pool, tenant_a):
-    make_node(pool, "n1", cpu=1000, memory=8192)
-    unreachable(make_node(pool, "n2", cpu=4000, memory=8192))
+def test_the_snapshot_leaves_out_unreachable_nodes_and_explanations_count_them(pool, ltenant):
+    build_node(pool, "n1", cpu=1000, memory=8192)
+    unreachable(build_node(pool, "n2", cpu=4000, memory=8192))
 
     assert [n.name for n in snapshot.pool_snapshot(pool.pk).nodes] == ["n1"]
-    lease = reserve(pool, tenant_a, timezone.now())
+    lease = reserve(pool, ltenant, timezone.now())
     assert lease.node.name == "n1"
     with pytest.raises(services.NoCapacity) as refused:
-        reserve(pool, tenant_a, timezone.now())
+        reserve(pool, ltenant, timezone.now())
     assert refused.value.status == 409
     assert refused.value.explanation["reasons"] == {"insufficient_cpu": 1, "node_unreachable": 1}
 
 
 @pytest.mark.parametrize("portable", [False, True])
 def test_a_node_going_unreachable_after_the_snapshot_is_refused_at_write(
-    pool, tenant_a, portable, monkeypatch
+    pool, ltenant, portable, monkeypatch
 ):
-    node = make_node(pool, "n1", cpu=4000, memory=8192)
+    node = build_node(pool, "n1", cpu=4000, memory=8192)
     view = snapshot.pool_snapshot(pool.pk, leases=False)  # taken while n1 is reachable
     policy = snapshot.pool_policy(pool)
     placement = place(snapshot.core_request(cpu_request()), view.nodes, policy)
@@ -295,7 +282,7 @@ def test_a_node_going_unreachable_after_the_snapshot_is_refused_at_write(
     with pytest.raises(ledger.Conflict):
         reserve_module._apply_reserve(
             pool=pool,
-            tenant=tenant_a,
+            tenant=ltenant,
             request=cpu_request(),
             actor=SYSTEM,
             placement=placement,

@@ -11,12 +11,12 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, resolve, reverse
 from rest_framework.test import APIClient
 
+from config.builders import build_node
 from jobs.models import Job
 from pools.api.errors import exception_handler
 from pools.choices import TokenScope
 from pools.services import api_token_issue
-from tests.conftest import client_for
-from tests.leases.conftest import make_node
+from tests.clients import client_for
 
 IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
 
@@ -258,7 +258,7 @@ def test_every_error_has_a_code_and_a_detail(member, cpu_shape):
     lease = {"pool": "test", "tenant": "vision", "shape": "cpu-small"}
     no_nodes = assert_json_error(api.post("/api/v1/compute-leases", lease, format="json"), 409)
     assert no_nodes["code"] == "no_capacity" and "reasons" in no_nodes
-    make_node(cpu_shape.pool, "tiny", cpu=100, memory=64)  # far smaller than cpu-small
+    build_node(cpu_shape.pool, "tiny", cpu=100, memory=64)  # far smaller than cpu-small
     never = assert_json_error(api.post("/api/v1/jobs", job_body(), format="json"), 422)
     assert never["code"] == "never_fits" and never["detail"] == never["message"]
 

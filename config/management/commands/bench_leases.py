@@ -2,16 +2,26 @@
 
 Measures the leases API over real HTTP against a server it starts on a free loopback port
 (or --url), over PostgreSQL: DATABASE_URL, or postgres://postgres@127.0.0.1:5432/computepool_bench.
+It seeds its own pool with config.builders (the tests' and the demo's way) and removes it after;
+the load itself is leases/bench/leases.py's.
 """
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from config.builders import build_node, build_person, build_pool, build_tenant, build_token
+from leases.bench.leases import run
+from leases.models import Lease
+from nodes.models import Node
+from pools.actors import Actor
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/computepool_bench"
 
@@ -34,6 +44,31 @@ def _ensure_database(url: str) -> None:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def seed(nodes: int, cpu_per_node: int, memory_per_node: int):
+    """A pool of its own (allocatable == raw), a tenant, a member and the member's token."""
+    tag = secrets.token_hex(4)
+    actor = Actor.system("bench")
+    with transaction.atomic():
+        pool = build_pool(f"bench-{tag}", name=f"bench {tag}", exact_capacity=True)
+        tenant = build_tenant(f"bench-{tag}", name=f"bench {tag}")
+        user = build_person(f"bench-{tag}", tenant=tenant)
+        secret = build_token(user, name="bench")
+        for i in range(nodes):
+            build_node(
+                pool, f"bench-{i:03d}", cpu=cpu_per_node, memory=memory_per_node, actor=actor
+            )
+    return pool, tenant, user, secret
+
+
+def cleanup(pool, tenant, user) -> None:
+    with transaction.atomic():
+        Lease.objects.filter(pool=pool).delete()
+        Node.objects.filter(pool=pool).delete()
+        pool.delete()
+        tenant.delete()
+        user.delete()
 
 
 class Command(BaseCommand):
@@ -88,9 +123,23 @@ class Command(BaseCommand):
             sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
         os.environ.setdefault("DATABASE_URL", DEFAULT_URL)
         call_command("migrate", verbosity=0, interactive=False)
-        from leases.bench.leases import run
+        # room for every grant: 100 millicores and 64 MiB each
+        pool, tenant, user, secret = seed(opts["nodes"], 1000 * 1000, 1024 * 1024)
+        try:
+            result = self.measure(pool, tenant, secret, opts)
+        finally:
+            cleanup(pool, tenant, user)
+        if opts["json"]:
+            self.stdout.write(json.dumps(result))
+        else:
+            for key, value in result.items():
+                self.stdout.write(f"{key:>20}: {value}")
 
-        result = run(
+    def measure(self, pool, tenant, secret, opts) -> dict:
+        return run(
+            pool=pool,
+            tenant=tenant,
+            secret=secret,
             clients=opts["clients"],
             seconds=opts["seconds"],
             url=opts["url"],
@@ -103,8 +152,3 @@ class Command(BaseCommand):
             client=opts["client"],
             worker_connections=opts["worker_connections"],
         )
-        if opts["json"]:
-            self.stdout.write(json.dumps(result))
-        else:
-            for key, value in result.items():
-                self.stdout.write(f"{key:>20}: {value}")

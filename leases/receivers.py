@@ -1,0 +1,48 @@
+"""What a node's events mean to the ledger. nodes sends these signals (nodes/signals.py) inside
+its own transaction; LeasesConfig.ready() connects the receivers, so nodes never imports
+leases."""
+
+from django.dispatch import receiver
+
+from nodes import signals
+from nodes.errors import NodeScopeRefused
+
+from .choices import LeaseState
+from .models import Lease
+from .services import lease_mark_uncertain, lease_reconcile
+
+
+@receiver(signals.workloads_reported, dispatch_uid="leases.check_workloads_scope")
+def check_workloads_scope(sender, *, node, workloads: list[dict], **kwargs) -> None:
+    """Every lease and job a node reports must be placed on that node."""
+    lease_ids = {int(w["lease"]) for w in workloads if w.get("lease") is not None}
+    job_ids = {int(w["job"]) for w in workloads if w.get("job") is not None}
+    on_node = Lease.objects.filter(node=node)
+    own_leases = set(on_node.filter(pk__in=lease_ids).values_list("pk", flat=True))
+    if lease_ids - own_leases:
+        raise NodeScopeRefused(f"leases {sorted(lease_ids - own_leases)} are not on this node")
+    own_jobs = set(on_node.filter(job_id__in=job_ids).values_list("job_id", flat=True))
+    if job_ids - own_jobs:
+        raise NodeScopeRefused(f"jobs {sorted(job_ids - own_jobs)} are not placed on this node")
+
+
+@receiver(signals.node_unreachable, dispatch_uid="leases.mark_node_leases_uncertain")
+def mark_node_leases_uncertain(sender, *, node, actor, now, **kwargs) -> list[int]:
+    """The node went silent: its committed leases become uncertain (capacity stays held)."""
+    leases = list(Lease.objects.filter(node=node, state=LeaseState.COMMITTED))
+    for lease in leases:
+        lease_mark_uncertain(lease=lease, actor=actor, now=now)
+    return [lease.pk for lease in leases]
+
+
+@receiver(signals.node_returned, dispatch_uid="leases.reconcile_node_workloads")
+def reconcile_node_workloads(sender, *, node, workloads: list[dict], actor, now, **kwargs):
+    """After a node returns: its uncertain leases it still runs are committed again; the
+    others are released (the workload is gone). Returns {"running": [...], "gone": [...]}."""
+    reported = {int(w["lease"]) for w in workloads if w.get("lease") is not None}
+    running, gone = [], []
+    for lease in Lease.objects.filter(node=node, state=LeaseState.UNCERTAIN):
+        still_runs = lease.pk in reported
+        (running if still_runs else gone).append(lease.pk)
+        lease_reconcile(lease=lease, running=still_runs, actor=actor, now=now)
+    return {"running": running, "gone": gone}

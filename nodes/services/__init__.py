@@ -1,0 +1,91 @@
+"""The nodes services: every write to a node goes through here. Callers use
+`from nodes import services`; the modules:
+
+- `lifecycle`: register, verify, ready, quarantine, release, retire, `node_transition`
+- `drain`: draining, drain cancelled, drained (the work on a draining node is
+  scheduling/drain.py's)
+- `enrollment`: enrollment tokens and `node_enroll`
+- `credentials`: node credentials: issue, rotate, reissue, revoke, look up
+- `probes`: validation and recovery probes and their results
+- `health`: device health from heartbeats
+- `heartbeats`: heartbeat, unreachable, the heartbeat sweep
+- `inventory`: inventory report, reconciliation on drift, its sweep
+
+A lifecycle change goes through `node_transition`; a change of a condition (reachability), of a
+device's health, of capacity or of credentials writes a NodeEvent too, with from_state ==
+to_state == the node's state, so the node's event list is the whole story of why it is where it
+is. Sweeps take `now` and use guarded updates ("0 rows updated" means another worker did it);
+each node of a sweep is handled in its own transaction (`each_node`). The pure rules live beside
+the services: `nodes.capacity`, `nodes.inventory`, `nodes.claims`, `nodes.health_rules`.
+"""
+
+from ..errors import EnrollmentRefused, NodeScopeRefused
+from .base import each_node, node_event
+from .credentials import (
+    CREDENTIAL_PREFIX,
+    credential_for_secret,
+    node_credential_issue,
+    node_credential_reissue,
+    node_credential_rotate,
+    node_credentials_revoke,
+)
+from .drain import node_drain, node_drain_cancel, node_mark_drained
+from .enrollment import (
+    ENROLLMENT_PREFIX,
+    enrollment_token_issue,
+    enrollment_token_revoke,
+    identity_fingerprint,
+    node_enroll,
+)
+from .health import gpu_health_apply, gpu_mark_unsuitable
+from .heartbeats import node_heartbeat, node_heartbeat_sweep, node_mark_unreachable
+from .inventory import inventory_reconcile_sweep, node_inventory_reconcile, node_inventory_report
+from .lifecycle import (
+    node_mark_ready,
+    node_quarantine,
+    node_register,
+    node_release,
+    node_retire,
+    node_transition,
+    node_verify,
+)
+from .probes import gpu_recover, probe_request, probe_result_submit
+
+__all__ = [
+    "CREDENTIAL_PREFIX",
+    "ENROLLMENT_PREFIX",
+    "EnrollmentRefused",
+    "NodeScopeRefused",
+    "credential_for_secret",
+    "each_node",
+    "enrollment_token_issue",
+    "enrollment_token_revoke",
+    "gpu_health_apply",
+    "gpu_mark_unsuitable",
+    "gpu_recover",
+    "identity_fingerprint",
+    "inventory_reconcile_sweep",
+    "node_credential_issue",
+    "node_credential_reissue",
+    "node_credential_rotate",
+    "node_credentials_revoke",
+    "node_drain",
+    "node_drain_cancel",
+    "node_enroll",
+    "node_event",
+    "node_heartbeat",
+    "node_heartbeat_sweep",
+    "node_inventory_reconcile",
+    "node_inventory_report",
+    "node_mark_drained",
+    "node_mark_ready",
+    "node_mark_unreachable",
+    "node_quarantine",
+    "node_register",
+    "node_release",
+    "node_retire",
+    "node_transition",
+    "node_verify",
+    "probe_request",
+    "probe_result_submit",
+]

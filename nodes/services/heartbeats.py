@@ -1,0 +1,134 @@
+"""Heartbeats: liveness, usage and device health from the agent; silence makes a node
+unreachable, and its return is reconciled. What that means for the node's leases is the
+ledger's (nodes.signals, received by leases/receivers.py)."""
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from pools.actors import Actor
+from pools.choices import TrustLevel
+from pools.models import ComputePool
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
+
+from .. import signals
+from ..choices import NodeState, Reachability
+from ..conf import setting
+from ..models import Node
+from .base import each_node, node_event
+from .health import gpu_health_apply
+from .lifecycle import node_mark_ready, node_verify
+
+
+def node_heartbeat(
+    *,
+    node: Node,
+    actor: Actor,
+    now=None,
+    usage: dict | None = None,
+    gpus: list[dict] | None = None,
+    workloads: list[dict] | None = None,
+    agent_version: str = "",
+) -> Node:
+    """Liveness, usage and device health from the node's agent.
+
+    A private-fleet node that is still `registered` is verified and made ready by its first
+    authenticated heartbeat; a node that was unreachable becomes reachable and the workloads it
+    reports are reconciled with its uncertain leases.
+    """
+    now = now or timezone.now()
+    workloads = workloads or []
+    # every lease and job reported must be placed on this node: checked before any write
+    signals.workloads_reported.send(sender=Node, node=node, workloads=workloads)
+    fields = {"last_heartbeat_at": now, "usage": usage or {}}
+    if agent_version:
+        fields["agent_version"] = agent_version
+    Node.objects.filter(pk=node.pk).update(**fields)
+    node.refresh_from_db()
+    returned = Node.objects.filter(pk=node.pk, reachability=Reachability.UNREACHABLE).update(
+        reachability=Reachability.REACHABLE, reachability_changed_at=now
+    )
+    if returned:
+        node.refresh_from_db()
+        node_event(
+            node,
+            actor=actor,
+            reason=Reason.NODE_RETURNED,
+            message=f"heartbeat resumed; {len(workloads)} workload(s) reported",
+            now=now,
+        )
+        signals.node_returned.send(
+            sender=Node, node=node, workloads=workloads, actor=actor, now=now
+        )
+    if node.state == NodeState.REGISTERED and node.pool.trust_level == TrustLevel.PRIVATE:
+        try:
+            node = node_verify(
+                node=node, actor=actor, message="private fleet: authenticated agent", now=now
+            )
+            node = node_mark_ready(
+                node=node, actor=actor, reason=Reason.AGENT_AUTHENTICATED, now=now
+            )
+        except TransitionRefused:
+            node.refresh_from_db()  # another heartbeat got there first
+    gpu_health_apply(node=node, reports=gpus or [], actor=actor, now=now)
+    return node
+
+
+def node_mark_unreachable(*, node: Node, cutoff, actor: Actor, now=None) -> bool:
+    """Guarded: only if still reachable and still silent since `cutoff`."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        changed = (
+            Node.objects.filter(pk=node.pk, reachability=Reachability.REACHABLE)
+            .filter(
+                Q(last_heartbeat_at__lt=cutoff)
+                | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
+            )
+            .update(reachability=Reachability.UNREACHABLE, reachability_changed_at=now)
+        )
+        if not changed:
+            return False
+        node.refresh_from_db()
+        responses = signals.node_unreachable.send(sender=Node, node=node, actor=actor, now=now)
+        leases = [pk for _, uncertain in responses for pk in uncertain or ()]
+        node_event(
+            node,
+            actor=actor,
+            reason=Reason.NODE_UNREACHABLE,
+            message=f"no heartbeat since {node.last_heartbeat_at or node.created_at:%H:%M:%S}; "
+            f"{len(leases)} committed lease(s) now uncertain",
+            now=now,
+            data={"leases": leases},
+        )
+    return True
+
+
+def node_heartbeat_sweep(*, now=None) -> list[int]:
+    """Mark silent nodes unreachable (per-pool interval × missed beats). Returns node ids."""
+    now = now or timezone.now()
+    actor = Actor.system("heartbeat-sweep")
+    marked = []
+    missed = setting("NODE_MISSED_HEARTBEATS")
+    for pool in ComputePool.objects.all():
+        cutoff = now - timedelta(seconds=pool.heartbeat_interval_s * missed)
+        silent = (
+            Node.objects.filter(pool=pool, reachability=Reachability.REACHABLE)
+            .exclude(state=NodeState.RETIRED)
+            .filter(
+                Q(last_heartbeat_at__lt=cutoff)
+                | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
+            )
+        )
+        done = each_node(
+            silent,
+            lambda node, cutoff=cutoff: node_mark_unreachable(
+                node=node, cutoff=cutoff, actor=actor, now=now
+            ),
+            actor=actor,
+            now=now,
+        )
+        marked += [pk for pk, changed in done.items() if changed]
+    return marked

@@ -1,0 +1,185 @@
+"""A node's lifecycle: registered → verified → ready ⇄ quarantined, … → retired. Every change
+goes through `node_transition` (the one transition helper)."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from pools.actors import Actor
+from pools.models import ComputePool
+from pools.reasons import Reason
+from pools.statemachine import transition
+
+from ..capacity import allocatable_from_raw
+from ..choices import NODE_TRANSITIONS, NodeState
+from ..events import publish_node_event
+from ..inventory import gpu_model_fields, normalize_inventory
+from ..models import GpuDevice, Node, NodeCredential, NodeEvent
+from .base import must_be
+
+
+@transaction.atomic
+def node_register(
+    *,
+    pool: ComputePool,
+    name: str,
+    actor: Actor,
+    cpu_millicores: int,
+    memory_mib: int,
+    scratch_mib: int = 0,
+    gpus: list[dict] | None = None,
+    reason: str = Reason.ENROLLED,
+    now=None,
+    **fields,
+) -> Node:
+    """Create a node in `registered` with its inventory; it is not schedulable yet."""
+    now = now or timezone.now()
+    gpus = [dict(g, index=g.get("index", i)) for i, g in enumerate(gpus or [])]
+    fields.setdefault(
+        "inventory",
+        normalize_inventory(
+            {
+                "cpu_millicores": cpu_millicores,
+                "memory_mib": memory_mib,
+                "scratch_mib": scratch_mib,
+                "numa": fields.get("numa_layout") or [],
+                "gpus": gpus,
+            }
+        ),
+    )
+    node = Node.objects.create(
+        pool=pool,
+        name=name,
+        cpu_millicores_raw=cpu_millicores,
+        memory_mib_raw=memory_mib,
+        scratch_mib_raw=scratch_mib,
+        state_changed_at=now,
+        reachability_changed_at=now,
+        created_at=now,
+        **allocatable_from_raw(
+            pool, cpu_millicores=cpu_millicores, memory_mib=memory_mib, scratch_mib=scratch_mib
+        ),
+        **fields,
+    )
+    GpuDevice.objects.bulk_create(GpuDevice(node=node, **gpu_model_fields(g)) for g in gpus)
+    event = NodeEvent.record(
+        node,
+        actor=actor,
+        from_state="",
+        to_state=node.state,
+        reason=reason,
+        message=f"registered in pool {pool.slug}",
+        at=now,
+    )
+    transaction.on_commit(lambda: publish_node_event(node, event))
+    return node
+
+
+def node_transition(
+    *,
+    node: Node,
+    to: str,
+    actor: Actor,
+    reason: str,
+    message: str = "",
+    now=None,
+    data: dict | None = None,
+    changes: dict | None = None,
+    check=None,
+) -> Node:
+    return transition(
+        Node,
+        node.pk,
+        to=to,
+        allowed=NODE_TRANSITIONS,
+        event_model=NodeEvent,
+        actor=actor,
+        reason=reason,
+        message=message,
+        now=now or timezone.now(),
+        data=data,
+        changes=changes,
+        check=check,
+        on_commit=publish_node_event,
+    )
+
+
+def node_verify(
+    *,
+    node: Node,
+    actor: Actor,
+    reason: str = Reason.AGENT_AUTHENTICATED,
+    message: str = "",
+    now=None,
+    data: dict | None = None,
+) -> Node:
+    return node_transition(
+        node=node,
+        to=NodeState.VERIFIED,
+        actor=actor,
+        reason=reason,
+        message=message,
+        now=now,
+        data=data,
+    )
+
+
+def node_mark_ready(
+    *,
+    node: Node,
+    actor: Actor,
+    reason: str = Reason.OPERATOR_ACTION,
+    message: str = "",
+    now=None,
+) -> Node:
+    return node_transition(
+        node=node, to=NodeState.READY, actor=actor, reason=reason, message=message, now=now
+    )
+
+
+def node_quarantine(
+    *,
+    node: Node,
+    actor: Actor,
+    message: str,
+    reason: str = Reason.QUARANTINED,
+    data: dict | None = None,
+    now=None,
+) -> Node:
+    return node_transition(
+        node=node,
+        to=NodeState.QUARANTINED,
+        actor=actor,
+        reason=reason,
+        message=message,
+        data=data,
+        now=now,
+    )
+
+
+def node_release(*, node: Node, actor: Actor, message: str = "", now=None) -> Node:
+    """Release from quarantine back to ready (only from quarantined)."""
+    return node_transition(
+        node=node,
+        to=NodeState.READY,
+        actor=actor,
+        reason=Reason.QUARANTINE_RELEASED,
+        message=message or "released from quarantine",
+        now=now,
+        check=must_be(NodeState.QUARANTINED, "not_quarantined"),
+    )
+
+
+def node_retire(*, node: Node, actor: Actor, message: str = "", now=None) -> Node:
+    """Terminal. Its credentials are revoked in the same transaction."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        node = node_transition(
+            node=node,
+            to=NodeState.RETIRED,
+            actor=actor,
+            reason=Reason.RETIRED,
+            message=message or "retired",
+            now=now,
+        )
+        NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=now)
+    return node

@@ -1,0 +1,130 @@
+"""Probes: a validation probe checks a marketplace node's claims; a recovery probe checks a
+device that was taken out of scheduling. Only the probed node's own credential may answer."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from pools.actors import Actor
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
+
+from ..choices import GpuHealth, ProbeKind, ProbeState
+from ..claims import compare_claims
+from ..errors import NodeScopeRefused
+from ..health_rules import gpu_health_evaluate
+from ..models import GpuDevice, Node, NodeCredential, NodeProbe
+from .base import node_event
+from .lifecycle import node_mark_ready, node_quarantine, node_verify
+
+
+def probe_request(
+    *, node: Node, kind: str, actor: Actor, gpu: GpuDevice | None = None, now=None
+) -> NodeProbe:
+    now = now or timezone.now()
+    with transaction.atomic():
+        # one open probe of a kind per node (per device for recovery)
+        open_probe = NodeProbe.objects.filter(
+            node=node, kind=kind, gpu=gpu, state=ProbeState.REQUESTED
+        ).first()
+        if open_probe is not None:
+            return open_probe
+        expected = node.inventory if kind == ProbeKind.VALIDATION else {"uuid": gpu.uuid}
+        probe = NodeProbe.objects.create(
+            node=node, gpu=gpu, kind=kind, expected=expected, requested_at=now
+        )
+        what = f"device {gpu.uuid}" if gpu else "the node's claims"
+        node_event(
+            node,
+            actor=actor,
+            reason=Reason.PROBE_REQUESTED,
+            message=f"{kind} probe {probe.pk} requested for {what}",
+            now=now,
+            data={"probe": probe.pk, "kind": kind},
+        )
+    return probe
+
+
+def probe_result_submit(
+    *, probe: NodeProbe, credential: NodeCredential, result: dict, now=None
+) -> NodeProbe:
+    """Accept a probe result only from the probed node's own credential, then act on it."""
+    now = now or timezone.now()
+    actor = Actor.for_node(credential.node)
+    with transaction.atomic():
+        probe = (
+            NodeProbe.objects.select_for_update(of=("self",))
+            .select_related("node", "gpu")
+            .get(pk=probe.pk)
+        )
+        if probe.node_id != credential.node_id:
+            raise NodeScopeRefused(f"probe {probe.pk} belongs to another node")
+        if probe.state != ProbeState.REQUESTED:
+            raise TransitionRefused("probe_closed", f"probe {probe.pk} is already {probe.state}")
+        node = probe.node
+        if probe.kind == ProbeKind.VALIDATION:
+            diffs = compare_claims(probe.expected, result)
+        else:
+            health, _flags, why = gpu_health_evaluate(result)
+            diffs = [] if result.get("passed") and health == GpuHealth.OK else [why or "failed"]
+        probe.state = ProbeState.FAILED if diffs else ProbeState.PASSED
+        probe.result = result
+        probe.differences = diffs
+        probe.completed_at = now
+        probe.reported_by = credential
+        probe.save(update_fields=["state", "result", "differences", "completed_at", "reported_by"])
+        data = {"probe": probe.pk, "differences": diffs}
+        if probe.kind == ProbeKind.VALIDATION:
+            if diffs:
+                node_quarantine(
+                    node=node,
+                    actor=actor,
+                    reason=Reason.PROBE_MISMATCH,
+                    message="probe contradicted the claims: " + "; ".join(diffs),
+                    data=data,
+                    now=now,
+                )
+            else:
+                node = node_verify(
+                    node=node,
+                    actor=actor,
+                    reason=Reason.PROBE_PASSED,
+                    message=f"probe {probe.pk} matched the claims",
+                    now=now,
+                    data=data,
+                )
+                node_mark_ready(
+                    node=node,
+                    actor=Actor.system("verification"),
+                    reason=Reason.PROBE_PASSED,
+                    message="verified by probe",
+                    now=now,
+                )
+        elif diffs:
+            node_event(
+                node,
+                actor=actor,
+                reason=Reason.PROBE_FAILED,
+                message=f"recovery probe of {probe.gpu.uuid} failed: {diffs[0]}",
+                now=now,
+                data=data,
+            )
+        else:
+            gpu_recover(gpu=probe.gpu, actor=actor, probe=probe, now=now)
+    return probe
+
+
+def gpu_recover(*, gpu: GpuDevice, actor: Actor, probe: NodeProbe, now=None) -> bool:
+    now = now or timezone.now()
+    changed = GpuDevice.objects.filter(pk=gpu.pk, healthy=False).update(
+        healthy=True, health=GpuHealth.OK, health_flags=[], health_reason="", health_changed_at=now
+    )
+    if changed:
+        node_event(
+            Node.objects.get(pk=gpu.node_id),
+            actor=actor,
+            reason=Reason.GPU_RECOVERED,
+            message=f"gpu {gpu.index} ({gpu.uuid}) schedulable again: recovery probe passed",
+            now=now,
+            data={"gpu": gpu.uuid, "probe": probe.pk},
+        )
+    return bool(changed)

@@ -1,0 +1,20 @@
+"""What a node's events mean to the layers above (the lease ledger), without nodes importing
+them. Each is sent synchronously inside the sender's transaction, so a receiver's writes commit
+or roll back with the node's own; a receiver that raises stops the sender.
+
+The leases app connects its receivers in its AppConfig.ready() (leases/receivers.py).
+"""
+
+from django.dispatch import Signal
+
+# Before a heartbeat writes anything: node, workloads (the agent's list of {"lease", "job"}).
+# A receiver raises nodes.errors.NodeScopeRefused for work that is not placed on the node.
+workloads_reported = Signal()
+
+# A node went silent: node, actor, now. A receiver returns the ids of the leases it made
+# uncertain; the node's event counts them.
+node_unreachable = Signal()
+
+# An unreachable node heartbeats again: node, workloads, actor, now. Receivers reconcile what
+# the node still runs with what it held.
+node_returned = Signal()

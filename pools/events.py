@@ -1,0 +1,91 @@
+"""Live events: once a transition commits, it is pushed to Channels groups that websocket
+consumers (pools/consumers.py) follow.
+
+One stream per kind of entity ("jobs", "leases", "nodes"), so a socket of one stream never
+receives another's events. Inside a stream the groups follow the model's `visibility` rule
+(pools.visibility), the API's: an event goes to the stream's operators, to its object's own
+group and, for a tenant-owned model, to that tenant's members; a person subscribes to the
+groups of what the API would show them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from .actors import Actor
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_TYPE = "entity.event"  # handled by EventsConsumer.entity_event
+
+
+def operators_group(stream: str) -> str:
+    return f"{stream}.operators"
+
+
+def tenant_group(stream: str, tenant_id: int) -> str:
+    return f"{stream}.tenant-{tenant_id}"
+
+
+def object_group(stream: str, pk: int) -> str:
+    return f"{stream}.{pk}"
+
+
+def _tenant_field(model) -> str:
+    """The model's FK to its tenant ("tenant"), or "" when only operators see it whole."""
+    return model.visibility.tenant
+
+
+def groups_of(stream: str, obj) -> list[str]:
+    """Every group that may see an event of `obj`."""
+    groups = [operators_group(stream), object_group(stream, obj.pk)]
+    if tenant_field := _tenant_field(type(obj)):
+        groups.append(tenant_group(stream, getattr(obj, f"{tenant_field}_id")))
+    return groups
+
+
+def subscriptions(stream: str, model, actor: Actor, pk: int | None = None) -> list[str]:
+    """The groups `actor` may follow: one object the API shows them, or the whole stream as
+    the API lists it (operators everything, a member their tenants' rows). Empty: refused."""
+    if pk is not None:
+        visible = model.objects.visible_to(actor).filter(pk=pk).exists()
+        return [object_group(stream, pk)] if visible else []
+    if actor.is_operator:
+        return [operators_group(stream)]
+    if _tenant_field(model):
+        return [tenant_group(stream, tenant_id) for tenant_id in actor.tenant_ids]
+    return []
+
+
+def event_fields(event) -> dict:
+    """What every stream says about a transition (an EventBase row)."""
+    return {
+        "at": event.at.isoformat(),
+        "from": event.from_state,
+        "to": event.to_state,
+        "reason": event.reason,
+        "message": event.message,
+        "actor": event.actor_label,
+    }
+
+
+def publish_event(groups: list[str], payload: dict) -> None:
+    """Send `payload` to `groups`; call it on commit. The database is the source of truth and a
+    browser can re-read it, so a broken channel layer is logged and never fails or undoes the
+    transition that already committed."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = {"type": MESSAGE_TYPE, "event": payload}
+
+    async def send_all():  # one event loop for all groups: each async_to_sync starts one
+        for group in groups:
+            await layer.group_send(group, message)
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:
+        logger.warning("could not publish an event to %s", groups, exc_info=True)

@@ -1,0 +1,154 @@
+"""Drain enforcement: what happens to the work on a draining node. The node's own states
+(draining, drained) are nodes.services'; the jobs and their leases are the control loop's.
+
+At the deadline, once per drain: checkpointable running jobs are asked to checkpoint (and
+re-queued when the agent reports the checkpoint), jobs not yet started are re-queued, the rest
+follow the pool's `drain_noncheckpointable` knob. A draining node that holds no lease any more
+is recorded drained.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.choices import ACTIVE, JobState
+from jobs.models import Job
+from jobs.services import job_transition
+from leases.choices import HOLDING
+from leases.models import Lease
+from leases.services import lease_release
+from nodes.choices import NodeState
+from nodes.errors import NodeScopeRefused
+from nodes.models import Node
+from nodes.services import each_node, node_event, node_mark_drained
+from pools.actors import Actor
+from pools.choices import DrainPolicy
+from pools.models import ComputePool
+from pools.reasons import Reason
+
+
+def pool_drain_policy(pool: ComputePool) -> str:
+    policy = getattr(pool, "scheduling_policy", None) if pool.pk else None
+    try:
+        version = policy.current if policy is not None else None
+    except Exception:
+        version = None
+    value = (version.knobs or {}).get("drain_noncheckpointable") if version else None
+    return value if value in DrainPolicy.values else DrainPolicy.FAIL
+
+
+def _drain_step(job: Job, policy: str):
+    """(to, what, outcome bucket, whether its leases end now) for one job, or None: it runs on."""
+    if job.state == JobState.RUNNING and job.checkpointable:
+        return JobState.CHECKPOINTING, "checkpoint, then re-queue", "checkpointing", False
+    if job.state in (JobState.LEASED, JobState.STARTING):
+        return JobState.QUEUED, "not started, re-queued", "requeued", True
+    if job.state == JobState.RUNNING and policy == DrainPolicy.FAIL:
+        return JobState.FAILED, "not checkpointable, stopped (pool policy: fail)", "failed", True
+    return None
+
+
+def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[int]]:
+    """At the drain deadline, each job holding a lease on the node takes its step. Guarded:
+    runs once per drain."""
+    now = now or timezone.now()
+    outcome = {"checkpointing": [], "requeued": [], "failed": [], "left_running": []}
+    with transaction.atomic():
+        claimed = Node.objects.filter(
+            pk=node.pk,
+            state=NodeState.DRAINING,
+            drain_deadline__lte=now,
+            drain_enforced_at__isnull=True,
+        ).update(drain_enforced_at=now)
+        if not claimed:
+            return outcome
+        node.refresh_from_db()
+        policy = pool_drain_policy(node.pool)
+        jobs = Job.objects.filter(
+            leases__node=node, leases__state__in=HOLDING, state__in=ACTIVE
+        ).distinct()
+        why = f"drain deadline of node {node.name} passed"
+        for job in jobs:
+            step = _drain_step(job, policy)
+            if step is None:
+                outcome["left_running"].append(job.pk)
+                continue
+            to, what, bucket, end_leases = step
+            job_transition(
+                job=job,
+                to=to,
+                actor=actor,
+                reason=Reason.DRAIN_DEADLINE,
+                message=f"{why}: {what}",
+                now=now,
+            )
+            if end_leases:
+                end_job_leases(node, job, actor=actor, now=now)
+            outcome[bucket].append(job.pk)
+        node_event(
+            node,
+            actor=actor,
+            reason=Reason.DRAIN_DEADLINE,
+            message=f"{why}; policy for non-checkpointable work: {policy}; "
+            + ", ".join(f"{k}: {len(v)}" for k, v in outcome.items()),
+            now=now,
+            data=outcome | {"policy": policy},
+        )
+    return outcome
+
+
+def end_job_leases(node: Node, job: Job, *, actor: Actor, now) -> None:
+    """Release the job's leases on this node: its work there is over."""
+    for lease in Lease.objects.filter(node=node, job=job, state__in=HOLDING):
+        lease_release(
+            lease=lease,
+            actor=actor,
+            reason=Reason.RELEASED_JOB_ENDED,
+            message="drain deadline",
+            now=now,
+        )
+
+
+def node_drain_complete(*, node: Node, actor: Actor, now=None) -> bool:
+    """Record that a draining node holds no leases any more (once)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if Lease.objects.filter(node=node, state__in=HOLDING).exists():
+            return False
+        return node_mark_drained(node=node, actor=actor, now=now)
+
+
+def node_drain_sweep(*, now=None) -> dict[str, list[int]]:
+    """Enforce passed drain deadlines and record drains that have completed."""
+    now = now or timezone.now()
+    actor = Actor.system("drain-sweep")
+    due = Node.objects.filter(
+        state=NodeState.DRAINING, drain_deadline__lte=now, drain_enforced_at__isnull=True
+    ).select_related("pool")
+    enforced = each_node(
+        due, lambda node: node_drain_enforce(node=node, actor=actor, now=now), actor=actor, now=now
+    )
+    completed = each_node(
+        Node.objects.filter(state=NodeState.DRAINING, drained_at__isnull=True),
+        lambda node: node_drain_complete(node=node, actor=actor, now=now),
+        actor=actor,
+        now=now,
+    )
+    return {"enforced": list(enforced), "completed": [pk for pk, done in completed.items() if done]}
+
+
+def agent_job_checkpointed(*, node: Node, job: Job, actor: Actor, now=None) -> Job:
+    """The agent wrote the checkpoint a drain asked for: re-queue the job, end its lease here."""
+    now = now or timezone.now()
+    if not Job.objects.filter(pk=job.pk, leases__node=node, leases__state__in=HOLDING).exists():
+        raise NodeScopeRefused(f"job {job.pk} holds no lease on this node")
+    with transaction.atomic():
+        job = job_transition(
+            job=job,
+            to=JobState.QUEUED,
+            actor=actor,
+            reason=Reason.CHECKPOINT_DONE,
+            message=f"checkpoint written on {node.name}; re-queued",
+            now=now,
+        )
+        end_job_leases(node, job, actor=actor, now=now)
+    return job

@@ -1,0 +1,28 @@
+"""The agent's drain callback (scheduling/api/agent.py): only for a job on its own node."""
+
+from datetime import timedelta
+
+import pytest
+
+from config.builders import SYSTEM
+from jobs.choices import JobState
+from nodes import services
+from scheduling import drain
+from tests.clients import bearer_client
+
+pytestmark = pytest.mark.django_db
+
+
+def test_agent_checkpointed_callback_checks_the_job_is_on_this_node(
+    ready_node, enroll, private_pool, make_job, now
+):
+    node = ready_node.node
+    mine, _ = make_job(node, checkpointable=True)
+    theirs, _ = make_job(enroll(private_pool).node, checkpointable=True)
+    services.node_drain(node=node, actor=SYSTEM, deadline=now + timedelta(seconds=1), now=now)
+    drain.node_drain_sweep(now=now + timedelta(seconds=1))
+    client = bearer_client(ready_node.secret)
+    assert client.post(f"/api/v1/agent/jobs/{theirs.pk}/checkpointed/").status_code == 403
+    assert client.post("/api/v1/agent/jobs/999999/checkpointed/").status_code == 403
+    done = client.post(f"/api/v1/agent/jobs/{mine.pk}/checkpointed/")
+    assert done.status_code == 200 and done.json()["state"] == JobState.QUEUED

@@ -1,0 +1,36 @@
+"""The control loop's beat tasks run with the current time (eager Celery in tests)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from config.builders import SYSTEM
+from config.celery import app
+from nodes import services
+from nodes.models import Node
+from scheduling import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def test_beat_schedule_names_registered_tasks():
+    schedule = app.conf.beat_schedule
+    names = {entry["task"] for key, entry in schedule.items() if key.startswith("scheduling-")}
+    assert names == {
+        "scheduling.pass",
+        "scheduling.requeue_stranded_jobs",
+        "scheduling.drain_sweep",
+    }
+    assert names <= set(app.tasks)
+
+
+def test_drain_sweep_task(ready_node, make_job):
+    now = timezone.now()
+    make_job(ready_node.node, checkpointable=True)
+    services.node_drain(
+        node=ready_node.node, actor=SYSTEM, deadline=now + timedelta(milliseconds=1), now=now
+    )
+    Node.objects.filter(pk=ready_node.node.pk).update(drain_deadline=now - timedelta(seconds=1))
+    result = tasks.drain_sweep.delay().get()
+    assert result["enforced"] == [ready_node.node.pk]
