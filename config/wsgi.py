@@ -3,7 +3,7 @@
 
 Under ASGI every synchronous Django middleware and view hops between the event loop and a worker
 thread (asgiref sync_to_async) on each request; a WSGI server runs the whole request on one
-thread. The websocket routes (live job events) stay on ASGI (config.asgi)."""
+thread. The websocket routes (live events) stay on ASGI (config.asgi)."""
 
 import os
 

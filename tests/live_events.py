@@ -1,0 +1,52 @@
+"""Live-event tests over the real Redis channel layer, through the project's websocket routes.
+
+Each scenario runs under a key prefix of its own, so parallel test runs (and the events other
+tests publish) never reach its sockets. Use them in `django_db(transaction=True)` tests: events
+are published on commit, and the consumers read the database from another thread.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import override_settings
+
+from config.routing import websocket_urlpatterns
+
+
+@contextmanager
+def own_channel_layer(hosts=None):
+    """The real channel layer (Redis at REDIS_URL, or `hosts`) under a fresh key prefix."""
+    layer = {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": hosts or [settings.REDIS_URL], "prefix": f"t{uuid.uuid4().hex}"},
+    }
+    with override_settings(CHANNEL_LAYERS={"default": layer}):
+        yield
+
+
+async def follow(user, path: str) -> tuple[WebsocketCommunicator, bool, int | None]:
+    """A websocket to `path` as `user` (signed in, as the session middleware would make it):
+    (communicator, accepted, close code when refused)."""
+    socket = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    socket.scope["user"] = user
+    accepted, code = await socket.connect()
+    return socket, accepted, None if accepted else code
+
+
+async def followed(user, path: str) -> WebsocketCommunicator:
+    socket, accepted, code = await follow(user, path)
+    assert accepted, f"{user} was refused {path} ({code})"
+    return socket
+
+
+async def refused(user, path: str) -> int | None:
+    """The close code `user` gets at `path`, or None when accepted."""
+    socket, accepted, code = await follow(user, path)
+    if accepted:
+        await socket.disconnect()
+    return code
