@@ -28,6 +28,7 @@ from leases.models import Lease
 from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from pools.choices import GpuSharingClass
+from pools.models import SchedulingPolicyVersion
 from scheduling.core import types as core
 from scheduling.core.mig import profiles_for
 from scheduling.core.policy import DEFAULT_POLICY, policy_from
@@ -356,8 +357,6 @@ def pool_policy(pool) -> core.Policy:
     cached = _POLICY_CACHE.get(pool.pk)
     if cached and now - cached[0] < POLICY_CACHE_SECONDS:
         return cached[1]
-    from pools.models import SchedulingPolicyVersion
-
     version = (
         SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
         .order_by("-number")
@@ -376,8 +375,6 @@ def pool_policy(pool) -> core.Policy:
 
 
 def pool_knobs(pool) -> dict:
-    from pools.models import SchedulingPolicyVersion
-
     version = (
         SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
         .order_by("-number")

@@ -27,6 +27,9 @@ import time
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import connection
+
+from leases import selectors
 
 BASE_DIR = settings.BASE_DIR
 
@@ -362,10 +365,6 @@ def run(
     client: str | None = None,
     worker_connections: int = 0,
 ) -> dict:
-    from django.db import connection
-
-    from leases import selectors
-
     database = connection.settings_dict["NAME"]
     procs = []
     try:
