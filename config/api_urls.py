@@ -3,6 +3,7 @@ too, matches with and without its trailing slash (pools/api/routers.py)."""
 
 from django.urls import include, path, re_path
 
+from jobs.api.agent import AgentJobsViewSet
 from jobs.api.views import JobViewSet
 from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
@@ -22,6 +23,7 @@ router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollmen
 router.register("enroll", EnrollViewSet, basename="enroll")
 router.register("agent", AgentViewSet, basename="agent")
 router.register("agent", AgentDrainViewSet, basename="agent-drain")
+router.register("agent", AgentJobsViewSet, basename="agent-jobs")  # assignments, reports, uploads
 
 urlpatterns = [
     re_path(r"^me/?$", me, name="me"),

@@ -8,6 +8,7 @@ policy versions, ledger columns), never by setting fields behind the services' b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -16,18 +17,21 @@ from jobs.services import job_submit
 from nodes import services as node_services
 from pools.actors import Actor
 from pools.choices import TenantRole, TokenScope
-from pools.models import AllowedRegistry
+from pools.models import AllowedRegistry, PoolTrustedKey
+from pools.registry import resolve
 from pools.services import (
     api_token_issue,
     membership_set,
     platform_role_grant,
     pool_create,
     tenant_create,
+    tenant_secret_set,
 )
 
 SYSTEM = Actor.system("builders")
 LOCAL_REGISTRY = "127.0.0.1:5000/computepool/"
-TEST_IMAGE = LOCAL_REGISTRY + "busybox@sha256:" + "c" * 64
+# The busybox test image that .ci/ensure-services.sh builds and pushes to the loopback registry.
+TEST_IMAGE_TAG = LOCAL_REGISTRY + "busybox:test"
 # The recorded 4×H100 node (tests/worker_agent/fixtures): what an agent reports for one device.
 RECORDED_GPU = {
     "model": "NVIDIA H100 80GB HBM3",
@@ -37,6 +41,20 @@ RECORDED_GPU = {
     "mig_enabled": False,
     "interconnect_group": "nvl0",
 }
+
+
+@functools.cache
+def pinned_test_image() -> str:  # not test_…: pytest would collect it where imported
+    """The test image pinned by its real digest (what a submit of TEST_IMAGE_TAG stores), asked
+    of the registry once per process: jobs run and are checked by digest only."""
+    return resolve("127.0.0.1:5000", "computepool/busybox", "test").pinned
+
+
+def __getattr__(name):
+    # `from config.builders import TEST_IMAGE` still works: resolved on first use, not at import.
+    if name == "TEST_IMAGE":
+        return pinned_test_image()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_pool(
@@ -65,6 +83,12 @@ def build_pool(
     return pool
 
 
+def build_trusted_key(pool, public_key_pem: str, *, name: str = "release"):
+    """A public key whose image signatures the (sensitive) pool accepts; no service exists, a
+    policy admin edits them in the admin."""
+    return PoolTrustedKey.objects.create(pool=pool, name=name, public_key_pem=public_key_pem)
+
+
 def build_tenant(slug: str, *, name: str = ""):
     return tenant_create(name=name or slug.title(), slug=slug)
 
@@ -88,6 +112,11 @@ def build_person(
     if platform_role:
         platform_role_grant(user=user, role=platform_role)
     return user
+
+
+def build_secret(tenant, name: str = "api-token", value: str = "s3cr3t-value-42"):
+    """A tenant secret (jobs refer to it by name in `secrets`)."""
+    return tenant_secret_set(tenant=tenant, name=name, value=value)
 
 
 def build_token(user, *, scopes=(TokenScope.READ, TokenScope.WRITE), name: str = "test") -> str:
@@ -215,15 +244,16 @@ def submit_job(
     memory: int = 512,
     priority=None,
     actor: Actor = SYSTEM,
-    image: str = TEST_IMAGE,
+    image: str = "",
     **fields,
 ):
-    """A queued CPU job, through the service (the scheduling pass places it)."""
+    """A queued CPU job, through the service (the scheduling pass places it); `image` defaults
+    to the real test image's digest (pinned_test_image())."""
     return job_submit(
         tenant=tenant,
         pool=pool,
         name=name,
-        image=image,
+        image=image or pinned_test_image(),
         actor=actor,
         resources=cpu_request(cpu=cpu, memory=memory),
         priority_class=priority,

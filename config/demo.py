@@ -1,20 +1,41 @@
-"""An idempotent demo: one pool, two tenants, shapes, priority classes, people and nodes.
+"""An idempotent demo: the pool `lab` (Docker runtime) and the development pool `dev` (the
+local process runtime allowed), two tenants, shapes, priority classes, people, and example nodes.
 
 Loading it twice changes nothing; everything is built by config.builders (through the services,
 like the tests' state), so the demo's nodes and policy have events and versions like real ones.
+The example nodes are registered, never ready: no agent runs them, and a node without a running
+agent must never receive work. `make run` starts one real agent (config/management/commands/
+runstack.py), enrolled with a token from `agent_enrollment_token`; its node becomes ready on its
+first heartbeat.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import transaction
 
 from config.builders import build_node, build_person, build_pool, build_tenant
+from nodes import services as node_services
+from nodes.choices import NodeState
 from nodes.models import Node
 from pools.actors import Actor
 from pools.choices import GpuSharingClass, PlatformRole, TenantRole
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
+from pools.services import policy_version_publish
 
 POOL = {"slug": "lab", "name": "Lab fleet", "description": "Demo private fleet"}
+# Where `make run`'s agent goes when no Docker engine answers: the only demo pool whose policy
+# allows the local process runtime, which does NOT isolate jobs (never a default).
+DEV_POOL = {
+    "slug": "dev",
+    "name": "Development",
+    "description": "Local process runtime (no isolation): for trying Compute Pool without Docker",
+}
+DEV_KNOBS = {"allow_process_runtime": True}
+# The loopback registry (.ci/ensure-services.sh runs one with the busybox test image): every
+# repository in it is allowed, so a newcomer may push and run images of their own.
+REGISTRY = "127.0.0.1:5000/"
 TENANTS = [("vision", "Vision research"), ("nlp", "Language team")]
 PEOPLE = [
     # username, password, tenant roles, platform roles
@@ -92,22 +113,42 @@ NODES = [
 ]
 # Where the demo's nodes stand.
 PLACE = dict(region="eu-west", zone="eu-west-1a", rack="r1", network_class="25g")
+ACTOR = Actor.system("demo")
+
+
+def _dev_pool() -> ComputePool:
+    pool = ComputePool.objects.filter(slug=DEV_POOL["slug"]).first()
+    if pool is None:
+        pool = build_pool(**DEV_POOL, registry=REGISTRY)
+        current = pool.scheduling_policy.current
+        policy_version_publish(
+            policy=pool.scheduling_policy,
+            weights=dict(current.weights),
+            knobs=dict(current.knobs or {}) | DEV_KNOBS,
+            comment="demo: allow the local process runtime",
+            actor=ACTOR,
+        )
+    return pool
 
 
 @transaction.atomic
 def load_demo() -> list[tuple[str, str, str]]:
     """Create what is missing; return (username, password, roles) for the printout."""
-    actor = Actor.system("demo")
-    pool = ComputePool.objects.filter(slug=POOL["slug"]).first() or build_pool(**POOL)
+    actor = ACTOR
+    pool = ComputePool.objects.filter(slug=POOL["slug"]).first() or build_pool(
+        **POOL, registry=REGISTRY
+    )
+    pools = [pool, _dev_pool()]
     tenants = {}
     for slug, name in TENANTS:
         tenants[slug] = Tenant.objects.filter(slug=slug).first() or build_tenant(slug, name=name)
         # No service for quotas, priority classes and shapes: policy admins edit them.
-        Quota.objects.get_or_create(
-            tenant=tenants[slug],
-            pool=pool,
-            defaults={"cpu_millicores": 64000, "memory_mib": 262144, "gpus": 4},
-        )
+        for each in pools:
+            Quota.objects.get_or_create(
+                tenant=tenants[slug],
+                pool=each,
+                defaults={"cpu_millicores": 64000, "memory_mib": 262144, "gpus": 4},
+            )
     for name, value, preemptible, description, minimum_role in PRIORITIES:
         PriorityClass.objects.update_or_create(
             name=name,
@@ -119,9 +160,12 @@ def load_demo() -> list[tuple[str, str, str]]:
             },
         )
     for shape in SHAPES:
-        ResourceShape.objects.update_or_create(
-            pool=pool, name=shape["name"], defaults={k: v for k, v in shape.items() if k != "name"}
-        )
+        for each in pools if shape["name"] == "cpu-small" else [pool]:
+            ResourceShape.objects.update_or_create(
+                pool=each,
+                name=shape["name"],
+                defaults={k: v for k, v in shape.items() if k != "name"},
+            )
     printout = []
     for username, password, memberships, platform_roles in PEOPLE:
         for tenant_slug, role in memberships.items():
@@ -132,5 +176,33 @@ def load_demo() -> list[tuple[str, str, str]]:
         printout.append((username, password, ", ".join(roles)))
     for spec in NODES:
         if not Node.objects.filter(pool=pool, name=spec["name"]).exists():
-            build_node(pool, actor=actor, message="demo node", runtimes=["docker"], **PLACE, **spec)
+            build_node(
+                pool,
+                actor=actor,
+                message="example node (no agent)",
+                runtimes=["docker"],
+                ready=False,
+                **PLACE,
+                **spec,
+            )
+    _retire_phantoms(pool)
     return printout
+
+
+def _retire_phantoms(pool) -> None:
+    """A demo database from before the agent existed has its example nodes ready: retire them
+    (they never had an agent, so they would take leases nobody runs)."""
+    names = [spec["name"] for spec in NODES]
+    for node in Node.objects.filter(pool=pool, name__in=names).exclude(
+        state__in=(NodeState.REGISTERED, NodeState.RETIRED)
+    ):
+        node_services.node_retire(node=node, actor=ACTOR, message="example node without agent")
+
+
+def agent_enrollment_token(pool_slug: str) -> str:
+    """A fresh single-use enrollment token of the pool, for `make run`'s local agent."""
+    pool = ComputePool.objects.get(slug=pool_slug)
+    _, secret = node_services.enrollment_token_issue(
+        pool=pool, actor=ACTOR, ttl=timedelta(hours=1), name="make run: local agent"
+    )
+    return secret

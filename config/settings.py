@@ -25,6 +25,10 @@ env = environ.Env(
     LEASE_GROUP_COMMIT=(bool, True),
     DATABASE_POOL_MAX_SIZE=(int, 0),
     API_TOKEN_AUTH_CACHE_SECONDS=(float, 5.0),
+    REGISTRY_INSECURE_HOSTS=(list, ["127.0.0.1:5000", "localhost:5000"]),
+    REGISTRY_TIMEOUT_SECONDS=(float, 5.0),
+    MEDIA_ROOT=(str, str(BASE_DIR / "var" / "media")),
+    JOB_OUTPUT_MAX_BYTES=(int, 1024**3),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -118,6 +122,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+# Job outputs (Django's default storage: local files). Never served as static media: only the
+# API hands them out, through the job's visibility (GET /api/v1/jobs/{id}/outputs/{name}).
+MEDIA_ROOT = env("MEDIA_ROOT")
+MEDIA_URL = "media/"
+# One output file of a job; larger uploads are refused (and their partial file deleted).
+JOB_OUTPUT_MAX_BYTES = env("JOB_OUTPUT_MAX_BYTES")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
@@ -182,6 +192,10 @@ LEASE_DEFAULT_TTL = timedelta(seconds=env("LEASE_DEFAULT_TTL_SECONDS"))
 LEASE_GROUP_COMMIT = env("LEASE_GROUP_COMMIT")
 # A token revoked in another process is refused within this many seconds (0: no cache).
 API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
+# Image registries (pools/registry.py): these host[:port]s are reached over plain http (the
+# loopback test registry), every other one over https; each request gives up after the timeout.
+REGISTRY_INSECURE_HOSTS = env("REGISTRY_INSECURE_HOSTS")
+REGISTRY_TIMEOUT_SECONDS = env("REGISTRY_TIMEOUT_SECONDS")
 
 LOGGING = {
     "version": 1,

@@ -24,7 +24,8 @@ JOB_TRANSITIONS: dict[str, frozenset[str]] = {
     # back to queued: the lease expired or capacity vanished before start
     S.LEASED: frozenset({S.STARTING, S.QUEUED}) | _ENDINGS,
     S.STARTING: frozenset({S.RUNNING, S.QUEUED}) | _ENDINGS,
-    S.RUNNING: frozenset({S.CHECKPOINTING, S.SUCCEEDED}) | _ENDINGS,
+    # back to queued from running too: a failure or a lost node that the retry policy retries
+    S.RUNNING: frozenset({S.CHECKPOINTING, S.SUCCEEDED, S.QUEUED}) | _ENDINGS,
     # a checkpoint ends either back in running or, when preempted/drained, re-queued
     S.CHECKPOINTING: frozenset({S.RUNNING, S.QUEUED, S.SUCCEEDED}) | _ENDINGS,
     S.SUCCEEDED: frozenset(),

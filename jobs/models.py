@@ -8,6 +8,14 @@ from pools.visibility import Visibility, VisibleQuerySet
 from .choices import TERMINAL, JobState
 
 
+def default_network_policy():
+    return {"mode": "none", "egress_allow": []}
+
+
+def default_retry_policy():
+    return {"max_attempts": 1, "backoff_s": 30, "retry_on": ["node_lost"]}
+
+
 class Job(models.Model):
     objects = VisibleQuerySet.as_manager()
     # a node's agent sees the jobs that hold (or held) a lease on its node
@@ -20,7 +28,9 @@ class Job(models.Model):
         "pools.ResourceShape", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     resources = models.JSONField(help_text="The resolved resource request (shape fields)")
+    # `image` is the pinned digest reference the agent runs; `image_requested` what was submitted
     image = models.CharField(max_length=300)
+    image_requested = models.CharField(max_length=300, blank=True)
     command = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     priority_class = models.ForeignKey(
@@ -28,6 +38,18 @@ class Job(models.Model):
     )
     checkpointable = models.BooleanField(default=False)
     max_runtime_s = models.PositiveIntegerField(default=3600)
+    # {ENV_NAME: secret name} of the tenant's secrets: names only, values resolved at assignment
+    secrets = models.JSONField(default=dict, blank=True)
+    inputs = models.JSONField(default=list, blank=True, help_text='[{"url", "name"}]')
+    ports = models.JSONField(default=list, blank=True)
+    network_policy = models.JSONField(default=default_network_policy, blank=True)
+    retry_policy = models.JSONField(default=default_retry_policy, blank=True)
+    # "" = the control plane's artifact storage (Django's default storage)
+    output_destination = models.CharField(max_length=300, blank=True)
+    # where a running job with ports answers: {"host": …, "ports": {"8080": 32768}}
+    route = models.JSONField(default=dict, blank=True)
+    # retry backoff: the scheduling pass leaves a queued job alone until then
+    not_before = models.DateTimeField(null=True, blank=True)
     state = models.CharField(
         max_length=14, choices=JobState.choices, default=JobState.QUEUED, db_index=True
     )
@@ -64,3 +86,53 @@ class JobEvent(EventBase):
 
     class Meta(EventBase.Meta):
         pass
+
+
+class JobLogChunk(models.Model):
+    """A piece of a job's log as the agent sent it; only the newest 10 MiB per job are kept."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="job__tenant", node="job__leases__node")
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    attempt = models.PositiveSmallIntegerField()
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        indexes = [models.Index(fields=["job", "seq"])]
+
+    def __str__(self):
+        return f"log of job {self.job_id} #{self.seq}"
+
+
+def output_upload_to(instance: "JobOutput", filename: str) -> str:
+    return f"outputs/{instance.job_id}/{instance.attempt}/{instance.name}"
+
+
+class JobOutput(models.Model):
+    """A file the job wrote to /outputs, stored through Django's storage API."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="job__tenant", node="job__leases__node")
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="outputs")
+    attempt = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    file = models.FileField(upload_to=output_upload_to, max_length=400)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "attempt", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "name"], name="job_output_unique_name_per_attempt"
+            )
+        ]
+
+    def __str__(self):
+        return f"output {self.name} of job {self.job_id} (attempt {self.attempt})"

@@ -31,7 +31,17 @@ def job_submit(
     priority_class: PriorityClass | None = None,
     checkpointable: bool = False,
     max_runtime_s: int = 3600,
+    image_requested: str = "",
+    secrets: dict | None = None,
+    inputs: list | None = None,
+    ports: list | None = None,
+    network_policy: dict | None = None,
+    retry_policy: dict | None = None,
+    output_destination: str = "",
 ) -> Job:
+    """A queued job. `image` is what the agent will run (a digest reference once the image
+    is resolved), `image_requested` what the client sent (default: `image`). The data-plane
+    fields arrive validated (pools.validation); None keeps the model's defaults."""
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
     resources = shape.as_request() if shape else resources
@@ -52,6 +62,13 @@ def job_submit(
             checkpointable=checkpointable,
             max_runtime_s=max_runtime_s,
             submitted_by=actor.user,
+            image_requested=image_requested or image,
+            secrets=secrets or {},
+            inputs=inputs or [],
+            ports=ports or [],
+            output_destination=output_destination,
+            **({"network_policy": network_policy} if network_policy is not None else {}),
+            **({"retry_policy": retry_policy} if retry_policy is not None else {}),
         )
         event = JobEvent.record(
             job,
@@ -133,22 +150,43 @@ def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
     return job
 
 
-def job_finish(*, job: Job, actor: Actor, exit_code: int, message: str = "") -> Job:
-    """A process exit: 0 succeeds, anything else fails with the code in the reason."""
-    if exit_code == 0:
-        return job_transition(
+def job_finish(
+    *,
+    job: Job,
+    actor: Actor,
+    exit_code: int | None,
+    reason: str = "",
+    message: str = "",
+    now=None,
+    check=None,
+) -> Job:
+    """The job ended on its node: exit code 0 succeeds (`exited_zero`), anything else fails
+    with `reason` (default `exited_nonzero`; `oom_killed`, `image_pull_failed` … from the
+    agent). Its holding leases are released in the same transaction."""
+    now = now or timezone.now()
+    succeeded = exit_code == 0 and reason in ("", Reason.EXITED_ZERO)
+    reason = Reason.EXITED_ZERO if succeeded else (reason or Reason.EXITED_NONZERO)
+    if not message:
+        message = f"process exited with {exit_code}" if exit_code is not None else reason
+    with transaction.atomic():
+        job = job_transition(
             job=job,
-            to=JobState.SUCCEEDED,
+            to=JobState.SUCCEEDED if succeeded else JobState.FAILED,
             actor=actor,
-            reason=Reason.EXITED_ZERO,
-            changes={"exit_code": 0},
-            message=message or "process exited with 0",
+            reason=reason,
+            changes={"exit_code": exit_code},
+            message=message,
+            now=now,
+            check=check,
         )
-    return job_transition(
-        job=job,
-        to=JobState.FAILED,
-        actor=actor,
-        reason=Reason.EXITED_NONZERO,
-        changes={"exit_code": exit_code},
-        message=message or f"process exited with {exit_code}",
-    )
+        job_release_leases(job=job, actor=actor, message=f"job {job.pk} {job.state}", now=now)
+    return job
+
+
+def job_release_leases(*, job: Job, actor: Actor, message: str, now=None) -> None:
+    """The job's holding leases end with it (call under the job's row lock, in its
+    transaction): the capacity is back at once."""
+    for lease in job.leases.filter(state__in=HOLDING).order_by("id"):
+        lease_release(
+            lease=lease, actor=actor, reason=Reason.RELEASED_JOB_ENDED, message=message, now=now
+        )

@@ -71,6 +71,14 @@ class Lease(models.Model):
     used_memory_mib = models.PositiveIntegerField(null=True, blank=True)
     used_gpu_milli = models.PositiveIntegerField(null=True, blank=True)
     usage_reported_at = models.DateTimeField(null=True, blank=True)
+    # Over the job's run, from its node's heartbeats (leases/receivers.py): the peak and the
+    # running average of each measure above ({"cpu_millicores", "memory_mib", "gpu_milli",
+    # "gpu_memory_mib"}), and how many samples the average holds.
+    usage_peak = models.JSONField(default=dict, blank=True)
+    usage_average = models.JSONField(default=dict, blank=True)
+    usage_samples = models.PositiveIntegerField(default=0)
+    # Where the running job answers: {"host": "10.0.0.5", "ports": {"8080": 32768}}.
+    route = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

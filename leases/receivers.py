@@ -9,7 +9,12 @@ from nodes.errors import NodeScopeRefused
 
 from .choices import LeaseState
 from .models import Lease
-from .services import lease_mark_uncertain, lease_reconcile
+from .services import (
+    lease_mark_uncertain,
+    lease_reconcile,
+    leases_record_usage,
+    leases_renew_by_heartbeat,
+)
 
 
 @receiver(signals.workloads_reported, dispatch_uid="leases.check_workloads_scope")
@@ -24,6 +29,17 @@ def check_workloads_scope(sender, *, node, workloads: list[dict], **kwargs) -> N
     own_jobs = set(on_node.filter(job_id__in=job_ids).values_list("job_id", flat=True))
     if job_ids - own_jobs:
         raise NodeScopeRefused(f"jobs {sorted(job_ids - own_jobs)} are not placed on this node")
+
+
+@receiver(signals.workloads_reported, dispatch_uid="leases.renew_and_record_usage")
+def renew_and_record_usage(sender, *, node, workloads: list[dict], now=None, **kwargs) -> None:
+    """A heartbeat renews the leases of the jobs its node runs and records their usage (usage
+    is checked first: out of bounds → ValidationError, 400, nothing written). Connected after
+    the scope check, so only this node's own leases get here."""
+    if not workloads:
+        return
+    leases_record_usage(node=node, workloads=workloads, now=now)
+    leases_renew_by_heartbeat(node=node, workloads=workloads, now=now)
 
 
 @receiver(signals.node_unreachable, dispatch_uid="leases.mark_node_leases_uncertain")

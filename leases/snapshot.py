@@ -41,6 +41,7 @@ _NODE_FIELDS = (
     "architecture",
     "os",
     "runtimes",
+    "cached_images",
     "labels",
     "region",
     "zone",
@@ -188,6 +189,8 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
         zone=row["zone"],
         rack=row["rack"],
         network_class=row["network_class"],
+        # the image digests the node's agent reports in its cache (heartbeats)
+        warm_images=frozenset(row["cached_images"] or ()),
         leases=() if empty else _lease_ends(row.get("leases")),
     )
 
@@ -233,7 +236,7 @@ def _read(
     rows, gpus_by_node = [], {}
     for record in raw:
         row = dict(zip(_NODE_FIELDS, record[:-2], strict=True))
-        for key in ("labels", "runtimes"):
+        for key in ("labels", "runtimes", "cached_images"):
             if isinstance(row[key], str):
                 row[key] = json.loads(row[key])
         gpus, leases = record[-2], record[-1]

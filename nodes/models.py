@@ -33,6 +33,11 @@ class Node(models.Model):
     )
     os = models.CharField(max_length=20, default="linux")
     runtimes = models.JSONField(default=list, blank=True)
+    # What the agent's heartbeats say: the runtime it runs jobs with ("docker", or the
+    # non-isolating "process") and the image digests in its local cache ("sha256:…"), which the
+    # scheduler's warm-image filter and scorer read (leases/snapshot.py).
+    agent_runtime = models.CharField(max_length=10, blank=True)
+    cached_images = models.JSONField(default=list, blank=True)
     features = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     region = models.CharField(max_length=40, blank=True)

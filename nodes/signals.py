@@ -7,8 +7,10 @@ The leases app connects its receivers in its AppConfig.ready() (leases/receivers
 
 from django.dispatch import Signal
 
-# Before a heartbeat writes anything: node, workloads (the agent's list of {"lease", "job"}).
-# A receiver raises nodes.errors.NodeScopeRefused for work that is not placed on the node.
+# Before a heartbeat writes anything of the node's: node, workloads (the agent's list of
+# {"lease", "job", "state", "usage"}), now. A receiver raises nodes.errors.NodeScopeRefused for
+# work that is not placed on the node, a ValidationError for usage out of bounds; the ledger's
+# receiver then renews the running jobs' leases and records their usage.
 workloads_reported = Signal()
 
 # A node went silent: node, actor, now. A receiver returns the ids of the leases it made

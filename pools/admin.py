@@ -9,20 +9,44 @@ from .models import (
     AllowedRegistry,
     ComputePool,
     Membership,
+    PoolTrustedKey,
     PriorityClass,
     Quota,
     ResourceShape,
     SchedulingPolicy,
     SchedulingPolicyVersion,
     Tenant,
+    TenantSecret,
 )
 from .services import policy_version_publish
 
 
 @admin.register(ComputePool)
 class ComputePoolAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "trust_level", "heartbeat_interval_s"]
+    list_display = ["slug", "name", "trust_level", "sensitive", "heartbeat_interval_s"]
+    list_filter = ["sensitive"]
     prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(PoolTrustedKey)
+class PoolTrustedKeyAdmin(admin.ModelAdmin):
+    """The keys whose image signatures a sensitive pool accepts."""
+
+    list_display = ["name", "pool", "created_at"]
+    list_filter = ["pool"]
+
+
+@admin.register(TenantSecret)
+class TenantSecretAdmin(admin.ModelAdmin):
+    """Names only: the value is never shown, not even to operators (tenants set it)."""
+
+    list_display = ["name", "tenant", "updated_at"]
+    list_filter = ["tenant"]
+    fields = ["tenant", "name", "created_at", "updated_at"]
+    readonly_fields = ["tenant", "name", "created_at", "updated_at"]
+
+    def has_add_permission(self, request):
+        return False
 
 
 @admin.register(ResourceShape)

@@ -14,6 +14,8 @@
 import re
 from dataclasses import dataclass
 
+from pools.statemachine import Refusal
+
 NAME_MAX_CHARS = 255  # as the Docker grammar
 _PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*", re.ASCII)
 _DOMAIN_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
@@ -22,6 +24,15 @@ _DOMAIN = re.compile(
 )
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", re.ASCII)
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}", re.ASCII)
+
+
+class ImageRefused(Refusal):
+    """An image a job may not run (422, nothing stored): `image_invalid` (unparsable, missing,
+    registry unreachable, wrong architecture), `image_not_allowed` (not from an allowed registry
+    of the pool), `image_signature_invalid` (a sensitive pool and no trusted signature)."""
+
+    status = 422
+    code = "image_invalid"
 
 
 @dataclass(frozen=True)

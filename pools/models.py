@@ -66,6 +66,10 @@ class ComputePool(models.Model):
         default=False,
         help_text="Let time-sliced/MPS shares of one GPU belong to different tenants.",
     )
+    sensitive = models.BooleanField(
+        default=False,
+        help_text="Accept only images signed by one of the pool's trusted keys.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self):
@@ -289,6 +293,41 @@ class AllowedRegistry(models.Model):
 
     def __str__(self):
         return f"{self.prefix} → {self.pool}"
+
+
+class PoolTrustedKey(models.Model):
+    """A public key whose image signatures a sensitive pool accepts."""
+
+    pool = models.ForeignKey(ComputePool, on_delete=models.CASCADE, related_name="trusted_keys")
+    name = models.CharField(max_length=100)
+    public_key_pem = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"{self.name} trusted by {self.pool}"
+
+
+class TenantSecret(models.Model):
+    """A value a tenant's jobs reference by name (`secrets: {ENV: name}`); only the agent that
+    runs the job receives the value, no listing, event or log ever shows it."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant")
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
+    name = models.SlugField(max_length=100)
+    value = models.TextField(help_text="At most 64 KiB (pools.validation.secret_value)")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="secret_name_unique_in_tenant")
+        ]
+
+    def __str__(self):  # never the value
+        return f"{self.tenant}/{self.name}"
 
 
 def token_digest(secret: str) -> str:

@@ -44,7 +44,9 @@ class Reason(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"
     CAPACITY_VANISHED = "capacity_vanished", "Capacity vanished before start"
-    IMAGE_INVALID = "image_invalid", "Image invalid or not allowed"
+    IMAGE_INVALID = "image_invalid", "Image invalid: unreadable, missing or wrong architecture"
+    IMAGE_NOT_ALLOWED = "image_not_allowed", "Image not from an allowed registry of the pool"
+    IMAGE_SIGNATURE_INVALID = "image_signature_invalid", "Image not signed by a trusted key"
     IMAGE_PULL_FAILED = "image_pull_failed", "Image pull failed"
     STARTUP_BEGAN = "startup_began", "Container startup began"
     STARTUP_TIMED_OUT = "startup_timed_out", "Startup timed out"
@@ -59,6 +61,12 @@ class Reason(models.TextChoices):
     NODE_LOST = "node_lost", "Node lost"
     LEASE_EXPIRED = "lease_expired", "Its lease expired"
     REQUEUED = "requeued", "Returned to the queue"
+    # jobs: the data plane (the worker agent's reports)
+    IMAGE_PULLING = "image_pulling", "The agent is pulling the image"
+    IMAGE_PULLED = "image_pulled", "The agent pulled the image"
+    MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded", "Killed at its maximum runtime"
+    RUNTIME_ERROR = "runtime_error", "The container runtime failed to run it"
+    RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"

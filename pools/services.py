@@ -23,6 +23,7 @@ from .models import (
     SchedulingPolicy,
     SchedulingPolicyVersion,
     Tenant,
+    TenantSecret,
     new_token_secret,
     token_digest,
 )
@@ -37,6 +38,7 @@ POLICY_MODELS = (
     "schedulingpolicyversion",
     "allowedregistry",
     "computepool",
+    "pooltrustedkey",
 )
 
 
@@ -191,3 +193,20 @@ def api_tokens_purge(*, now, keep=timedelta(days=30)) -> int:
     revoked = ApiToken.objects.filter(revoked_at__lt=cutoff)
     deleted, _ = (expired | revoked).delete()
     return deleted
+
+
+def tenant_secret_set(*, tenant: Tenant, name: str, value: str, now=None) -> TenantSecret:
+    """Creates or replaces a tenant's secret; jobs refer to it by name. The value is never
+    logged or returned (jobs started later get the new value)."""
+    validation.secret_name(name)
+    validation.secret_value(value)
+    now = now or timezone.now()
+    secret, _ = TenantSecret.objects.update_or_create(
+        tenant=tenant, name=name, defaults={"value": value, "updated_at": now}
+    )
+    return secret
+
+
+def tenant_secret_delete(*, secret: TenantSecret) -> None:
+    """Jobs that still name it can no longer receive its value when they start."""
+    secret.delete()

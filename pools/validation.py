@@ -5,7 +5,9 @@ run the shape's clean) and the API serializers use these, so the scheduler only 
 it can handle. Raise Django's ValidationError; DRF turns it into 400 field errors.
 """
 
+import ipaddress
 import re
+from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ValidationError
 
@@ -24,6 +26,33 @@ ENV_MAX_ENTRIES = 128
 ENV_KEY_MAX_CHARS = 128
 ENV_VALUE_MAX_CHARS = 4096
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+# The data plane's job fields (docs/data-plane.md): secrets by name, inputs, ports, network and
+# retry policies, where outputs go.
+SECRETS_MAX_ENTRIES = 64
+SECRET_NAME = re.compile(r"[-a-zA-Z0-9_]+", re.ASCII)  # a slug
+SECRET_NAME_MAX_CHARS = 100
+SECRET_VALUE_MAX_BYTES = 64 * 1024
+INPUTS_MAX_ITEMS = 32
+INPUT_URL_MAX_CHARS = 2048
+FILE_NAME_MAX_CHARS = 255
+PORTS_MAX_ITEMS = 16
+NETWORK_MODES = ("none", "pool")
+EGRESS_MAX_ENTRIES = 64
+EGRESS_ENTRY_MAX_CHARS = 261  # a 253-character host name, ":" and a port
+RETRY_MAX_ATTEMPTS = 10
+RETRY_BACKOFF_MAX_S = 86400
+# the ends of an attempt a retry policy may retry (reason codes, pools/reasons.py)
+RETRY_REASONS = (
+    "node_lost",
+    "oom_killed",
+    "exited_nonzero",
+    "startup_timed_out",
+    "image_pull_failed",
+    "runtime_error",
+)
+OUTPUT_DESTINATION_MAX_CHARS = 300
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)", re.ASCII)
 
 # Policy versions: the knobs the code reads (the reservation defaults of the lease services
 # and nodes' pool_drain_policy). Scorer weights are the core's to check (its registry).
@@ -78,6 +107,208 @@ def env_mapping(value: dict) -> None:
             )
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def secret_name(value) -> None:
+    """A tenant secret's name: a slug of at most SECRET_NAME_MAX_CHARS."""
+    if not isinstance(value, str) or not SECRET_NAME.fullmatch(value):
+        raise ValidationError("A secret name is a slug: letters, digits, - and _.")
+    if len(value) > SECRET_NAME_MAX_CHARS:
+        raise ValidationError(f"At most {SECRET_NAME_MAX_CHARS} characters.")
+
+
+def secret_value(value) -> None:
+    """A secret's value becomes an environment variable: text of at most 64 KiB (UTF-8)."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError("A non-empty string.")
+    if len(value.encode()) > SECRET_VALUE_MAX_BYTES:
+        raise ValidationError(f"At most {SECRET_VALUE_MAX_BYTES} bytes.")
+    if "\x00" in value:
+        raise ValidationError("NUL characters are not allowed.")
+
+
+def secrets_mapping(value) -> None:
+    """A job's `secrets`: {ENV_NAME: secret name}, at most SECRETS_MAX_ENTRIES. Whether the
+    names exist is the tenant's question (the serializer asks it)."""
+    if not isinstance(value, dict):
+        raise ValidationError("A map of environment variable name to secret name.")
+    if len(value) > SECRETS_MAX_ENTRIES:
+        raise ValidationError(f"At most {SECRETS_MAX_ENTRIES} secrets.")
+    env_mapping(value)
+    for key, name in value.items():
+        try:
+            secret_name(name)
+        except ValidationError as exc:
+            raise ValidationError(f"{key}: {exc.messages[0]}") from None
+
+
+def file_name(value) -> None:
+    """A plain file name (outputs, inputs): never a path, so it cannot leave its folder."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError("A non-empty file name.")
+    if len(value) > FILE_NAME_MAX_CHARS:
+        raise ValidationError(f"At most {FILE_NAME_MAX_CHARS} characters.")
+    if "/" in value or "\\" in value or value in (".", "..") or ".." in value:
+        raise ValidationError("A plain file name: no '/', '\\' or '..'.")
+    if _CONTROL.search(value):
+        raise ValidationError("Control characters are not allowed.")
+
+
+def _http_url(url) -> str | None:
+    """What is wrong with an input's URL, or None."""
+    if not isinstance(url, str) or not url:
+        return "a URL is a non-empty string"
+    if len(url) > INPUT_URL_MAX_CHARS:
+        return f"a URL has at most {INPUT_URL_MAX_CHARS} characters"
+    if _CONTROL.search(url) or " " in url:
+        return "a URL has no spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "only http(s) URLs with a host"
+    return None
+
+
+def job_inputs(value) -> list[dict]:
+    """A job's `inputs`: URLs (or {"url", "name"}) fetched into /inputs/<name> before start.
+    The name defaults to the URL's last path segment; names are unique."""
+    if not isinstance(value, list):
+        raise ValidationError("A list of http(s) URLs or {url, name} objects.")
+    if len(value) > INPUTS_MAX_ITEMS:
+        raise ValidationError(f"At most {INPUTS_MAX_ITEMS} inputs.")
+    inputs, names = [], set()
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            item = {"url": item}
+        if not isinstance(item, dict) or not set(item) <= {"url", "name"}:
+            raise ValidationError(f"Input {index}: a URL or an object with url and name only.")
+        url = item.get("url")
+        if problem := _http_url(url):
+            raise ValidationError(f"Input {index}: {problem}.")
+        name = item.get("name")
+        if name is None:
+            name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+        try:
+            file_name(name)
+        except ValidationError as exc:
+            raise ValidationError(
+                f"Input {index}: name {name[:40]!r}: {exc.messages[0]} Give a name."
+                if isinstance(name, str)
+                else f"Input {index}: the name is a string."
+            ) from None
+        if name in names:
+            raise ValidationError(f"Input {index}: the name {name!r} is used twice.")
+        names.add(name)
+        inputs.append({"url": url, "name": name})
+    return inputs
+
+
+def job_ports(value) -> list[int]:
+    """A job's `ports`: at most PORTS_MAX_ITEMS distinct container ports."""
+    if not isinstance(value, list):
+        raise ValidationError("A list of port numbers.")
+    if len(value) > PORTS_MAX_ITEMS:
+        raise ValidationError(f"At most {PORTS_MAX_ITEMS} ports.")
+    for port in value:
+        if not _is_int(port) or not 1 <= port <= 65535:
+            raise ValidationError(f"{str(port)[:20]!r}: ports are integers from 1 to 65535.")
+    if len(set(value)) != len(value):
+        raise ValidationError("Each port once.")
+    return value
+
+
+def _egress_entry(entry) -> str | None:
+    """What is wrong with an egress allow-list entry (host[:port], [IPv6][:port]), or None."""
+    if not isinstance(entry, str) or not entry or len(entry) > EGRESS_ENTRY_MAX_CHARS:
+        return f"a host[:port] string of at most {EGRESS_ENTRY_MAX_CHARS} characters"
+    host, port = entry, None
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                return "[IPv6]:port"
+            port = rest[1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "not an IPv6 address"
+    elif ":" in entry:
+        host, port = entry.rsplit(":", 1)
+    if port is not None and (
+        not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535
+    ):
+        return "the port is a number from 1 to 65535"
+    if not entry.startswith("["):
+        labels = host.rstrip(".").split(".")
+        if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+            return "not a host name or IPv4 address"
+    return None
+
+
+def network_policy(value) -> dict:
+    """A job's `network_policy`: {"mode": "none"} (no network) or {"mode": "pool",
+    "egress_allow": [host[:port], …]} (the pool network, egress only to those)."""
+    if not isinstance(value, dict):
+        raise ValidationError('An object: {"mode": "none"|"pool", "egress_allow": [...]}.')
+    unknown = sorted(set(value) - {"mode", "egress_allow"})
+    if unknown:
+        raise ValidationError(f"Unknown keys: {', '.join(unknown)[:200]}.")
+    mode = value.get("mode", "none")
+    if mode not in NETWORK_MODES:
+        raise ValidationError(f"mode is one of {', '.join(NETWORK_MODES)}.")
+    egress = value.get("egress_allow", [])
+    if not isinstance(egress, list):
+        raise ValidationError("egress_allow is a list of host[:port].")
+    if egress and mode != "pool":
+        raise ValidationError('egress_allow needs mode "pool": mode "none" has no network.')
+    if len(egress) > EGRESS_MAX_ENTRIES:
+        raise ValidationError(f"egress_allow has at most {EGRESS_MAX_ENTRIES} entries.")
+    for entry in egress:
+        if problem := _egress_entry(entry):
+            raise ValidationError(f"egress_allow {str(entry)[:60]!r}: {problem}.")
+    return {"mode": mode, "egress_allow": egress}
+
+
+def retry_policy(value) -> dict:
+    """A job's `retry_policy`; keys left out keep their defaults (one attempt, 30 s backoff,
+    retry when the node is lost)."""
+    if not isinstance(value, dict):
+        raise ValidationError("An object: max_attempts, backoff_s, retry_on.")
+    policy = {"max_attempts": 1, "backoff_s": 30, "retry_on": ["node_lost"]}
+    unknown = sorted(set(value) - set(policy))
+    if unknown:
+        raise ValidationError(f"Unknown keys: {', '.join(unknown)[:200]}.")
+    policy |= value
+    attempts, backoff, retry_on = policy["max_attempts"], policy["backoff_s"], policy["retry_on"]
+    if not _is_int(attempts) or not 1 <= attempts <= RETRY_MAX_ATTEMPTS:
+        raise ValidationError(f"max_attempts is an integer from 1 to {RETRY_MAX_ATTEMPTS}.")
+    if not _is_int(backoff) or not 0 <= backoff <= RETRY_BACKOFF_MAX_S:
+        raise ValidationError(f"backoff_s is an integer from 0 to {RETRY_BACKOFF_MAX_S}.")
+    if (
+        not isinstance(retry_on, list)
+        or not all(isinstance(reason, str) and reason in RETRY_REASONS for reason in retry_on)
+        or len(set(retry_on)) != len(retry_on)
+    ):
+        raise ValidationError(f"retry_on lists distinct reasons among {', '.join(RETRY_REASONS)}.")
+    return policy
+
+
+def output_destination(value) -> str:
+    """Where outputs go: "" is the control plane's artifact storage (the only one so far)."""
+    if not isinstance(value, str) or len(value) > OUTPUT_DESTINATION_MAX_CHARS:
+        raise ValidationError(f"A string of at most {OUTPUT_DESTINATION_MAX_CHARS} characters.")
+    if value.startswith("s3://"):
+        raise ValidationError("S3 output destinations need OUTPUT_S3_* settings.")
+    if value:
+        raise ValidationError('Leave it empty ("") for the control plane\'s artifact storage.')
+    return value
+
+
 def _reservation_seconds(value) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return "an integer number of seconds"
@@ -90,12 +321,33 @@ def _drain_policy(value) -> str | None:
     return None if value in DrainPolicy.values else f"one of {', '.join(DrainPolicy.values)}"
 
 
+def _boolean(value) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
+
+
+# The agent's timings (jobs/lifecycle.py, defaults there): how long a container may take to
+# start, and the grace period between the stop signal and the kill.
+AGENT_TIMEOUT_MAX_S = 86400
+
+
+def _agent_seconds(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "an integer number of seconds"
+    if not 1 <= value <= AGENT_TIMEOUT_MAX_S:
+        return f"between 1 and {AGENT_TIMEOUT_MAX_S} s"
+    return None
+
+
 # knob name → check returning what the value must be, or None when it is valid.
 KNOBS = {
     "reservation_max_horizon_s": _reservation_seconds,
     "reservation_max_hold_s": _reservation_seconds,
     "reservation_max_tolerance_s": _reservation_seconds,
     "drain_noncheckpointable": _drain_policy,
+    # the data plane: the non-isolating local process runtime (default false), agent timings
+    "allow_process_runtime": _boolean,
+    "startup_timeout_s": _agent_seconds,
+    "stop_grace_s": _agent_seconds,
 }
 
 

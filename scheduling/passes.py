@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F, Subquery, Window
+from django.db.models import F, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.choices import JobState
+from jobs.lifecycle import job_lost
 from jobs.models import Job, JobEvent
 from jobs.services import job_note_pending, job_transition, jobs_note_pending
 from leases.choices import HOLDING
@@ -51,12 +52,14 @@ class PassResult:
     pending: dict[int, str] = field(default_factory=dict)  # job id → reason code
 
 
-def queued_jobs(*, pool_id=None, limit: int, skip=frozenset()):
+def queued_jobs(*, pool_id=None, limit: int, skip=frozenset(), now=None):
     """The pass's window: (job id, tenant id, pool id) of up to `limit` queued jobs, in
     PASS_ORDER. It is filled round-robin over (tenant, pool) — every tenant's first job, then
     every tenant's second, … — so one tenant's backlog cannot keep another's job out of it.
-    `skip`: (tenant id, pool id) pairs left out (at their quota)."""
+    `skip`: (tenant id, pool id) pairs left out (at their quota). A retried job waits out its
+    backoff (`not_before`)."""
     jobs = Job.objects.filter(state=JobState.QUEUED)
+    jobs = jobs.filter(Q(not_before__isnull=True) | Q(not_before__lte=now or timezone.now()))
     if pool_id is not None:
         jobs = jobs.filter(pool_id=pool_id)
     for tenant_id, skipped_pool_id in skip:
@@ -75,7 +78,7 @@ def scheduling_pass(*, now=None, pool_id=None, limit: int = 500) -> PassResult:
     result = PassResult()
     at_quota = _note_tenants_at_quota(now, pool_id=pool_id)
     for job_id, tenant_id, job_pool_id in list(
-        queued_jobs(pool_id=pool_id, limit=limit, skip=at_quota)
+        queued_jobs(pool_id=pool_id, limit=limit, skip=at_quota, now=now)
     ):
         if (tenant_id, job_pool_id) in at_quota:
             continue  # reached its quota earlier in this pass: noted in bulk
@@ -184,30 +187,51 @@ def _still_without_lease(job) -> None:
 
 
 def requeue_jobs_without_lease(*, now=None) -> list[int]:
-    """Jobs placed but not yet running whose lease ended (expired, released, node lost) go back
-    to the queue with the reason, so nothing placed is silently lost."""
+    """Jobs whose lease ended under them, so nothing placed is silently lost (returns the ids
+    it moved): placed but not yet running → back to the queue (`lease_expired`); running or
+    checkpointing → the node went silent past its uncertain deadline (or the lease ran out
+    unrenewed), so the job is `lost` (`node_lost`), or queued again by its retry policy."""
     now = now or timezone.now()
+    moved = []
     stranded = Job.objects.filter(state__in=(JobState.LEASED, JobState.STARTING)).exclude(
         leases__state__in=HOLDING
     )
-    requeued = []
     for job in stranded.only("pk", "state"):
-        try:
-            job_transition(
-                job=job,
-                to=JobState.QUEUED,
-                actor=SCHEDULER,
-                reason=Reason.LEASE_EXPIRED,
-                message="its lease ended before the job started; back in the queue",
-                now=now,
-                check=_still_without_lease,
-            )
-        except TransitionRefused:
-            continue  # someone else moved it first
-        except Exception as error:  # one bad job never stops the sweep
-            record_sweep_failure(
-                Job, job.pk, event_model=JobEvent, actor=SCHEDULER, error=error, now=now
-            )
-            continue
-        requeued.append(job.pk)
-    return requeued
+        if _handle_stranded(job, now, _requeue):
+            moved.append(job.pk)
+    lost = Job.objects.filter(state__in=(JobState.RUNNING, JobState.CHECKPOINTING)).exclude(
+        leases__state__in=HOLDING
+    )
+    for job in lost.only("pk", "state"):
+        if _handle_stranded(job, now, _lose):
+            moved.append(job.pk)
+    return moved
+
+
+def _requeue(job, now) -> None:
+    job_transition(
+        job=job,
+        to=JobState.QUEUED,
+        actor=SCHEDULER,
+        reason=Reason.LEASE_EXPIRED,
+        message="its lease ended before the job started; back in the queue",
+        now=now,
+        check=_still_without_lease,
+    )
+
+
+def _lose(job, now) -> None:
+    job_lost(job=job, actor=SCHEDULER, now=now, check=_still_without_lease)
+
+
+def _handle_stranded(job, now, handle) -> bool:
+    try:
+        handle(job, now)
+    except TransitionRefused:
+        return False  # someone else moved it first
+    except Exception as error:  # one bad job never stops the sweep
+        record_sweep_failure(
+            Job, job.pk, event_model=JobEvent, actor=SCHEDULER, error=error, now=now
+        )
+        return False
+    return True

@@ -1,11 +1,12 @@
 from rest_framework import serializers
 
-from jobs.models import Job, JobEvent
-from jobs.selectors import image_refusal
+from jobs.images import admit_image
+from jobs.models import Job, JobEvent, JobOutput
 from pools import validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
-from pools.models import ComputePool, PriorityClass, Tenant
+from pools.images import parse_image_reference
+from pools.models import ComputePool, PriorityClass, Tenant, TenantSecret
 from pools.roles import tenant_roles
 
 
@@ -17,11 +18,20 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["at", "actor", "from_state", "to_state", "reason", "message", "data"]
 
 
+def _newest_lease(job):
+    # prefetched leases (list views) are read without a query per job
+    cache = getattr(job, "_prefetched_objects_cache", {})
+    if "leases" in cache:
+        return max(cache["leases"], key=lambda lease: lease.pk, default=None)
+    return job.leases.order_by("-id").first()
+
+
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     shape = serializers.SlugRelatedField(slug_field="name", read_only=True)
     priority_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    usage = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -33,8 +43,15 @@ class JobSerializer(serializers.ModelSerializer):
             "shape",
             "resources",
             "image",
+            "image_requested",
             "command",
             "env",
+            "secrets",
+            "inputs",
+            "ports",
+            "network_policy",
+            "retry_policy",
+            "output_destination",
             "priority_class",
             "checkpointable",
             "max_runtime_s",
@@ -42,10 +59,30 @@ class JobSerializer(serializers.ModelSerializer):
             "state_changed_at",
             "attempts",
             "exit_code",
+            "route",
+            "usage",
+            "not_before",
             "created_at",
             "pending_reason",
             "pending_checked_at",
         ]
+
+    # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the
+    # tenant's secrets except towards the agent that runs the job.
+
+    def get_usage(self, job) -> dict:
+        """Peak and average use of the job's newest lease (recorded from heartbeats)."""
+        lease = _newest_lease(job)
+        return {
+            "peak": getattr(lease, "usage_peak", None) or {},
+            "average": getattr(lease, "usage_average", None) or {},
+        }
+
+
+class JobOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobOutput
+        fields = ["name", "size", "sha256", "attempt", "created_at"]
 
 
 class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
@@ -68,6 +105,38 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     priority_class = serializers.SlugField(required=False)
     checkpointable = serializers.BooleanField(default=False)
     max_runtime_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
+    # The data plane's fields (docs/data-plane.md), checked and normalised by pools.validation.
+    secrets = serializers.JSONField(
+        default=dict, validators=[validation.secrets_mapping], help_text="{ENV: secret name}"
+    )
+    inputs = serializers.JSONField(default=list, help_text='URLs or [{"url", "name"}]')
+    ports = serializers.JSONField(default=list, help_text="Container ports to publish")
+    network_policy = serializers.JSONField(required=False, help_text='{"mode": "none"}')
+    retry_policy = serializers.JSONField(required=False)
+    output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
+
+    def validate_inputs(self, value):
+        return validation.job_inputs(value)
+
+    def validate_ports(self, value):
+        return validation.job_ports(value)
+
+    def validate_network_policy(self, value):
+        return validation.network_policy(value)
+
+    def validate_retry_policy(self, value):
+        return validation.retry_policy(value)
+
+    def validate_output_destination(self, value):
+        return validation.output_destination(value)
+
+    def validate_image(self, image):
+        # Syntax is a field error (400); what the registry and the pool say is a 422 in validate().
+        try:
+            parse_image_reference(image)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return image
 
     def validate_tenant(self, slug):
         user = self.context["request"].user
@@ -98,10 +167,35 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
                 message = "No priority class of this name is open to you in this tenant."
                 raise serializers.ValidationError({"priority_class": message})
         pool = attrs["pool"]
-        shape, _ = shape_or_resources(attrs)
+        shape, request = shape_or_resources(attrs)
         if shape is not None:
             attrs["shape"] = shape
-        refusal = image_refusal(pool, attrs["image"])
-        if refusal:
-            raise serializers.ValidationError({"image": refusal}, code="image_invalid")
+        self._check_secrets(attrs)
+        # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
+        # image_signature_invalid (ImageRefused), nothing stored or reserved.
+        admitted = admit_image(
+            pool,
+            attrs["image"],
+            architecture=request.get("architecture") or "",
+            os=request.get("os") or "",
+        )
+        attrs["image"], attrs["image_requested"] = admitted.pinned, admitted.requested
         return attrs
+
+    def _check_secrets(self, attrs):
+        """Every secret named exists in the job's tenant; an ENV name is a secret or plain."""
+        wanted = attrs.get("secrets") or {}
+        both = sorted(set(wanted) & set(attrs.get("env") or {}))
+        if both:
+            message = f"{', '.join(both)[:200]}: set in env and in secrets; choose one."
+            raise serializers.ValidationError({"secrets": message})
+        names = set(wanted.values())
+        known = set(
+            TenantSecret.objects.filter(tenant=attrs["tenant"], name__in=names).values_list(
+                "name", flat=True
+            )
+        )
+        missing = sorted(names - known)
+        if missing:
+            message = f"Tenant {attrs['tenant'].slug} has no secret named {missing[0]!r}."
+            raise serializers.ValidationError({"secrets": message})

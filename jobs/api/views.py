@@ -1,10 +1,16 @@
-from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from django.http import FileResponse, Http404, HttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs import selectors, services
-from jobs.api.serializers import JobEventSerializer, JobSerializer, JobSubmitSerializer
+from jobs import artifacts, selectors, services
+from jobs.api.serializers import (
+    JobEventSerializer,
+    JobOutputSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+)
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 
@@ -19,7 +25,8 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     }
 
     def get_queryset(self):
-        return selectors.jobs_visible_to(Actor.from_request(self.request))
+        jobs = selectors.jobs_visible_to(Actor.from_request(self.request))
+        return jobs.prefetch_related("leases") if self.action == "list" else jobs
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict})
     def create(self, request, *args, **kwargs):
@@ -41,3 +48,43 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def events(self, request, pk=None):
         events = self.get_object().events.all()
         return Response(JobEventSerializer(events, many=True).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", int, description="Last N lines (1..10000)")],
+        responses={(200, "text/plain"): str},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The job's log as text: its last `tail` lines (default 1000), every attempt."""
+        tail = serializers.IntegerField(min_value=1, max_value=artifacts.LOG_TAIL_MAX_LINES)
+        raw = request.query_params.get("tail", "1000")
+        try:
+            lines = tail.run_validation(raw)
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError({"tail": exc.detail}) from None
+        text = artifacts.job_log_tail(self.get_object(), lines)
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+
+    @extend_schema(responses=JobOutputSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def outputs(self, request, pk=None):
+        """The files the newest attempt wrote to /outputs: name, size, sha256."""
+        outputs = artifacts.job_outputs(self.get_object())
+        return Response(JobOutputSerializer(outputs, many=True).data)
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @action(detail=True, methods=["get"], url_path=r"outputs/(?P<name>[^/]+)")
+    def output_file(self, request, pk=None, name=None):
+        """One output file of the newest attempt, as an attachment."""
+        output = artifacts.job_outputs(self.get_object()).filter(name=name).first()
+        if output is None:
+            raise Http404("This job has no output of this name.")
+        response = FileResponse(
+            output.file.open("rb"),
+            as_attachment=True,
+            filename=output.name,
+            content_type="application/octet-stream",
+        )
+        response["X-Content-Type-Options"] = "nosniff"
+        response["X-Checksum-Sha256"] = output.sha256
+        return response

@@ -9,6 +9,7 @@ LeaseEvent with a reason code. Callers use `from leases import services`; the mo
 - `backfill`: short work inside a reservation's hold before its window opens
 - `lifecycle`: commit, renew, release, uncertain, reconcile, usage, `lease_transition`
 - `sweeps`: expiry, uncertain deadline, unclaimed reservations
+- `usage`: what a heartbeat means for the leases of running jobs (renewal, usage), routes
 """
 
 from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity
@@ -26,6 +27,7 @@ from .lifecycle import (
 from .quota import tenants_at_quota
 from .reserve import RESERVATION_DEFAULTS, SCHEDULER_KEY_PREFIX, check_ever_fits, lease_reserve
 from .sweeps import expire_leases, expire_uncertain, release_unclaimed_reservations
+from .usage import lease_set_route, leases_record_usage, leases_renew_by_heartbeat
 
 __all__ = [
     "RESERVATION_DEFAULTS",
@@ -44,7 +46,10 @@ __all__ = [
     "lease_renew",
     "lease_report_usage",
     "lease_reserve",
+    "lease_set_route",
     "lease_transition",
+    "leases_record_usage",
+    "leases_renew_by_heartbeat",
     "release_unclaimed_reservations",
     "tenants_at_quota",
 ]

@@ -74,6 +74,8 @@ def _placement_record(placement: core.Placement) -> dict:
             for k, g in placement.grants.items()
         },
         "policy": placement.policy_name,
+        # the NUMA node CPU and memory come from when the request pinned one: the agent's cpuset
+        "numa_node": placement.numa_node,
     }
 
 

@@ -88,6 +88,9 @@ def lease_reserve(
     if window is not None:
         expires_at = _check_window(pool, window, now)
     req = snap.core_request(request, tenant.pk)
+    if job is not None and "@" in (job.image or ""):
+        # a job's pinned digest: nodes whose agent has it cached are preferred (warm_image)
+        req = replace(req, image=job.image.rsplit("@", 1)[1])
     policy = snap.pool_policy(pool)
     conflicts = first_attempt = 0
     if window is None and not idempotency_key and group_commit.enabled():

@@ -254,10 +254,24 @@ class GpuHealthSerializer(GpuReadingSerializer):
     uuid = serializers.CharField(max_length=80)
 
 
+class WorkloadUsageSerializer(serializers.Serializer):
+    """What the agent measured of one job (the ledger bounds it further by its lease)."""
+
+    cpu_millicores = bounded_int(0, INT_COLUMN_MAX, required=False)
+    memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
+    gpu_utilization_percent = NumberField(min_value=0, max_value=100, required=False)
+    gpu_memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB * GPUS_MAX, required=False)
+
+
 class WorkloadSerializer(serializers.Serializer):
     lease = bounded_int(1, COUNTER_MAX, required=False)
     job = bounded_int(1, COUNTER_MAX, required=False)
     state = serializers.CharField(max_length=20, required=False, allow_blank=True)
+    usage = WorkloadUsageSerializer(required=False)
+
+
+IMAGES_MAX = 512  # image digests in one node's local cache
+IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
 class HeartbeatSerializer(serializers.Serializer):
@@ -265,6 +279,13 @@ class HeartbeatSerializer(serializers.Serializer):
     usage = BoundedDictField(child=NumberField(min_value=0, max_value=COUNTER_MAX), default=dict)
     gpus = GpuHealthSerializer(many=True, default=list, max_length=GPUS_MAX)
     workloads = WorkloadSerializer(many=True, default=list, max_length=WORKLOADS_MAX)
+    # absent: the cache is unknown (kept as it was); [] : the cache is empty
+    images = serializers.ListField(
+        child=serializers.RegexField(IMAGE_DIGEST, max_length=71),
+        max_length=IMAGES_MAX,
+        required=False,
+    )
+    runtime = serializers.ChoiceField(choices=["docker", "process"], required=False)
 
 
 class ProbeSerializer(serializers.ModelSerializer):

@@ -32,8 +32,10 @@ def node_heartbeat(
     gpus: list[dict] | None = None,
     workloads: list[dict] | None = None,
     agent_version: str = "",
+    images: list[str] | None = None,
+    runtime: str = "",
 ) -> Node:
-    """Liveness, usage and device health from the node's agent.
+    """Liveness, usage, device health, the image cache and the runtime from the node's agent.
 
     A private-fleet node that is still `registered` is verified and made ready by its first
     authenticated heartbeat; a node that was unreachable becomes reachable and the workloads it
@@ -42,10 +44,14 @@ def node_heartbeat(
     now = now or timezone.now()
     workloads = workloads or []
     # every lease and job reported must be placed on this node: checked before any write
-    signals.workloads_reported.send(sender=Node, node=node, workloads=workloads)
+    signals.workloads_reported.send(sender=Node, node=node, workloads=workloads, now=now)
     fields = {"last_heartbeat_at": now, "usage": usage or {}}
     if agent_version:
         fields["agent_version"] = agent_version
+    if images is not None:  # the agent's image cache: the scheduler's warm images
+        fields["cached_images"] = sorted(set(images))
+    if runtime:
+        fields["agent_runtime"] = runtime
     Node.objects.filter(pk=node.pk).update(**fields)
     node.refresh_from_db()
     returned = Node.objects.filter(pk=node.pk, reachability=Reachability.UNREACHABLE).update(

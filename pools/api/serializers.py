@@ -12,6 +12,7 @@ from pools.models import (
     ResourceShape,
     SchedulingPolicyVersion,
     Tenant,
+    TenantSecret,
 )
 from pools.selectors import resolve_shape
 
@@ -20,6 +21,28 @@ class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
         fields = ["id", "name", "slug", "created_at"]
+
+
+class TenantSecretSerializer(serializers.ModelSerializer):
+    """Names only on the way out: `value` is write-only and never in any response."""
+
+    name = serializers.CharField(max_length=validation.SECRET_NAME_MAX_CHARS)
+    value = serializers.CharField(
+        write_only=True,
+        trim_whitespace=False,
+        max_length=validation.SECRET_VALUE_MAX_BYTES,
+        validators=[validation.secret_value],
+        style={"input_type": "password"},
+    )
+
+    class Meta:
+        model = TenantSecret
+        fields = ["name", "value", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate_name(self, name):
+        validation.secret_name(name)
+        return name
 
 
 class MembershipSerializer(serializers.Serializer):

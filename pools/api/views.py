@@ -16,10 +16,11 @@ from pools.api.serializers import (
     PolicyVersionSerializer,
     PoolSerializer,
     ShapeSerializer,
+    TenantSecretSerializer,
     TenantSerializer,
 )
 from pools.choices import PlatformRole
-from pools.models import ApiToken
+from pools.models import ApiToken, TenantSecret
 
 MEMBER_ADD_ANSWER = (
     "Added with this role if the username names an active person who may join a tenant "
@@ -75,6 +76,37 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
             return Response({"detail": MEMBER_ADD_ANSWER}, status=status.HTTP_202_ACCEPTED)
         memberships = tenant.memberships.select_related("user").order_by("user__username")
         return Response(MembershipSerializer(memberships, many=True).data)
+
+    @extend_schema(request=TenantSecretSerializer, responses=TenantSecretSerializer(many=True))
+    @action(detail=True, methods=["get", "post"])
+    def secrets(self, request, slug=None):
+        """The tenant's secrets, by name: members list them, admins create or replace one
+        (POST {name, value}). Values are never returned, to anyone."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        if request.method == "POST":
+            if not actor.is_tenant_admin(tenant.pk):
+                raise PermissionDenied("Only this tenant's admins manage its secrets.")
+            serializer = TenantSecretSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            secret = services.tenant_secret_set(tenant=tenant, **serializer.validated_data)
+            return Response(TenantSecretSerializer(secret).data, status=status.HTTP_201_CREATED)
+        secrets = TenantSecret.objects.visible_to(actor).filter(tenant=tenant)
+        return Response(TenantSecretSerializer(secrets, many=True).data)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["delete"], url_path=r"secrets/(?P<name>[-a-zA-Z0-9_]+)")
+    def secret(self, request, slug=None, name=None):
+        """A tenant admin deletes one secret by name."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        if not actor.is_tenant_admin(tenant.pk):
+            raise PermissionDenied("Only this tenant's admins manage its secrets.")
+        secret = get_object_or_404(
+            TenantSecret.objects.visible_to(actor).filter(tenant=tenant), name=name
+        )
+        services.tenant_secret_delete(secret=secret)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class PoolViewSet(viewsets.ReadOnlyModelViewSet):

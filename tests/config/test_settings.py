@@ -27,7 +27,8 @@ from pools.models import ComputePool, ResourceShape, Tenant
 from scheduling.passes import scheduling_pass
 from leases.selectors import ledger_problems
 pool, tenant = ComputePool.objects.get(slug="lab"), Tenant.objects.get(slug="vision")
-image = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
+from config.builders import pinned_test_image
+image = pinned_test_image()
 for shape in ("cpu-small", "gpu-a100-1", "gpu-mig-1g", "gpu-share-quarter"):
     job_submit(tenant=tenant, pool=pool, name=shape, image=image, actor=Actor.system("t"),
                shape=ResourceShape.objects.get(pool=pool, name=shape))

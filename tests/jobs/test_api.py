@@ -1,9 +1,9 @@
 import pytest
 
+from config.builders import TEST_IMAGE_TAG, pinned_test_image
 from jobs.models import Job
-from pools.models import AllowedRegistry
 
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
+IMAGE = TEST_IMAGE_TAG  # the real test image (tests/jobs/test_images.py: how it is resolved)
 
 
 def submit(client, **overrides):
@@ -70,8 +70,7 @@ def test_inline_resources_accepted(api, member, pool):
         ({"shape": "no-such-shape"}, "shape"),
         ({"tenant": "nlp"}, "tenant"),
         ({"pool": "nope"}, "pool"),
-        ({"image": "docker.io/library/busybox"}, "image"),
-        ({"image": "127.0.0.1:5000/computepool/busybox:latest"}, "image"),
+        ({"image": "127.0.0.1:5000/computepool/Busybox:test"}, "image"),
         ({"priority_class": "nope"}, "priority_class"),
         ({"max_runtime_s": 0}, "max_runtime_s"),
     ],
@@ -83,9 +82,9 @@ def test_bad_submissions_get_field_errors(api, member, cpu_shape, body, field):
     assert Job.objects.count() == 0
 
 
-def test_unpinned_images_allowed_when_registry_does_not_require_digest(api, member, cpu_shape):
-    AllowedRegistry.objects.filter(pool=cpu_shape.pool).update(require_digest=False)
-    assert submit(api(member), image="127.0.0.1:5000/computepool/x:1").status_code == 201
+def test_a_tag_is_submitted_and_the_digest_stored(api, member, cpu_shape):
+    job = submit(api(member)).json()
+    assert (job["image"], job["image_requested"]) == (pinned_test_image(), IMAGE)
 
 
 def test_other_tenants_cannot_see_or_cancel(api, member, outsider, operator, cpu_shape):

@@ -12,7 +12,14 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from config.builders import SYSTEM, build_node, build_pool, cpu_request, gpu_request
+from config.builders import (
+    SYSTEM,
+    TEST_IMAGE_TAG,
+    build_node,
+    build_pool,
+    cpu_request,
+    gpu_request,
+)
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_transition
@@ -28,7 +35,7 @@ from tests.clients import client_for
 
 LEASES = "/api/v1/compute-leases"
 JOBS = "/api/v1/jobs/"
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "d" * 64
+IMAGE = TEST_IMAGE_TAG  # the real test image, pinned to its digest at submit
 
 
 # tenant, other_tenant, member (of tenant) and outsider (of other_tenant): tests/conftest.py

@@ -11,14 +11,14 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, resolve, reverse
 from rest_framework.test import APIClient
 
-from config.builders import build_node
+from config.builders import TEST_IMAGE_TAG, build_node
 from jobs.models import Job
 from pools.api.errors import exception_handler
 from pools.choices import TokenScope
 from pools.services import api_token_issue
 from tests.clients import client_for
 
-IMAGE = "127.0.0.1:5000/computepool/busybox@sha256:" + "a" * 64
+IMAGE = TEST_IMAGE_TAG  # the real test image, pinned to its digest at submit
 
 
 def job_body(**overrides):
@@ -209,7 +209,7 @@ def _api_routes(patterns, prefix=""):
             yield entry.name, regex
 
 
-SAMPLE = {"pk": "1", "slug": "test", "probe_id": "1", "job_id": "1"}
+SAMPLE = {"pk": "1", "slug": "test", "probe_id": "1", "job_id": "1", "name": "out"}
 
 
 def test_every_api_route_answers_with_and_without_the_slash_and_never_redirects(operator, pool):

@@ -120,7 +120,11 @@ def test_the_distribution_ships_the_schema():
 
 def test_the_agent_imports_nothing_of_the_control_plane():
     """In a fresh interpreter without Django settings: every agent module, and no Django."""
-    modules = [f"worker_agent.{p.stem}" for p in AGENT.glob("*.py") if p.stem != "__init__"]
+    modules = [
+        "worker_agent." + ".".join(p.relative_to(AGENT).with_suffix("").parts)
+        for p in AGENT.rglob("*.py")
+        if p.stem != "__init__"
+    ]
     code = (
         f"import sys, json\nfor m in {modules!r}: __import__(m)\n"
         "print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))"

@@ -1,12 +1,18 @@
-"""`make run`: the whole product in one terminal — ASGI server, Celery worker with beat.
+"""`make run`: the whole product in one terminal — ASGI server, Celery worker with beat, and one
+local worker agent, so submitted jobs really run.
 
 With no Redis answering at REDIS_URL it serves an embedded Redis-protocol server (fakeredis)
 on a free loopback port, so the broker and the channel layer work with nothing installed.
-Ctrl-C stops everything it started.
+The agent (`python -m worker_agent`, state in var/agent/<pool>/) uses the Docker engine when one
+answers and joins the demo pool `lab`; otherwise the local process runtime, which does not
+isolate, in the demo's development pool `dev` (the only one whose policy allows it). On its
+first start it enrolls with a fresh enrollment token; afterwards its stored credential is enough.
+Ctrl-C stops everything it started (the agent leaves running containers to its next start).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -14,10 +20,20 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand
+
+from config.builders import TEST_IMAGE_TAG, build_token
+from config.demo import DEV_POOL, POOL, agent_enrollment_token
+from nodes.models import Node
+
+REGISTRY = "127.0.0.1:5000"
+DEMO_USER = "alice"  # a member of tenant vision: her API token is written for curl
 
 
 def _free_port() -> int:
@@ -43,14 +59,114 @@ def start_embedded_redis() -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
+def docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # no SDK, no socket, no permission: all mean "no engine here"
+        return False
+
+
+def registry_answers(image_tag: str = TEST_IMAGE_TAG) -> tuple[bool, bool]:
+    """(the loopback registry answers, the busybox test image is in it)."""
+    repository, _, tag = image_tag.removeprefix(REGISTRY + "/").rpartition(":")
+    try:
+        with urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=2):
+            pass
+    except urllib.error.HTTPError:
+        pass  # 401 still means a registry answers
+    except OSError:
+        return False, False
+    request = urllib.request.Request(
+        f"http://{REGISTRY}/v2/{repository}/manifests/{tag}",
+        method="HEAD",
+        headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+            "application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.oci.image.index.v1+json"
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2):
+            return True, True
+    except OSError:
+        return True, False
+
+
+def wait_for_http(url: str, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answers, healthy or not
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def agent_command(*, api: str, pool: str, runtime: str, state_dir: Path) -> tuple[list, str]:
+    """The agent's command line, and what to print about it. A state dir holding a credential
+    resumes that node; otherwise a fresh single-use enrollment token joins `pool`."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "worker_agent", "--api", api, "--state-dir", str(state_dir)]
+    command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1", "--poll-s", "1"]
+    if (state_dir / "credential").exists():
+        return command, "resumes its enrolled node"
+    # The agent's default node name (the hostname) may already exist from an earlier state
+    # dir that was removed: a new name then, since node names are unique in a pool.
+    base = f"local-{socket.gethostname()}"[:80]
+    name, n = base, 1
+    while Node.objects.filter(pool__slug=pool, name=name).exists():
+        n += 1
+        name = f"{base}-{n}"
+    token = agent_enrollment_token(pool)
+    return [*command, "--enroll-token", token, "--node-name", name], f"enrolls as {name}"
+
+
+def agent_node_status(state_dir: Path) -> str:
+    """The agent's node as the control plane sees it ("" before it enrolled)."""
+    try:
+        node_id = json.loads((state_dir / "agent.json").read_text()).get("node_id")
+    except (OSError, ValueError):
+        return ""
+    node = Node.objects.filter(pk=node_id).select_related("pool").first() if node_id else None
+    if node is None:
+        return ""
+    runtime = node.agent_runtime or "no heartbeat yet"
+    return f"node {node.name} in pool {node.pool.slug}: {node.state}, {node.reachability}, {runtime}"
+
+
+def write_demo_token(path: Path) -> str:
+    """A fresh API token of the demo's tenant member, in a 0600 file, for curl."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.get(username=DEMO_USER)
+    secret = build_token(user, name="make run")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
 class Command(BaseCommand):
     help = "Run the ASGI server and a Celery worker with beat; Ctrl-C stops all."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument(
+            "--no-agent", action="store_true", help="do not start the local worker agent"
+        )
 
-    def handle(self, *args, host, port, **options):
+    def handle(self, *args, host, port, no_agent=False, **options):
         redis_url = settings.REDIS_URL
         redis_mode = f"external Redis at {redis_url}"
         if not _redis_answers(redis_url):
@@ -85,8 +201,22 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"  broker, channels {redis_mode}")
         self.stdout.write("  celery           worker with beat (scheduling sweeps)")
+        agent = None if no_agent else self.plan_agent(host, port)
+        token_file = settings.BASE_DIR / "var" / "demo-token"
+        write_demo_token(token_file)
+        self.stdout.write(
+            f"  API token        of {DEMO_USER} (tenant vision) in var/demo-token: "
+            "TOKEN=$(cat var/demo-token)"
+        )
         self.stdout.write("Ctrl-C stops all of it.")
         processes = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+        if agent is not None:
+            # The agent enrolls over HTTP: start it once the server answers.
+            if wait_for_http(f"http://{host}:{port}/healthz"):
+                processes["agent"] = subprocess.Popen(agent, env=env)
+                self.stdout.write(f"agent started (pid {processes['agent'].pid})")
+            else:
+                self.stderr.write("the server did not answer within 30 s: agent not started")
         stopping = False
 
         def stop(*_):
@@ -113,3 +243,32 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     process.kill()
             self.stdout.write("Stopped.")
+
+    def plan_agent(self, host: str, port: int) -> list | None:
+        """Print what the local agent will be and return its command line."""
+        registry, test_image = registry_answers()
+        if docker_answers():
+            pool, runtime = POOL["slug"], "docker"
+            where = "Docker engine (containers isolate each job)"
+        else:
+            pool, runtime = DEV_POOL["slug"], "process"
+            where = (
+                "local process runtime — NOT isolating, no Docker engine answers; jobs write to "
+                '"$OUTPUTS_DIR" (there is no /outputs)'
+            )
+        state_dir = settings.BASE_DIR / "var" / "agent" / pool
+        api = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        command, identity = agent_command(api=api, pool=pool, runtime=runtime, state_dir=state_dir)
+        self.stdout.write(f"  worker agent     pool {pool}, {where}")
+        self.stdout.write(
+            f"                   {identity}; state in {state_dir.relative_to(settings.BASE_DIR)}"
+        )
+        if not registry:
+            self.stdout.write(
+                f"  image registry   none answers at {REGISTRY}: every submit is refused "
+                "image_invalid (run `make services`, or see README 'Run your first job')"
+            )
+        else:
+            found = "with" if test_image else "WITHOUT"
+            self.stdout.write(f"  image registry   {REGISTRY} ({found} {TEST_IMAGE_TAG})")
+        return command

@@ -1,0 +1,165 @@
+"""The agent's job endpoints (docs/data-plane.md), node credential only: its assignments, the
+steps it reports, the logs and outputs it uploads. Beside nodes' agent endpoints and the drain
+callback on the same /api/v1/agent/ prefix; each acts only on jobs placed on the asking node."""
+
+from django.core.exceptions import ValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from jobs import artifacts, lifecycle
+from jobs.models import Job
+from nodes.api.views import NodeErrorsMixin
+from nodes.errors import NodeScopeRefused
+from pools import validation
+from pools.actors import Actor
+from pools.api.permissions import IsNode
+from pools.reasons import Reason
+
+FENCING_TOKEN = r"^[0-9]{1,19}$"
+PORTS_MAX = 16
+OUTPUT_FILES_MAX = 64  # files in one upload
+
+
+class RouteSerializer(serializers.Serializer):
+    host = serializers.CharField(max_length=253)
+    ports = serializers.DictField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), default=dict
+    )
+
+    def validate_ports(self, value):
+        if len(value) > PORTS_MAX:
+            raise serializers.ValidationError(f"At most {PORTS_MAX} ports.")
+        for port in value:
+            if not str(port).isdigit() or not 1 <= int(port) <= 65535:
+                raise serializers.ValidationError(f"{str(port)[:8]!r} is not a port number.")
+        return {str(int(port)): host_port for port, host_port in value.items()}
+
+
+class ReportSerializer(serializers.Serializer):
+    fencing_token = serializers.RegexField(FENCING_TOKEN)
+    step = serializers.ChoiceField(choices=lifecycle.STEPS)
+    reason = serializers.ChoiceField(
+        choices=sorted(lifecycle.FAILURES | {Reason.IMAGE_PULLING, Reason.IMAGE_PULLED}),
+        required=False,
+        allow_blank=True,
+        default="",
+    )
+    exit_code = serializers.IntegerField(
+        min_value=-(2**31), max_value=2**31 - 1, required=False, allow_null=True, default=None
+    )
+    message = serializers.CharField(
+        max_length=1000, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
+    route = RouteSerializer(required=False, allow_null=True, default=None)
+    pull_seconds = serializers.FloatField(
+        min_value=0, max_value=86400, required=False, allow_null=True, default=None
+    )
+
+    def validate(self, data):
+        if data["step"] == "failed":
+            if data["reason"] not in lifecycle.FAILURES:
+                raise serializers.ValidationError(
+                    {"reason": f"A failure is one of {', '.join(sorted(lifecycle.FAILURES))}."}
+                )
+            if data["reason"] == Reason.EXITED_NONZERO and not data["exit_code"]:
+                raise serializers.ValidationError({"exit_code": "The non-zero exit code."})
+        elif data["step"] != "pulling" and data["reason"]:
+            raise serializers.ValidationError({"reason": "Only a failure or a pull has one."})
+        if data["step"] == "succeeded" and data["exit_code"] not in (None, 0):
+            raise serializers.ValidationError({"exit_code": "A success exits with 0."})
+        return data
+
+
+class LogSerializer(serializers.Serializer):
+    fencing_token = serializers.RegexField(FENCING_TOKEN)
+    text = serializers.CharField(
+        max_length=artifacts.LOG_CHUNK_MAX_BYTES, allow_blank=True, trim_whitespace=False
+    )
+
+
+class OutputsSerializer(serializers.Serializer):
+    fencing_token = serializers.RegexField(FENCING_TOKEN)
+    files = serializers.ListField(
+        child=serializers.FileField(max_length=255, allow_empty_file=True),
+        min_length=1,
+        max_length=OUTPUT_FILES_MAX,
+    )
+
+
+class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
+    """Acts on jobs placed on the asking node and nothing else."""
+
+    permission_classes = [IsNode]
+    serializer_class = ReportSerializer
+
+    def actor(self) -> Actor:
+        return Actor.from_request(self.request)
+
+    def placed_job(self, job_id) -> Job:
+        """A job that holds or held a lease on this node (its visibility for a node)."""
+        job = Job.objects.visible_to(self.actor()).filter(pk=job_id).distinct().first()
+        if job is None:
+            raise NodeScopeRefused(f"job {job_id} holds no lease on this node")
+        return job
+
+    @extend_schema(request=None, responses={200: dict})
+    @action(detail=False, methods=["get"])
+    def assignments(self, request):
+        return Response(lifecycle.node_assignments(node=self.actor().node))
+
+    @extend_schema(request=ReportSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/report")
+    def report(self, request, job_id=None):
+        job = self.placed_job(job_id)
+        serializer = ReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        actor = self.actor()
+        job = lifecycle.job_report(
+            job=job, node=actor.node, actor=actor, **serializer.validated_data
+        )
+        return Response({"job": job.pk, "state": job.state, "attempts": job.attempts})
+
+    @extend_schema(request=LogSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/logs")
+    def logs(self, request, job_id=None):
+        job = self.placed_job(job_id)
+        serializer = LogSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        lifecycle.upload_lease(job, self.actor().node, data["fencing_token"])
+        chunk = artifacts.job_log_append(job=job, attempt=job.attempts, text=data["text"])
+        return Response({"job": job.pk, "seq": chunk.seq if chunk else None})
+
+    @extend_schema(request=OutputsSerializer, responses={201: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/outputs")
+    def outputs(self, request, job_id=None):
+        job = self.placed_job(job_id)
+        data = {
+            "fencing_token": request.data.get("fencing_token"),
+            "files": request.FILES.getlist("files"),
+        }
+        serializer = OutputsSerializer(data=data)
+        serializer.is_valid(raise_exception=True)
+        lifecycle.upload_lease(job, self.actor().node, serializer.validated_data["fencing_token"])
+        names = {}
+        for upload in serializer.validated_data["files"]:  # all checked before any is stored
+            try:
+                validation.file_name(upload.name)
+            except ValidationError as error:
+                names[upload.name[:255]] = error.messages
+        if names:
+            raise serializers.ValidationError({"files": names})
+        stored = []
+        for upload in serializer.validated_data["files"]:
+            try:
+                output = artifacts.job_output_store(
+                    job=job, attempt=job.attempts, name=upload.name, fileobj=upload
+                )
+            except ValidationError as error:
+                raise serializers.ValidationError(
+                    {"files": {upload.name[:255]: error.messages}}
+                ) from error
+            stored.append({"name": output.name, "size": output.size, "sha256": output.sha256})
+        return Response({"job": job.pk, "outputs": stored}, status=201)

@@ -1,0 +1,156 @@
+"""A job's logs and outputs: what the agent uploads, kept for the tenant to tail and download.
+
+Logs are chunks in the database (the newest LOG_KEEP_BYTES per job are kept). Outputs are files
+in Django's default storage (MEDIA_ROOT unless configured otherwise) under
+outputs/<job>/<attempt>/<name>, each with its size and sha256. Neither is a state change: no
+event is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.files import File
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.db.models import F, Max, Sum, Window
+from django.db.models.functions import Length
+
+from pools import validation
+from pools.models import TenantSecret
+
+from .models import Job, JobLogChunk, JobOutput, output_upload_to
+
+LOG_CHUNK_MAX_BYTES = 256 * 1024
+# Counted in characters (what the database measures); the same as bytes for ASCII logs.
+LOG_KEEP_BYTES = 10 * 1024 * 1024
+LOG_TAIL_MAX_LINES = 10_000
+# Shorter secret values are not redacted: "1" would blank out every digit of the log.
+REDACT_MIN_CHARS = 4
+
+
+def job_log_append(*, job: Job, attempt: int, text: str) -> JobLogChunk | None:
+    """Appends a chunk of the job's log (at most LOG_CHUNK_MAX_BYTES) and trims the log to its
+    newest LOG_KEEP_BYTES. The values of the job's secrets are masked, so a job that prints
+    its token does not leak it to everyone who may read the job (a value split across two
+    chunks is not caught)."""
+    if not isinstance(text, str):
+        raise ValidationError({"text": "The log text is a string."})
+    if len(text.encode()) > LOG_CHUNK_MAX_BYTES:
+        raise ValidationError({"text": f"At most {LOG_CHUNK_MAX_BYTES} bytes per chunk."})
+    if not text:
+        return None
+    text = _redact(job, text.replace("\x00", "\ufffd"))  # PostgreSQL text holds no NUL
+    with transaction.atomic():
+        # the job's row lock orders concurrent appends: seq is gapless and increasing
+        Job.objects.select_for_update().filter(pk=job.pk).values("pk").first()
+        seq = (job.log_chunks.aggregate(last=Max("seq"))["last"] or 0) + 1
+        chunk = JobLogChunk.objects.create(job=job, attempt=attempt, seq=seq, text=text)
+        _trim_log(job)
+    return chunk
+
+
+def _redact(job: Job, text: str) -> str:
+    names = set((job.secrets or {}).values())
+    if not names:
+        return text
+    secrets = TenantSecret.objects.filter(tenant_id=job.tenant_id, name__in=names)
+    for name, value in secrets.values_list("name", "value"):
+        if len(value) >= REDACT_MIN_CHARS and value in text:
+            text = text.replace(value, f"[secret {name}]")
+    return text
+
+
+def _trim_log(job: Job) -> None:
+    """Deletes the oldest chunks beyond the newest LOG_KEEP_BYTES (the straddling one too)."""
+    newer = Window(Sum(Length("text")), order_by=F("seq").desc())
+    old = job.log_chunks.annotate(newer=newer).filter(newer__gt=LOG_KEEP_BYTES).values("pk")
+    old_ids = list(old)
+    if old_ids:
+        JobLogChunk.objects.filter(pk__in=[row["pk"] for row in old_ids]).delete()
+
+
+def job_log_tail(job: Job, lines: int = 1000) -> str:
+    """The last `lines` lines of the job's log (every attempt, oldest first)."""
+    if not 1 <= lines <= LOG_TAIL_MAX_LINES:
+        raise ValidationError({"tail": f"Between 1 and {LOG_TAIL_MAX_LINES} lines."})
+    pieces, newlines = [], 0
+    # newest first, only as many chunks as the tail needs
+    for text in job.log_chunks.order_by("-seq").values_list("text", flat=True).iterator():
+        pieces.append(text)
+        newlines += text.count("\n")
+        if newlines > lines:
+            break
+    log = "".join(reversed(pieces))
+    kept = log.splitlines(keepends=True)[-lines:]
+    return "".join(kept)
+
+
+class _Hashing(File):
+    """Hands the storage the upload chunk by chunk, hashing and counting it on the way and
+    refusing it past the size limit. (Not a temporary upload: the storage cannot move the
+    file behind our back, so every byte is hashed.)"""
+
+    def __init__(self, fileobj, limit: int):
+        super().__init__(fileobj)
+        self.sha256 = hashlib.sha256()
+        self.count = 0
+        self.limit = limit
+
+    def chunks(self, chunk_size=None):
+        for chunk in super().chunks(chunk_size):
+            if isinstance(chunk, str):
+                chunk = chunk.encode()
+            self.count += len(chunk)
+            if self.count > self.limit:
+                raise ValidationError({"files": f"An output has at most {self.limit} bytes."})
+            self.sha256.update(chunk)
+            yield chunk
+
+
+def job_output_store(*, job: Job, attempt: int, name: str, fileobj) -> JobOutput:
+    """Stores one output file of an attempt, replacing the output of the same name and attempt.
+    `name` is a plain file name (pools.validation.file_name): it can never leave the job's
+    folder."""
+    validation.file_name(name)
+    storage = default_storage
+    limit = settings.JOB_OUTPUT_MAX_BYTES
+    content = _Hashing(fileobj, limit)
+    path = storage.get_available_name(
+        output_upload_to(JobOutput(job=job, attempt=attempt, name=name), name), max_length=400
+    )
+    try:
+        path = storage.save(path, content, max_length=400)
+    except BaseException:
+        if storage.exists(path):  # a partial file of a refused or failed upload
+            storage.delete(path)
+        raise
+    replaced = None
+    try:
+        with transaction.atomic():
+            Job.objects.select_for_update().filter(pk=job.pk).values("pk").first()
+            replaced = JobOutput.objects.filter(job=job, attempt=attempt, name=name).first()
+            if replaced is not None:
+                replaced.delete()
+                stale = replaced.file.name
+                transaction.on_commit(lambda: storage.delete(stale))
+            output = JobOutput.objects.create(
+                job=job,
+                attempt=attempt,
+                name=name,
+                size=content.count,
+                sha256=content.sha256.hexdigest(),
+                file=path,
+            )
+    except BaseException:
+        storage.delete(path)
+        raise
+    return output
+
+
+def job_outputs(job: Job):
+    """The outputs of the newest attempt that uploaded any (an empty queryset when none)."""
+    newest = job.outputs.aggregate(newest=Max("attempt"))["newest"]
+    return job.outputs.filter(attempt=newest).order_by("name")

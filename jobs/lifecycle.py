@@ -1,0 +1,364 @@
+"""A placed job's life on its node, driven by the worker agent (docs/data-plane.md): what the
+node should run (its assignments), the steps it reports (pulling, starting, running, the end),
+and what the retry policy does with a failed or lost attempt.
+
+Every report is fenced: it names the fencing token of the lease it runs under, and only the
+job's current holding lease on the reporting node is accepted (409 `fencing_token_mismatch`), so
+a callback of an old attempt never touches a new one. The job's row lock orders reports.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from leases.choices import HOLDING
+from leases.models import Lease
+from leases.services import lease_commit, lease_set_route
+from nodes.models import GpuDevice
+from pools.actors import Actor
+from pools.models import TenantSecret
+from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
+
+from .choices import JobState
+from .events import publish_job_event
+from .models import Job, JobEvent
+from .services import job_finish, job_release_leases, job_transition
+
+S = JobState
+# The states in which a job has work on its node: the agent runs (or stops) what is listed.
+ON_NODE = (S.LEASED, S.STARTING, S.RUNNING, S.CHECKPOINTING)
+# How an attempt may fail, as the agent reports it.
+FAILURES = frozenset(
+    {
+        Reason.EXITED_NONZERO,
+        Reason.OOM_KILLED,
+        Reason.MAX_RUNTIME_EXCEEDED,
+        Reason.STARTUP_TIMED_OUT,
+        Reason.IMAGE_PULL_FAILED,
+        Reason.IMAGE_INVALID,
+        Reason.RUNTIME_ERROR,
+    }
+)
+STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed")
+# The pool policy knobs the agent's assignment reads (pools/validation.py checks them).
+AGENT_KNOBS = {"allow_process_runtime": False, "startup_timeout_s": 300, "stop_grace_s": 10}
+DEFAULT_PIDS = 1024
+
+
+# --- assignments: what the node should be running now -------------------------------------
+
+
+def pool_agent_knobs(pool) -> dict:
+    version = pool.scheduling_policy.current if hasattr(pool, "scheduling_policy") else None
+    knobs = (version.knobs or {}) if version is not None else {}
+    return {name: knobs.get(name, default) for name, default in AGENT_KNOBS.items()}
+
+
+def node_assignments(*, node) -> list[dict]:
+    """One entry per job whose current holding lease is on this node and that has work here."""
+    leases = list(
+        Lease.objects.filter(node=node, state__in=HOLDING, job__state__in=ON_NODE)
+        .select_related("job", "job__tenant")
+        .order_by("id")
+    )
+    if not leases:
+        return []
+    knobs = pool_agent_knobs(node.pool)
+    runtime = (
+        "process"
+        if knobs["allow_process_runtime"] and node.agent_runtime == "process"
+        else "docker"
+    )
+    gpu_ids = {a["gpu"] for lease in leases for a in lease.gpu_allocations if a.get("gpu")}
+    devices = {g.pk: g for g in GpuDevice.objects.filter(pk__in=gpu_ids, node=node)}
+    wanted = {
+        (lease.job.tenant_id, name) for lease in leases for name in lease.job.secrets.values()
+    }
+    values = {
+        (s.tenant_id, s.name): s.value
+        for s in TenantSecret.objects.filter(
+            tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
+        )
+    }
+    return [
+        _assignment(lease, lease.job, node, knobs, runtime, devices, values) for lease in leases
+    ]
+
+
+def _assignment(lease, job, node, knobs, runtime, devices, secret_values) -> dict:
+    return {
+        "job": job.pk,
+        "attempt": job.attempts,
+        "lease": lease.pk,
+        "fencing_token": str(lease.fencing_token),
+        "name": job.name,
+        "tenant": job.tenant.slug,
+        "state": job.state,
+        "image": job.image,
+        "command": job.command,
+        "env": job.env,
+        # resolved now, never stored: a secret changed since submit runs with its new value
+        "secrets": {
+            env: secret_values[(job.tenant_id, name)]
+            for env, name in job.secrets.items()
+            if (job.tenant_id, name) in secret_values
+        },
+        "inputs": job.inputs,
+        "ports": job.ports,
+        "network_policy": job.network_policy,
+        "max_runtime_s": job.max_runtime_s,
+        "startup_timeout_s": knobs["startup_timeout_s"],
+        "stop_grace_s": knobs["stop_grace_s"],
+        "runtime": runtime,
+        "limits": {
+            "cpu_millicores": lease.cpu_millicores,
+            "memory_mib": lease.memory_mib,
+            "scratch_mib": lease.scratch_mib,
+            "pids": DEFAULT_PIDS,
+            "cpuset": _cpuset(node, (lease.placement or {}).get("numa_node")),
+            "gpus": _gpu_ids(lease, devices),
+        },
+        "checkpoint_requested": job.state == S.CHECKPOINTING,
+    }
+
+
+def _cpuset(node, numa_node) -> str | None:
+    """The CPUs of the NUMA node the lease is pinned to, as Docker's cpuset ("0,1,2")."""
+    if numa_node is None:
+        return None
+    for entry in node.numa_layout or ():
+        cpus = entry.get("cpus") if isinstance(entry, dict) else None
+        if entry.get("id") == numa_node and isinstance(cpus, list) and cpus:
+            return ",".join(str(int(c)) for c in cpus)
+    return None  # the layout does not list the CPUs: no pin rather than a wrong one
+
+
+def _gpu_ids(lease, devices) -> list[str]:
+    """The exact devices of the lease: a GPU's UUID, or for a MIG slice
+    `MIG-<GPU UUID>/<first slot>/0` (GPU instance at that slot, compute instance 0), which the
+    agent maps to the MIG device it finds there."""
+    ids = []
+    for alloc in lease.gpu_allocations:
+        device = devices.get(alloc.get("gpu"))
+        if device is None:
+            continue
+        mask = int(alloc.get("mig_slots") or 0)
+        if mask:
+            start = (mask & -mask).bit_length() - 1
+            ids.append(f"MIG-{device.uuid}/{start}/0")
+        else:
+            ids.append(device.uuid)
+    return ids
+
+
+# --- reports ------------------------------------------------------------------------------
+
+
+def fenced_lease(job: Job, node, fencing_token) -> Lease:
+    """The job's current holding lease, if it is on `node` and carries `fencing_token`."""
+    lease = job.leases.filter(state__in=HOLDING).order_by("-id").first()
+    if lease is None or lease.node_id != node.pk or str(lease.fencing_token) != str(fencing_token):
+        raise TransitionRefused(
+            "fencing_token_mismatch",
+            f"Stale fencing token: job {job.pk} is not held by that lease on this node.",
+        )
+    return lease
+
+
+def upload_lease(job: Job, node, fencing_token) -> Lease:
+    """Logs and outputs may arrive after the end was reported (the lease released then): they
+    are accepted under the job's newest lease, held or ended, when it is this node's and
+    carries the token. An attempt placed since has a newer lease, so an old attempt's uploads
+    never mix with a new one's."""
+    lease = job.leases.order_by("-id").first()
+    if lease is None or lease.node_id != node.pk or str(lease.fencing_token) != str(fencing_token):
+        raise TransitionRefused(
+            "fencing_token_mismatch",
+            f"Stale fencing token: job {job.pk}'s newest lease is not that one on this node.",
+        )
+    return lease
+
+
+def job_report(
+    *,
+    job: Job,
+    node,
+    fencing_token,
+    step: str,
+    actor: Actor,
+    reason: str = "",
+    exit_code: int | None = None,
+    message: str = "",
+    route: dict | None = None,
+    pull_seconds: float | None = None,
+    now=None,
+) -> Job:
+    """One step the agent reports. Raises TransitionRefused (409) when the token is stale or
+    the step is not allowed from the job's state; a repeated step (the agent retrying after a
+    lost answer) returns the job unchanged."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        lease = fenced_lease(job, node, fencing_token)
+        if step == "pulling":
+            return _pulling(job, actor, reason, message, pull_seconds, now)
+        if step == "starting":
+            if job.state == S.STARTING:
+                return job
+            lease_commit(lease=lease, fencing_token=fencing_token, actor=actor, now=now)
+            return job_transition(
+                job=job,
+                to=S.STARTING,
+                actor=actor,
+                reason=Reason.STARTUP_BEGAN,
+                message=message or f"starting on {node.name}",
+                now=now,
+                data={"lease": lease.pk},
+            )
+        if step == "running":
+            if job.state == S.RUNNING:
+                return job
+            route = route or {}
+            job = job_transition(
+                job=job,
+                to=S.RUNNING,
+                actor=actor,
+                reason=Reason.CONTAINER_STARTED,
+                message=message or f"running on {node.name}",
+                now=now,
+                changes={"route": route},
+                data={"route": route} if route else None,
+            )
+            lease_set_route(lease=lease, route=route)
+            return job
+        if step == "succeeded":
+            return job_finish(job=job, actor=actor, exit_code=0, message=message, now=now)
+        if step == "failed":
+            return job_attempt_failed(
+                job=job, actor=actor, failure=reason, exit_code=exit_code, message=message, now=now
+            )
+        if step == "checkpointed":
+            job = job_transition(
+                job=job,
+                to=S.QUEUED,
+                actor=actor,
+                reason=Reason.CHECKPOINT_DONE,
+                message=message or f"checkpoint written on {node.name}; re-queued",
+                now=now,
+            )
+            job_release_leases(job=job, actor=actor, message="checkpoint written", now=now)
+            return job
+    raise ValueError(f"unknown step {step!r}")
+
+
+def _pulling(job: Job, actor: Actor, reason, message, pull_seconds, now) -> Job:
+    """An event on the job, no state change (`image_pulled` with the measured pull time)."""
+    if job.state not in (S.LEASED, S.STARTING):
+        raise TransitionRefused("transition_not_allowed", f"job {job.pk} is {job.state}")
+    pulled = reason == Reason.IMAGE_PULLED or pull_seconds is not None
+    event = JobEvent.record(
+        job,
+        actor=actor,
+        from_state=job.state,
+        to_state=job.state,
+        reason=Reason.IMAGE_PULLED if pulled else Reason.IMAGE_PULLING,
+        message=message or ("image pulled" if pulled else f"pulling {job.image}"),
+        at=now,
+        data={"pull_seconds": pull_seconds} if pull_seconds is not None else None,
+    )
+    transaction.on_commit(lambda: publish_job_event(job, event))
+    return job
+
+
+# --- the end of an attempt and the retry policy --------------------------------------------
+
+
+def retry_allowed(job: Job, failure: str) -> bool:
+    """The job's retry policy retries this failure and the attempts are not used up."""
+    policy = job.retry_policy or {}
+    return job.attempts < int(policy.get("max_attempts") or 1) and failure in (
+        policy.get("retry_on") or ()
+    )
+
+
+def job_attempt_failed(
+    *, job: Job, actor: Actor, failure: str, exit_code=None, message: str = "", now=None
+) -> Job:
+    """The attempt failed with `failure` (a reason of FAILURES): the job fails, or goes back to
+    the queue when its retry policy says so. Its leases are released either way."""
+    if failure not in FAILURES:
+        raise ValueError(f"not a failure reason: {failure!r}")
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if retry_allowed(job, failure):
+            return job_retry(
+                job=job, actor=actor, failure=failure, exit_code=exit_code, message=message, now=now
+            )
+        return job_finish(
+            job=job, actor=actor, exit_code=exit_code, reason=failure, message=message, now=now
+        )
+
+
+def job_retry(
+    *, job: Job, actor: Actor, failure: str, exit_code=None, message: str = "", now=None, check=None
+) -> Job:
+    """Back to the queue, not before now + the policy's backoff (`retry_scheduled`, the failure
+    in the event's data); the attempt's leases are released in the same transaction."""
+    now = now or timezone.now()
+    backoff = int((job.retry_policy or {}).get("backoff_s") or 0)
+    not_before = now + timedelta(seconds=backoff)
+    max_attempts = int((job.retry_policy or {}).get("max_attempts") or 1)
+    with transaction.atomic():
+        job = job_transition(
+            job=job,
+            to=S.QUEUED,
+            actor=actor,
+            reason=Reason.RETRY_SCHEDULED,
+            message=(message or failure)
+            + f"; retry {job.attempts + 1} of {max_attempts} not before {not_before:%H:%M:%S}",
+            now=now,
+            check=check,
+            changes={"exit_code": exit_code, "not_before": not_before, "pending_reason": {}},
+            data={
+                "failure": failure,
+                "exit_code": exit_code,
+                "attempt": job.attempts,
+                "not_before": not_before.isoformat(),
+            },
+        )
+        job_release_leases(job=job, actor=actor, message=f"attempt failed: {failure}", now=now)
+    return job
+
+
+def job_lost(*, job: Job, actor: Actor, message: str = "", now=None, check=None) -> Job:
+    """The job's node went silent and its lease ended: `lost` (`node_lost`), or queued again
+    when its retry policy retries `node_lost`."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        message = message or "its node went silent and its lease ended"
+        if retry_allowed(job, Reason.NODE_LOST):
+            return job_retry(
+                job=job,
+                actor=actor,
+                failure=Reason.NODE_LOST,
+                message=message,
+                now=now,
+                check=check,
+            )
+        job = job_transition(
+            job=job,
+            to=S.LOST,
+            actor=actor,
+            reason=Reason.NODE_LOST,
+            message=message,
+            now=now,
+            check=check,
+        )
+        job_release_leases(job=job, actor=actor, message="job lost", now=now)
+    return job

@@ -1,0 +1,64 @@
+"""Fixtures of the agent's tests: the real Docker engine and the busybox test image in the
+loopback registry (by digest), and a small HTTP server standing in for the control plane's
+agent API (it records what the agent sends). Outside CI a missing engine skips the docker
+tests; in CI (CI=true) it fails them: nothing real is skipped there."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+
+import pytest
+
+from .control_plane import ControlPlane
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+REGISTRY = "127.0.0.1:5000"
+REPO = "computepool/busybox"
+MANIFEST_TYPES = (
+    "application/vnd.docker.distribution.manifest.v2+json, "
+    "application/vnd.oci.image.manifest.v1+json"
+)
+
+
+def require_service(available: bool, what: str):
+    """Outside CI a missing local service skips; in CI nothing real is ever skipped."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI but is not available")
+    pytest.skip(f"{what} is not available here")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except DockerException as exc:
+        require_service(False, f"the Docker engine ({exc}); run .ci/ensure-services.sh")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def test_image(docker_client) -> str:
+    """The busybox test image by digest, as the control plane would send it."""
+    request = urllib.request.Request(f"http://{REGISTRY}/v2/{REPO}/manifests/test", method="HEAD")
+    request.add_header("Accept", MANIFEST_TYPES)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            digest = response.headers["Docker-Content-Digest"]
+    except OSError as exc:
+        require_service(False, f"the test image in {REGISTRY} ({exc})")
+    return f"{REGISTRY}/{REPO}@{digest}"
+
+
+@pytest.fixture
+def control_plane():
+    server = ControlPlane()
+    yield server
+    server.close()

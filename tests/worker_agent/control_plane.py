@@ -1,0 +1,128 @@
+"""A small real HTTP server speaking the agent API's shape (docs/data-plane.md): it serves the
+assignments a test sets and records every report, log chunk and output upload the agent
+sends. It stands in for the control plane in the agent's own tests; the end-to-end tests
+run the agent against the real one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from email.parser import BytesParser
+from email.policy import HTTP
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class ControlPlane:
+    def __init__(self):
+        self.assignments: list[dict] = []
+        self.requests: list[tuple[str, str, object]] = []
+        self.refuse_steps: set[str] = set()  # steps answered 409 fencing_token_mismatch
+        self.credential = "cpn_test"
+        self.statuses: list[int] = []  # statuses to answer first, one per request (503 …)
+        self.answers: dict[str, dict] = {}  # body answered per path (default {"ok": true})
+        self.input_headers: list[dict] = []  # headers of requests for input files
+        self.on_refused = None  # called when a request's credential is refused (401)
+        self.lock = threading.Lock()
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _body(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                kind = self.headers.get("Content-Type", "")
+                if kind.startswith("application/json"):
+                    return json.loads(raw or b"null")
+                if kind.startswith("multipart/form-data"):
+                    message = BytesParser(policy=HTTP).parsebytes(
+                        b"Content-Type: " + kind.encode() + b"\r\n\r\n" + raw
+                    )
+                    return [
+                        (
+                            part.get_param("name", header="content-disposition"),
+                            part.get_filename(),
+                            part.get_payload(decode=True),
+                        )
+                        for part in message.iter_parts()
+                    ]
+                return raw
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self):
+                body = self._body()
+                path = self.path.removeprefix("/api/v1/").lstrip("/")
+                with plane.lock:
+                    plane.requests.append((self.command, path, body))
+                    forced = plane.statuses.pop(0) if plane.statuses else None
+                if forced:
+                    return self._answer(forced, {"detail": "forced"})
+                if path == "enroll/":
+                    node = {"id": 1, "name": body["name"], "pool": "test"}
+                    answer = {"node": node, "credential": plane.credential}
+                    return self._answer(201, answer | {"heartbeat_interval_s": 1})
+                if path.startswith("data/"):  # a file an input URL names: no credential
+                    plane.input_headers.append(dict(self.headers))
+                    return self._answer(200, plane.answers.get(path, {}))
+                if self.headers.get("Authorization") != f"Bearer {plane.credential}":
+                    if plane.on_refused:
+                        plane.on_refused()
+                    return self._answer(401, {"detail": "Node credential refused."})
+                if path == "agent/assignments":
+                    return self._answer(200, plane.assignments)
+                if path == "agent/me":
+                    return self._answer(200, {"id": 1, "name": "test-node", "pool": "test"})
+                if path == "agent/credential/rotate":
+                    plane.credential = "cpn_rotated"
+                    return self._answer(201, {"credential": "cpn_rotated"})
+                if (
+                    path.endswith("/report")
+                    and body.get("reason")
+                    and body.get("step")
+                    not in (
+                        "pulling",
+                        "failed",
+                    )
+                ):  # as the API: only a pull or a failure carries a reason
+                    return self._answer(400, {"reason": ["Only a failure or a pull has one."]})
+                if path.endswith("/report") and body.get("step") in plane.refuse_steps:
+                    return self._answer(409, {"code": "fencing_token_mismatch"})
+                self._answer(200, plane.answers.get(path, {"ok": True}))
+
+            do_GET = do_POST = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def sent(self, suffix: str) -> list:
+        with self.lock:
+            return [body for _, path, body in self.requests if path.endswith(suffix)]
+
+    def reports(self, job: int) -> list[dict]:
+        return self.sent(f"jobs/{job}/report")
+
+    def steps(self, job: int) -> list[tuple[str, str]]:
+        return [(r["step"], r.get("reason", "")) for r in self.reports(job)]
+
+    def log_text(self, job: int) -> str:
+        return "".join(body["text"] for body in self.sent(f"jobs/{job}/logs"))
+
+    def outputs(self, job: int) -> dict[str, bytes]:
+        files = {}
+        for parts in self.sent(f"jobs/{job}/outputs"):
+            files |= {filename: data for name, filename, data in parts if name == "files"}
+        return files
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,196 @@
+"""The agent's loop against a local HTTP server shaped like the agent API, with the local
+process runtime (fast, no engine needed): enrollment, heartbeats, assignments started and
+cancelled, credential rotation, and the command line."""
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from worker_agent import cli
+from worker_agent.agent import Agent, AgentError, Config
+from worker_agent.runtime.process import ProcessRuntime
+from worker_agent.schema import inventory_errors
+
+
+@pytest.fixture
+def agent(tmp_path, control_plane):
+    config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
+    config.node_name, config.poll_s = "node-a", 0.1
+    agent = Agent(config, runtimes={"process": ProcessRuntime("node-a", config.state_dir)})
+    yield agent
+    agent.stop()
+    agent.shutdown()
+
+
+def assignment(job, command, **changes):
+    return {
+        "job": job,
+        "attempt": 1,
+        "lease": job * 10,
+        "fencing_token": "55",
+        "state": "leased",
+        "image": "",
+        "command": command,
+        "runtime": "process",
+        "stop_grace_s": 1,
+        "limits": {"cpu_millicores": 1000, "memory_mib": 256, "pids": 4096},
+    } | changes
+
+
+def wait_for(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_enrollment_sends_a_valid_inventory_and_keeps_the_credential(agent, control_plane):
+    agent.start()
+    (enroll,) = control_plane.sent("enroll/")
+    assert enroll["token"] == "cpe_x" and enroll["name"] == "node-a"
+    assert inventory_errors(enroll["inventory"]) == []
+    assert enroll["inventory"]["cpu_millicores"] >= 1000
+    assert enroll["runtimes"] == ["process"]
+    assert enroll["architecture"] in ("amd64", "arm64")
+    credential = agent.state.dir / "credential"
+    assert credential.read_text() == control_plane.credential
+    assert stat.S_IMODE(os.stat(credential).st_mode) == 0o600
+    assert agent.heartbeat_interval == 1
+    assert len(control_plane.sent("agent/inventory")) == 1
+
+
+def test_a_restarted_agent_does_not_enroll_again(agent, control_plane, tmp_path):
+    agent.start()
+    again = Agent(agent.config, runtimes=agent.runtimes)
+    again.start()
+    assert len(control_plane.sent("enroll/")) == 1
+    assert len(control_plane.sent("agent/me")) == 1
+
+
+def test_without_a_credential_or_token_the_agent_stops(tmp_path, control_plane):
+    config = Config(api=control_plane.url, state_dir=str(tmp_path))
+    with pytest.raises(AgentError, match="enroll-token"):
+        Agent(config, runtimes={"process": ProcessRuntime()}).start()
+
+
+def test_an_assignment_runs_and_its_outputs_and_workloads_are_reported(agent, control_plane):
+    agent.start()
+    script = 'echo hello > "$OUTPUTS_DIR/greeting.txt"; sleep 1'
+    control_plane.assignments = [assignment(11, ["sh", "-c", script])]
+    agent.sync()
+    wait_for(lambda: agent.runners[(11, 110)].phase == "running")
+    agent.heartbeat()
+    beat = control_plane.sent("agent/heartbeat")[-1]
+    assert beat["workloads"] == [{"lease": 110, "job": 11, "state": "running"}]
+    assert beat["runtime"] == "process" and beat["images"] == []
+    wait_for(lambda: control_plane.steps(11)[-1:] == [("succeeded", "")])
+    assert control_plane.outputs(11) == {"greeting.txt": b"hello\n"}
+    agent.sync()  # still listed until the control plane has processed the end: not rerun
+    time.sleep(0.3)
+    assert [s for s, _ in control_plane.steps(11)].count("starting") == 1
+
+
+def test_a_job_that_leaves_the_assignments_is_stopped(agent, control_plane):
+    agent.start()
+    control_plane.assignments = [assignment(12, ["sleep", "60"])]
+    agent.sync()
+    runner = agent.runners[(12, 120)]
+    wait_for(lambda: runner.phase == "running")
+    pid = runner.runtime.find()[0].handle.pid
+    control_plane.assignments = []
+    agent.sync()
+    runner.join(15)
+    assert not runner.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert control_plane.steps(12)[-1] == ("running", "")
+
+
+def test_a_job_for_a_runtime_absent_here_fails_at_once(agent, control_plane):
+    agent.start()
+    control_plane.assignments = [assignment(13, ["true"], runtime="docker")]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(13) == [("failed", "runtime_error")])
+
+
+def test_the_credential_is_rotated_when_the_heartbeat_says_so(agent, control_plane):
+    agent.start()
+    control_plane.answers["agent/heartbeat"] = {"rotate_credential": True}
+    agent.heartbeat()
+    assert agent.state.credential() == "cpn_rotated" == control_plane.credential
+    control_plane.answers.clear()
+    agent.heartbeat()  # the next one goes with the new credential
+    assert len(control_plane.sent("agent/credential/rotate")) == 1
+
+
+def test_the_process_runtime_enforces_its_rlimits(agent, control_plane):
+    agent.start()
+    hog = ["sh", "-c", "x=a; while true; do x=$x$x; done"]
+    control_plane.assignments = [assignment(14, hog, limits={"memory_mib": 32, "pids": 64})]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(14)[-1:] == [("failed", "exited_nonzero")], 60)
+
+
+def test_the_maximum_runtime_applies_to_processes_too(agent, control_plane):
+    agent.start()
+    control_plane.assignments = [assignment(15, ["sleep", "60"], max_runtime_s=1)]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(15)[-1:] == [("failed", "max_runtime_exceeded")])
+
+
+def test_flags_win_over_the_environment(monkeypatch):
+    monkeypatch.setenv("WORKER_AGENT_API", "http://env:8000")
+    monkeypatch.setenv("WORKER_AGENT_RUNTIME", "process")
+    monkeypatch.setenv("WORKER_AGENT_STATE_DIR", "/var/lib/agent")
+    args = cli.parser().parse_args(["--api", "http://flag:8000"])
+    assert (args.api, args.runtime, args.state_dir) == (
+        "http://flag:8000",
+        "process",
+        "/var/lib/agent",
+    )
+
+
+def test_the_command_line_names_what_is_missing(monkeypatch, capsys):
+    for name in ("API", "STATE_DIR"):
+        monkeypatch.delenv(f"WORKER_AGENT_{name}", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main([])
+    assert exited.value.code == 2
+    assert "--api and --state-dir required" in capsys.readouterr().err
+
+
+def test_sigterm_stops_the_agent_process_cleanly(tmp_path, control_plane):
+    env = os.environ | {
+        "WORKER_AGENT_API": control_plane.url,
+        "WORKER_AGENT_ENROLL_TOKEN": "cpe_x",
+        "WORKER_AGENT_STATE_DIR": str(tmp_path / "state"),
+        "WORKER_AGENT_RUNTIME": "process",
+        "WORKER_AGENT_NODE_NAME": "node-cli",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    agent = subprocess.Popen([sys.executable, "-m", "worker_agent", "--poll-s", "0.2"], env=env)
+    try:
+        wait_for(lambda: control_plane.sent("agent/heartbeat"), 30)
+        agent.terminate()
+        assert agent.wait(15) == 0
+    finally:
+        agent.kill()
+    assert control_plane.sent("enroll/")[0]["name"] == "node-cli"
+
+
+def test_inputs_are_fetched_before_the_job_starts(agent, control_plane):
+    """Inputs come over HTTP (here from the same local server) into inputs/ before start."""
+    agent.start()
+    control_plane.answers["data/numbers.csv"] = {"rows": 3}
+    url = f"{control_plane.url}/data/numbers.csv"
+    script = 'cp "$INPUTS_DIR/numbers.csv" "$OUTPUTS_DIR/copy.json"'
+    control_plane.assignments = [assignment(16, ["sh", "-c", script], inputs=[url])]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(16)[-1:] == [("succeeded", "")])
+    assert control_plane.outputs(16) == {"copy.json": b'{"rows": 3}'}
+    assert "Authorization" not in control_plane.input_headers[0]  # the credential stays home

@@ -1,0 +1,184 @@
+"""The Docker runtime against the real engine and the busybox test image (by digest): the
+container's HostConfig carries every limit of the lease, and each way a container ends is told
+apart (exit 0, exit 3, OOM-killed, killed at the maximum runtime, stopped)."""
+
+import itertools
+import time
+
+import pytest
+
+from worker_agent.runtime.base import Assignment, RuntimeFailure
+from worker_agent.runtime.docker import DockerRuntime
+
+pytestmark = pytest.mark.docker
+JOBS = itertools.count(int(time.time()) % 100000 * 100)
+
+
+def assignment(image, command, **changes) -> Assignment:
+    job = next(JOBS)
+    data = {
+        "job": job,
+        "attempt": 1,
+        "lease": job + 7,
+        "fencing_token": "123",
+        "image": image,
+        "command": command,
+        "network_policy": {"mode": "none", "egress_allow": []},
+        "limits": {"cpu_millicores": 500, "memory_mib": 64, "scratch_mib": 8, "pids": 64},
+    } | changes
+    return Assignment.parse(data)
+
+
+@pytest.fixture
+def runtime(docker_client):
+    runtime = DockerRuntime("test-node", client=docker_client)
+    created = []
+    runtime.created = created
+    original = runtime.create
+
+    def create(a, workdir):
+        container = original(a, workdir)
+        created.append(container)
+        return container
+
+    runtime.create = create
+    yield runtime
+    for container in created:
+        runtime.remove(container)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    for name in ("outputs", "inputs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(0o777)
+    return tmp_path
+
+
+def run_to_end(runtime, container, timeout=30, start=True):
+    if start:
+        runtime.start(container)
+    deadline = time.monotonic() + timeout
+    while (ended := runtime.poll(container)) is None:
+        assert time.monotonic() < deadline, "the container did not end"
+        time.sleep(0.1)
+    return ended
+
+
+def test_the_container_has_exactly_the_leases_limits(runtime, test_image, workdir):
+    a = assignment(test_image, ["true"])
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    container.reload()
+    host = container.attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == host["MemorySwap"] == 64 * 1024 * 1024  # no extra swap
+    assert host["PidsLimit"] == 64
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Privileged"] is False
+    assert host["NetworkMode"] == "none"
+    assert host["IpcMode"] == "private"
+    assert host["PidMode"] == "" and host["UTSMode"] == "" and host["UsernsMode"] == ""
+    assert container.attrs["Config"]["User"] == "65534:65534"
+    assert container.attrs["Config"]["Image"] == test_image  # by digest
+    mounts = {m["Target"]: m for m in host["Mounts"]}
+    assert set(mounts) == {"/outputs", "/inputs", "/scratch"}
+    assert mounts["/inputs"].get("ReadOnly") is True and not mounts["/outputs"].get("ReadOnly")
+    assert mounts["/outputs"]["Source"] == str(workdir / "outputs")
+    everything = str(host.get("Binds")) + str(host["Mounts"])
+    assert "docker.sock" not in everything
+    scratch = runtime.client.volumes.get(mounts["/scratch"]["Source"])
+    assert "size=8m" in scratch.attrs["Options"]["o"]
+    labels = container.labels
+    assert labels["computepool.job"] == str(a.job)
+    assert labels["computepool.lease"] == str(a.lease)
+    assert labels["computepool.attempt"] == "1"
+    assert labels["computepool.node"] == "test-node"
+
+
+def test_cpuset_and_gpus_follow_the_lease(runtime, test_image, workdir):
+    a = assignment(
+        test_image,
+        ["true"],
+        limits={"cpu_millicores": 1000, "memory_mib": 32, "cpuset": [0], "pids": 16},
+    )
+    container = runtime.create(a, workdir)
+    container.reload()
+    assert container.attrs["HostConfig"]["CpusetCpus"] == "0"
+    # GPUs go as the exact device UUIDs (not created here: no NVIDIA runtime on this host)
+    gpu = assignment(test_image, ["true"], limits={"gpus": ["GPU-1234", "MIG-abcd"]})
+    assert gpu.limits.gpus == ("GPU-1234", "MIG-abcd")
+
+
+def test_exit_zero_succeeds_and_outputs_land_in_the_attempt_dir(runtime, test_image, workdir):
+    a = assignment(test_image, ["sh", "-c", "echo hello > /outputs/greeting.txt; id -u"])
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    follower = runtime.follow_logs(container)  # from the start, even if it already ended
+    ended = run_to_end(runtime, container, start=False)
+    assert (ended.step, ended.reason, ended.exit_code) == ("succeeded", "exited_zero", 0)
+    assert (workdir / "outputs" / "greeting.txt").read_text() == "hello\n"
+    follower.join()
+    assert follower.take().strip() == "65534"
+
+
+def test_a_nonzero_exit_fails_with_its_code(runtime, test_image, workdir):
+    container = runtime.create(assignment(test_image, ["sh", "-c", "exit 3"]), workdir)
+    ended = run_to_end(runtime, container)
+    assert (ended.step, ended.reason, ended.exit_code) == ("failed", "exited_nonzero", 3)
+
+
+def test_the_root_filesystem_is_read_only(runtime, test_image, workdir):
+    container = runtime.create(assignment(test_image, ["sh", "-c", "touch /bin/x"]), workdir)
+    assert run_to_end(runtime, container).exit_code != 0
+
+
+def test_a_memory_hog_is_oom_killed(runtime, test_image, workdir):
+    hog = ["sh", "-c", "x=a; while true; do x=$x$x; done"]
+    a = assignment(test_image, hog, limits={"memory_mib": 16, "cpu_millicores": 1000})
+    ended = run_to_end(runtime, runtime.create(a, workdir), timeout=60)
+    assert (ended.step, ended.reason) == ("failed", "oom_killed")
+    assert ended.exit_code == 137
+
+
+def test_a_stop_gives_the_grace_period_then_kills(runtime, test_image, workdir):
+    container = runtime.create(assignment(test_image, ["sleep", "60"]), workdir)
+    runtime.start(container)
+    assert runtime.running(container)
+    started = time.monotonic()
+    runtime.stop(container, 1)
+    assert time.monotonic() - started < 15
+    assert runtime.poll(container) is not None
+
+
+def test_images_only_by_digest(runtime, test_image):
+    tag = test_image.split("@")[0] + ":test"
+    with pytest.raises(RuntimeFailure) as refused:
+        runtime.pull(assignment(tag, ["true"]))
+    assert refused.value.reason == "image_invalid"
+
+
+def test_a_missing_image_is_invalid(runtime, test_image):
+    missing = test_image.split("@")[0] + "@sha256:" + "0" * 64
+    with pytest.raises(RuntimeFailure) as refused:
+        runtime.pull(assignment(missing, ["true"]))
+    assert refused.value.reason == "image_invalid"
+
+
+def test_the_local_cache_is_listed_by_digest(runtime, test_image):
+    runtime.pull(assignment(test_image, ["true"]))
+    assert test_image.split("@")[1] in runtime.images()
+
+
+def test_containers_are_found_again_by_label(runtime, test_image, workdir):
+    a = assignment(test_image, ["sleep", "30"])
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    found = {(f.job, f.lease): f for f in runtime.find()}
+    assert found[a.key].running and found[a.key].attempt == 1
+    runtime.kill(container)
+    found = {(f.job, f.lease): f for f in runtime.find()}
+    assert not found[a.key].running and found[a.key].ended.exit_code == 137

@@ -1,0 +1,156 @@
+"""One assignment run by the agent's runner on the real Docker engine, reporting to a local
+HTTP server shaped like the agent API: every step in order with the fencing token, logs and
+outputs before the final report, and the ways a run ends (docs/data-plane.md)."""
+
+import itertools
+import time
+
+import pytest
+
+from worker_agent.client import ApiClient
+from worker_agent.runner import Runner
+from worker_agent.runtime.base import Assignment
+from worker_agent.runtime.docker import DockerRuntime
+from worker_agent.state import AgentState
+
+pytestmark = pytest.mark.docker
+JOBS = itertools.count(int(time.time()) % 100000 * 100 + 50)
+
+
+@pytest.fixture
+def agent_parts(tmp_path, control_plane, docker_client):
+    state = AgentState(tmp_path / "state")
+    state.save_credential({"credential": control_plane.credential})
+    client = ApiClient(control_plane.url, state, backoff=0.01)
+    return state, client, DockerRuntime("test-node", client=docker_client)
+
+
+def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
+    state, client, runtime = agent_parts
+    job = next(JOBS)
+    data = {
+        "job": job,
+        "attempt": 1,
+        "lease": job + 1,
+        "fencing_token": "987654321",
+        "state": "leased",
+        "image": image,
+        "command": command,
+        "max_runtime_s": 60,
+        "stop_grace_s": 1,
+        "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
+    } | changes
+    a = Assignment.parse(data)
+    runner = Runner(a, client=client, runtime=runtime, workdir=state.attempt_dir(job, 1))
+    runner.poll_s = 0.2
+    runner.start()
+    if wait:
+        runner.join(60)
+        assert not runner.is_alive()
+    return runner
+
+
+def containers_of(docker_client, job):
+    return docker_client.containers.list(all=True, filters={"label": f"computepool.job={job}"})
+
+
+def test_a_job_runs_reports_each_step_and_uploads_outputs_and_logs(
+    agent_parts, control_plane, test_image, docker_client
+):
+    script = "echo hello > /outputs/greeting.txt; echo done; ln -s /etc/passwd /outputs/leak"
+    runner = run(agent_parts, test_image, ["sh", "-c", script])
+    job = runner.job
+    assert control_plane.steps(job) == [
+        ("pulling", "image_pulling"),
+        ("pulling", "image_pulled"),
+        ("starting", ""),
+        ("running", ""),
+        ("succeeded", ""),
+    ]
+    reports = control_plane.reports(job)
+    assert {r["fencing_token"] for r in reports} == {"987654321"}
+    assert reports[-1]["exit_code"] == 0
+    assert reports[1]["pull_seconds"] >= 0
+    assert control_plane.outputs(job) == {"greeting.txt": b"hello\n"}  # the link is skipped
+    assert "done" in control_plane.log_text(job)
+    # the final report comes after the logs and outputs it ends with
+    paths = [path for _, path, _ in control_plane.requests if f"jobs/{job}/" in path]
+    assert paths[-1].endswith("/report")
+    assert containers_of(docker_client, job) == []  # removed, scratch too
+    assert not runner.workdir.exists()
+
+
+def test_a_nonzero_exit_is_reported_with_its_code(agent_parts, control_plane, test_image):
+    runner = run(agent_parts, test_image, ["sh", "-c", "echo oops; exit 3"])
+    last = control_plane.reports(runner.job)[-1]
+    assert (last["step"], last["reason"], last["exit_code"]) == ("failed", "exited_nonzero", 3)
+
+
+def test_a_memory_hog_is_reported_oom_killed(agent_parts, control_plane, test_image):
+    hog = ["sh", "-c", "x=a; while true; do x=$x$x; done"]
+    runner = run(agent_parts, test_image, hog, limits={"memory_mib": 16})
+    assert control_plane.steps(runner.job)[-1] == ("failed", "oom_killed")
+
+
+def test_the_maximum_runtime_kills_the_job(agent_parts, control_plane, test_image):
+    started = time.monotonic()
+    runner = run(agent_parts, test_image, ["sleep", "60"], max_runtime_s=2)
+    assert time.monotonic() - started < 30
+    assert control_plane.steps(runner.job)[-1] == ("failed", "max_runtime_exceeded")
+
+
+def test_a_tag_is_refused_before_anything_starts(
+    agent_parts, control_plane, test_image, docker_client
+):
+    tag = test_image.split("@")[0] + ":test"
+    runner = run(agent_parts, tag, ["true"])
+    steps = control_plane.steps(runner.job)
+    assert steps[-1] == ("failed", "image_invalid")
+    assert "starting" not in [step for step, _ in steps]
+    assert containers_of(docker_client, runner.job) == []
+
+
+def test_a_cancelled_job_is_stopped_and_removed_without_a_report(
+    agent_parts, control_plane, test_image, docker_client
+):
+    runner = run(agent_parts, test_image, ["sleep", "60"], wait=False)
+    deadline = time.monotonic() + 30
+    while runner.phase != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert runner.workload()["state"] == "running"
+    runner.cancel()  # what the agent does when the job leaves the assignments
+    runner.join(30)
+    assert not runner.is_alive()
+    assert control_plane.steps(runner.job)[-1] == ("running", "")
+    assert containers_of(docker_client, runner.job) == []
+
+
+def test_a_refused_starting_report_starts_nothing(
+    agent_parts, control_plane, test_image, docker_client
+):
+    control_plane.refuse_steps = {"starting"}  # 409: the token is no longer the job's
+    runner = run(agent_parts, test_image, ["sleep", "60"])
+    assert [r["step"] for r in control_plane.reports(runner.job)][-1] == "starting"
+    assert containers_of(docker_client, runner.job) == []
+
+
+def test_a_halted_agent_leaves_the_container_and_a_new_one_adopts_it(
+    agent_parts, control_plane, test_image, docker_client
+):
+    _, client, runtime = agent_parts
+    runner = run(agent_parts, test_image, ["sh", "-c", "sleep 2; exit 4"], wait=False)
+    while runner.phase != "running":
+        time.sleep(0.1)
+    runner.halt()
+    runner.join(10)
+    assert len(containers_of(docker_client, runner.job)) == 1  # still there
+    found = {(f.job, f.lease): f for f in runtime.find()}[runner.assignment.key]
+    adopted = Runner(
+        runner.assignment, client=client, runtime=runtime, workdir=runner.workdir, found=found
+    )
+    adopted.start()
+    adopted.join(30)
+    last = control_plane.reports(runner.job)[-1]
+    assert (last["step"], last["exit_code"]) == ("failed", 4)
+    assert containers_of(docker_client, runner.job) == []

@@ -1,0 +1,266 @@
+"""The agent's main loop (docs/data-plane.md, "The agent"): enroll once, report the inventory,
+reconcile what a previous agent left running, then every `poll_s` read the assignments (start a
+runner for each new one, cancel the runners whose job left) and every `heartbeat_interval_s`
+heartbeat with the workloads, the local image cache and the runtime. The credential is rotated
+when the heartbeat says so or half its lifetime has passed."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker_agent import __version__
+from worker_agent.client import ApiClient, ApiError, ApiUnreachable
+from worker_agent.host import Host
+from worker_agent.runner import Runner
+from worker_agent.runtime.base import Assignment
+from worker_agent.runtime.docker import DockerRuntime
+from worker_agent.runtime.process import ProcessRuntime
+from worker_agent.state import AgentState
+
+log = logging.getLogger(__name__)
+
+
+class AgentError(Exception):
+    """The agent cannot go on (no credential and no enrollment token, credential refused)."""
+
+
+@dataclass
+class Config:
+    api: str
+    state_dir: str
+    enroll_token: str = ""
+    runtime: str = "auto"  # auto | docker | process
+    node_name: str = ""
+    pool: str = ""
+    address: str = ""  # where this node's published ports are reached (routes)
+    poll_s: float = 2.0
+    heartbeat_interval_s: float = 15.0
+
+
+def default_node_name() -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:100].lstrip("._-")
+    return name or "node"
+
+
+def default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def machine_id() -> str:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            return Path(path).read_text().strip()[:100]
+        except OSError:
+            continue
+    return ""
+
+
+def make_runtimes(choice: str, node_name: str, state_dir: str) -> dict:
+    """The runtimes this agent offers, the primary first. `process` is always present for the
+    pools that allow it (the control plane sends runtime "process" nowhere else)."""
+    runtimes = {}
+    if choice in ("auto", "docker"):
+        if DockerRuntime.available():
+            runtimes["docker"] = DockerRuntime(node_name)
+        elif choice == "docker":
+            raise AgentError("--runtime docker, but no Docker engine answers")
+        else:
+            log.warning("no Docker engine answers: only the local process runtime (NOT isolating)")
+    runtimes["process"] = ProcessRuntime(node_name, state_dir)
+    return runtimes
+
+
+class Agent:
+    def __init__(self, config: Config, *, runtimes: dict | None = None, host: Host | None = None):
+        self.config = config
+        self.stop_event = threading.Event()
+        self.state = AgentState(config.state_dir)
+        self.client = ApiClient(config.api, self.state, stop=self.stop_event)
+        self.host = host or Host(config.state_dir)
+        self.node_name = (
+            config.node_name or self.state.info().get("node_name") or (default_node_name())
+        )
+        self.runtimes = runtimes or make_runtimes(config.runtime, self.node_name, config.state_dir)
+        self.primary = next(iter(self.runtimes.values()))
+        self.address = config.address or default_address()
+        self.heartbeat_interval = config.heartbeat_interval_s
+        self.runners: dict[tuple[int, int], Runner] = {}
+        self.finished: set[tuple[int, int]] = set()  # ended here; never started again
+        self.rotate_requested = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        self.start()
+        next_heartbeat = 0.0
+        while not self.stop_event.is_set():
+            try:
+                if time.monotonic() >= next_heartbeat:
+                    self.heartbeat()
+                    next_heartbeat = time.monotonic() + self.heartbeat_interval
+                self.sync()
+            except ApiUnreachable as exc:
+                log.warning("control plane unreachable: %s", exc)
+            except ApiError as exc:
+                if exc.status == 401:
+                    raise AgentError(f"the node credential is refused: {exc}") from exc
+                log.warning("%s", exc)
+            self.stop_event.wait(self.config.poll_s)
+        self.shutdown()
+
+    def start(self) -> None:
+        """Enroll if needed, report the inventory, reconcile what runs here."""
+        self.enroll_if_needed()
+        try:
+            self.client.inventory(self.host.inventory())
+        except ApiError as exc:
+            log.warning("inventory not accepted: %s", exc)
+        self.reconcile()
+
+    def stop(self) -> None:
+        """From a signal handler: end the loops; containers keep running."""
+        self.stop_event.set()
+
+    def shutdown(self) -> None:
+        for runner in self.runners.values():
+            runner.halt()
+        for runner in self.runners.values():
+            runner.join(10)
+        self.host.close()
+        log.info("agent stopped; %d workload(s) left to the next agent", len(self.runners))
+
+    # ------------------------------------------------------------------ identity
+    def enroll_if_needed(self) -> None:
+        if self.state.credential():
+            try:
+                node = self.client.me()
+            except ApiError as exc:
+                if exc.status == 401:
+                    raise AgentError(
+                        f"the stored credential is refused ({exc}); an operator can reissue one, "
+                        f"or remove {self.state.dir} to enroll again"
+                    ) from exc
+                raise
+            self.state.save_node(node)
+            self._check_pool(node)
+            log.info("node %s (%s) resumes", node.get("name"), node.get("id"))
+            return
+        if not self.config.enroll_token:
+            raise AgentError("not enrolled: give --enroll-token (or WORKER_AGENT_ENROLL_TOKEN)")
+        body = {
+            "token": self.config.enroll_token,
+            "name": self.node_name,
+            "machine_id": machine_id(),
+            "agent_version": __version__,
+            "inventory": self.host.inventory(),
+            "runtimes": list(self.runtimes),
+            **self.host.describe(),
+        }
+        answer = self.client.enroll(body)
+        self.state.save_credential(answer)
+        self.state.save_node(answer["node"])
+        self.heartbeat_interval = float(answer.get("heartbeat_interval_s") or 15)
+        self._check_pool(answer["node"])
+        log.info("enrolled as node %s (%s)", answer["node"]["name"], answer["node"]["id"])
+
+    def _check_pool(self, node: dict) -> None:
+        if self.config.pool and node.get("pool") and node["pool"] != self.config.pool:
+            log.warning("node is in pool %s, not %s as configured", node["pool"], self.config.pool)
+
+    def rotate_credential(self) -> None:
+        self.state.save_credential(self.client.rotate_credential())
+        self.rotate_requested = False
+        log.info("node credential rotated")
+
+    # ------------------------------------------------------------------ heartbeat
+    def heartbeat(self) -> dict:
+        self.reap()
+        workloads = [w for w in (r.workload() for r in self.runners.values()) if w]
+        body = {
+            "agent_version": __version__,
+            "usage": self.host.usage(),
+            "gpus": self.host.gpu_health(),
+            "workloads": workloads,
+            "images": self.primary.images(),
+            "runtime": self.primary.name,
+        }
+        answer = self.client.heartbeat(body) or {}
+        if answer.get("heartbeat_interval_s"):
+            self.heartbeat_interval = float(answer["heartbeat_interval_s"])
+        if answer.get("rotate_credential"):
+            self.rotate_requested = True
+        if self.rotate_requested or self.state.credential_due_for_rotation():
+            self.rotate_credential()
+        return answer
+
+    # ------------------------------------------------------------------ assignments
+    def assignments(self) -> dict[tuple[int, int], Assignment]:
+        parsed = {}
+        for item in self.client.assignments():
+            try:
+                assignment = Assignment.parse(item)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("assignment skipped, unreadable: %s", exc)
+                continue
+            parsed[assignment.key] = assignment
+        return parsed
+
+    def sync(self) -> None:
+        """Start what is new, cancel what left; forget what ended."""
+        self.reap()
+        current = self.assignments()
+        for key, runner in self.runners.items():
+            if key not in current and not runner.cancelled.is_set():
+                runner.cancel()
+        self.finished &= set(current)
+        for key, assignment in current.items():
+            if key not in self.runners and key not in self.finished:
+                self._start_runner(assignment)
+
+    def reconcile(self) -> None:
+        """What a previous agent left: containers of current assignments are adopted (still
+        running → reported; exited → their exit reported); the rest are stopped and removed.
+        Assignments already past `leased` with no container left are reported failed."""
+        current = self.assignments()
+        for runtime in self.runtimes.values():
+            for found in runtime.find():
+                assignment = current.get((found.job, found.lease))
+                if assignment is None or assignment.runtime != runtime.name:
+                    log.info(
+                        "job %s (lease %s) no longer assigned: removing", found.job, found.lease
+                    )
+                    if found.running:
+                        runtime.stop(found.handle, 10)
+                    runtime.remove(found.handle)
+                    continue
+                self._start_runner(assignment, found=found)
+        for assignment in current.values():
+            if assignment.key not in self.runners:
+                self._start_runner(assignment)
+
+    def _start_runner(self, assignment: Assignment, found=None) -> None:
+        runtime = self.runtimes.get(assignment.runtime)
+        runner = Runner(
+            assignment,
+            client=self.client,
+            runtime=runtime,  # None: reported failed runtime_error, nothing started
+            workdir=self.state.attempt_dir(assignment.job, assignment.attempt),
+            address=self.address,
+            found=found,
+        )
+        self.runners[assignment.key] = runner
+        runner.start()
+
+    def reap(self) -> None:
+        for key in [key for key, runner in self.runners.items() if not runner.is_alive()]:
+            runner = self.runners.pop(key)
+            if not runner.halted.is_set():
+                self.finished.add(key)

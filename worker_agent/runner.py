@@ -1,0 +1,339 @@
+"""One assignment, one thread: pulling → starting → running (+route) → ended, every step
+reported with the lease's fencing token (docs/data-plane.md).
+
+`starting` is reported BEFORE the container starts: it commits the lease, and a refusal (409:
+the job was cancelled or moved meanwhile) means nothing is started at all. Inputs are fetched
+into the attempt's inputs/ before start; logs are posted in chunks while the job runs; whatever
+the job wrote to outputs/ is uploaded when it ends, before the final report (which releases the
+lease). A job that leaves the assignments is stopped with its grace period and removed, and
+nothing more is reported for it. When the agent itself stops, runners leave their containers
+running for the next agent to reconcile (`found`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from worker_agent.client import ApiClient, ApiError, ApiUnreachable
+from worker_agent.runtime.base import Assignment, Ended, Found, RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
+LOG_FLUSH_S = 2.0
+USAGE_EVERY_S = 10.0
+OUTPUT_FILES_MAX = 256
+OUTPUTS_PER_REQUEST = 16
+INPUT_MAX_BYTES = 4 * 1024**3
+NOBODY = 65534
+PHASE_STATE = {"pulling": "leased", "starting": "starting", "running": "running"}
+
+
+class Fenced(Exception):
+    """The control plane refused a report (409): this attempt is no longer the job's."""
+
+
+def plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
+
+
+class Runner(threading.Thread):
+    def __init__(
+        self,
+        assignment: Assignment,
+        *,
+        client: ApiClient,
+        runtime,
+        workdir: Path,
+        address: str = "127.0.0.1",
+        found: Found | None = None,
+        poll_s: float = 1.0,
+    ):
+        super().__init__(daemon=True, name=f"job-{assignment.job}")
+        self.assignment, self.client, self.runtime = assignment, client, runtime
+        self.workdir, self.address, self.found, self.poll_s = workdir, address, found, poll_s
+        self.cancelled = threading.Event()  # the job left the assignments: stop and remove
+        self.halted = threading.Event()  # the agent stops: leave the container running
+        self.phase = "pulling"
+        self.usage: dict = {}
+        self.outcome: Ended | None = None
+        self._follower = None
+
+    # ------------------------------------------------------------------ for the agent
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def halt(self) -> None:
+        self.halted.set()
+
+    def workload(self) -> dict | None:
+        state = PHASE_STATE.get(self.phase)
+        if state is None:
+            return None
+        entry = {"lease": self.assignment.lease, "job": self.assignment.job, "state": state}
+        if self.usage:
+            entry["usage"] = dict(self.usage)
+        return entry
+
+    # ------------------------------------------------------------------ the thread
+    def run(self) -> None:
+        a = self.assignment
+        try:
+            if self.runtime is None:
+                message = f"runtime {a.runtime} is not available on this node"
+                self._end_quietly(Ended("failed", "runtime_error", None, message))
+            elif self.found is not None:
+                self._adopt(self.found)
+            elif a.state != "leased":
+                # Reported starting/running by an earlier agent, and no container is left.
+                self._report(
+                    "failed", "runtime_error", message="the container is gone (agent restart)"
+                )
+            else:
+                self._launch()
+        except Fenced as exc:
+            log.warning("job %s: report refused (%s); abandoning this attempt", a.job, exc)
+        except ApiUnreachable as exc:
+            # What ran is still on the host: the next reconciliation reports it.
+            log.error("job %s: control plane unreachable (%s); left for reconciliation", a.job, exc)
+        except RuntimeFailure as exc:
+            log.warning("job %s failed: %s", a.job, exc)
+            self._end_quietly(Ended("failed", exc.reason, None, exc.message))
+        except Exception as exc:  # never let a runner die silently
+            log.exception("job %s: runner error", a.job)
+            self._end_quietly(Ended("failed", "runtime_error", None, f"agent error: {exc}"))
+        finally:
+            if self.phase != "left running":
+                self.phase = "ended"
+
+    def _launch(self) -> None:
+        a = self.assignment
+        deadline = time.monotonic() + a.startup_timeout_s
+        self._report("pulling", "image_pulling")
+        pull_seconds = self._before(deadline, "image pull", lambda: self.runtime.pull(a))
+        self._report("pulling", "image_pulled", pull_seconds=round(pull_seconds, 3))
+        if self.cancelled.is_set():
+            return
+        self.phase = "starting"
+        self._report("starting")
+        self._prepare_dirs()
+        self._before(deadline, "fetching inputs", self._fetch_inputs)
+        handle = self.runtime.create(a, self.workdir)
+        try:
+            self.runtime.start(handle)
+            self._follower = self.runtime.follow_logs(handle)
+            while not self.runtime.running(handle) and self.runtime.poll(handle) is None:
+                if time.monotonic() > deadline:
+                    self.runtime.kill(handle)
+                    raise RuntimeFailure("startup_timed_out", "the container did not start")
+                time.sleep(0.1)
+        except BaseException:
+            self.runtime.remove(handle)
+            raise
+        self._running(handle)
+        self._monitor(handle, time.monotonic())
+
+    def _adopt(self, found: Found) -> None:
+        """A container a previous agent started: report where it is, then follow it."""
+        a = self.assignment
+        log.info("job %s: reconciling its container (running=%s)", a.job, found.running)
+        if a.state in ("leased", "starting"):
+            self._running(found.handle)
+        self.phase = "running"
+        self._follower = self.runtime.follow_logs(found.handle, since=int(time.time()))
+        elapsed = self.runtime.elapsed(found.handle)
+        self._monitor(found.handle, time.monotonic() - elapsed)
+
+    def _running(self, handle) -> None:
+        route = self.runtime.route(handle, self.address)
+        self._report("running", route=route)
+        self.phase = "running"
+
+    def _monitor(self, handle, since: float) -> None:
+        a = self.assignment
+        flushed = sampled = 0.0
+        while True:
+            ended = self.runtime.poll(handle)
+            if ended is not None:
+                break
+            if self.halted.is_set():
+                self._flush_logs(quiet=True)
+                self.phase = "left running"
+                return
+            if self.cancelled.is_set():
+                log.info("job %s left the assignments: stopping (grace %ss)", a.job, a.stop_grace_s)
+                self.runtime.stop(handle, a.stop_grace_s)
+                self._flush_logs(quiet=True)
+                self.runtime.remove(handle)
+                self._clean_workdir()
+                return
+            now = time.monotonic()
+            if a.max_runtime_s and now - since > a.max_runtime_s:
+                self.runtime.kill(handle)
+                code = getattr(self.runtime.poll(handle), "exit_code", None)
+                message = f"killed after the maximum runtime of {a.max_runtime_s}s"
+                ended = Ended("failed", "max_runtime_exceeded", code, message)
+                break
+            if now - flushed >= LOG_FLUSH_S:
+                self._flush_logs()
+                flushed = now
+            if now - sampled >= USAGE_EVERY_S:
+                self.usage = self.runtime.usage(handle) or self.usage
+                sampled = time.monotonic()
+            self.cancelled.wait(self.poll_s)
+        self._finish(handle, ended)
+
+    def _finish(self, handle, ended: Ended) -> None:
+        if self._follower is not None:
+            self._follower.join(5)
+        self._flush_logs()
+        self._upload_outputs()
+        self.outcome = ended
+        self._report(ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message)
+        self.phase = "ended"
+        self.runtime.remove(handle)
+        self._clean_workdir()
+
+    def _end_quietly(self, ended: Ended) -> None:
+        self.outcome = ended
+        try:
+            self._flush_logs(quiet=True)
+            self._report(ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message)
+        except (Fenced, ApiError, ApiUnreachable) as exc:
+            log.warning("job %s: could not report %s: %s", self.assignment.job, ended.reason, exc)
+        self._clean_workdir()
+
+    # ------------------------------------------------------------------ reports
+    def _report(self, step: str, reason: str = "", **fields) -> dict | None:
+        """Only pulls and failures carry a reason; the other steps' events are implied."""
+        body = {"fencing_token": self.assignment.fencing_token, "step": step}
+        if step in ("pulling", "failed"):
+            body["reason"] = reason
+        body |= {key: value for key, value in fields.items() if value is not None}
+        body["message"] = str(body.get("message", ""))[:1000]
+        log.info("job %s: %s %s", self.assignment.job, step, reason)
+        try:
+            return self.client.report(self.assignment.job, body)
+        except ApiError as exc:
+            if exc.status in (403, 404, 409):  # stale token, or no longer this node's job
+                raise Fenced(str(exc)) from exc
+            raise
+
+    def _flush_logs(self, quiet: bool = False) -> None:
+        text = self._follower.take() if self._follower is not None else ""
+        for start in range(0, len(text), LOG_CHUNK):
+            try:
+                self.client.logs(
+                    self.assignment.job,
+                    self.assignment.fencing_token,
+                    text[start : start + LOG_CHUNK],
+                )
+            except (ApiError, ApiUnreachable) as exc:
+                if not quiet:
+                    log.warning("job %s: logs not sent: %s", self.assignment.job, exc)
+                return
+
+    # ------------------------------------------------------------------ files
+    def _prepare_dirs(self) -> None:
+        outputs, inputs = self.workdir / "outputs", self.workdir / "inputs"
+        for path in (outputs, inputs):
+            path.mkdir(parents=True, exist_ok=True)
+        os.chmod(inputs, 0o755)
+        if os.geteuid() == 0:  # the container runs as nobody: let it write its outputs
+            os.chown(outputs, NOBODY, NOBODY)
+            os.chmod(outputs, 0o755)
+        else:
+            os.chmod(outputs, 0o777)
+
+    def _fetch_inputs(self) -> None:
+        for index, entry in enumerate(self.assignment.inputs):
+            item = entry if isinstance(entry, dict) else {"url": entry}  # a URL or {url, name}
+            url = str(item.get("url", ""))
+            name = str(item.get("name") or url.rstrip("/").rpartition("/")[2] or f"input{index}")
+            if not plain_name(name) or not url.startswith(("http://", "https://")):
+                raise RuntimeFailure("runtime_error", f"input {index}: refused {url!r} / {name!r}")
+            target, size = self.workdir / "inputs" / name, 0
+            try:
+                with requests.get(url, stream=True, timeout=60) as response:
+                    response.raise_for_status()
+                    with open(target, "wb") as f:
+                        for block in response.iter_content(1024 * 1024):
+                            size += len(block)
+                            if size > INPUT_MAX_BYTES:
+                                raise RuntimeFailure("runtime_error", f"input {name} too large")
+                            f.write(block)
+            except requests.RequestException as exc:
+                raise RuntimeFailure("runtime_error", f"input {name}: {exc}") from exc
+            os.chmod(target, 0o644)
+
+    def _upload_outputs(self) -> None:
+        """Top-level regular files of outputs/, never following a link the job made."""
+        outputs = self.workdir / "outputs"
+        if not outputs.is_dir():
+            return
+        files = []
+        for entry in sorted(os.scandir(outputs), key=lambda e: e.name):
+            if not entry.is_file(follow_symlinks=False) or not plain_name(entry.name):
+                log.warning("job %s: output %r skipped (not a plain file)", self.job, entry.name)
+                continue
+            if len(files) >= OUTPUT_FILES_MAX:
+                log.warning("job %s: more than %d outputs; rest skipped", self.job, len(files))
+                break
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                log.warning("job %s: output %s unreadable: %s", self.job, entry.name, exc)
+                continue
+            handle = os.fdopen(fd, "rb")
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                handle.close()
+                continue
+            files.append((entry.name, handle))
+        try:
+            for start in range(0, len(files), OUTPUTS_PER_REQUEST):
+                batch = files[start : start + OUTPUTS_PER_REQUEST]
+                self.client.outputs(self.job, self.assignment.fencing_token, batch)
+        except (ApiError, ApiUnreachable) as exc:
+            log.warning("job %s: outputs not uploaded: %s", self.job, exc)
+        finally:
+            for _, handle in files:
+                handle.close()
+
+    def _clean_workdir(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def job(self) -> int:
+        return self.assignment.job
+
+    def _before(self, deadline: float, what: str, work):
+        """`work()` in a helper thread, given until the startup deadline (a hung pull or
+        download cannot hold the job forever); its result, or its exception re-raised."""
+        result: dict = {}
+
+        def call():
+            try:
+                result["value"] = work()
+            except BaseException as exc:
+                result["error"] = exc
+
+        helper = threading.Thread(target=call, daemon=True, name=f"job-{self.job}-{what}")
+        helper.start()
+        while helper.is_alive():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeFailure("startup_timed_out", f"{what} exceeded the startup timeout")
+            if self.halted.is_set() or self.cancelled.is_set():
+                raise Fenced(f"stopped while {what}")
+            helper.join(min(remaining, 0.5))
+        if "error" in result:
+            raise result["error"]
+        return result.get("value")

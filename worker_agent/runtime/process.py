@@ -1,0 +1,227 @@
+"""The local process runtime: for trusted development pools ONLY (pool policy
+`allow_process_runtime`; the control plane sends `runtime: "process"` nowhere else).
+
+It does NOT isolate: the job runs as the agent's own user, sees the host's filesystem and
+network, and can signal the agent's other processes. What it does:
+- the command runs as given (`sh -c` only when the job's command says so), in its own session,
+  in a per-attempt directory holding inputs/, outputs/ and scratch/, with OUTPUTS_DIR,
+  INPUTS_DIR, SCRATCH_DIR (and TMPDIR) set. There is no `/outputs`: a job written for the
+  container (`echo hello > /outputs/greeting.txt`) needs the Docker runtime; under this one it
+  writes to "$OUTPUTS_DIR/greeting.txt" (or the relative `outputs/greeting.txt`).
+- rlimits as possible: RLIMIT_AS = the leased memory (virtual, not resident memory: a program
+  may fail earlier than in a container), RLIMIT_CPU = max runtime × leased CPUs (seconds of CPU),
+  RLIMIT_NPROC = pids (counted per user, not per job). No CPU quota, no cpuset, no GPU
+  restriction, no scratch size cap, no network policy.
+- the exit status is known only to the agent that started it: after an agent restart a process
+  still running is followed by its pid, and its end is reported as runtime_error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from worker_agent.runtime.base import Assignment, Ended, Found, RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+PID_FILE = "process.json"
+LOG_FILE = "output.log"
+
+
+@dataclass
+class ProcessHandle:
+    workdir: Path
+    assignment: Assignment | None = None
+    popen: subprocess.Popen | None = None
+    pid: int | None = None
+    killed: bool = False
+
+
+class FileFollower:
+    """Reads what a log file gained since the last `take()`."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path, self.offset, self._lock = path, offset, threading.Lock()
+
+    def take(self) -> str:
+        with self._lock:
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(self.offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return ""
+            self.offset += len(data)
+        return data.decode(errors="replace")
+
+    def join(self, timeout: float = 0) -> None:
+        pass
+
+
+def _limits(assignment: Assignment):
+    limits = assignment.limits
+    cpu_seconds = None
+    if assignment.max_runtime_s:
+        cpus = max(1, -(-limits.cpu_millicores // 1000))
+        cpu_seconds = assignment.max_runtime_s * cpus + 5
+
+    def apply():  # runs in the child between fork and exec
+        os.setsid()
+        memory = limits.memory_mib * 1024 * 1024
+        for kind, value in (
+            (resource.RLIMIT_AS, memory),
+            (resource.RLIMIT_NPROC, limits.pids),
+            (resource.RLIMIT_CPU, cpu_seconds),
+        ):
+            if value is None:
+                continue
+            # above the hard limit: keep what the agent has
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(kind, (value, value))
+
+    return apply
+
+
+class ProcessRuntime:
+    name = "process"
+
+    def __init__(self, node_name: str = "", state_dir: str | os.PathLike = "."):
+        self.node_name = node_name
+        self.state_dir = Path(state_dir)
+        log.warning("process runtime: jobs run as local processes and are NOT isolated")
+
+    def pull(self, assignment: Assignment) -> float:
+        return 0.0  # no image: the command runs on the host as it is
+
+    def images(self) -> list[str]:
+        return []
+
+    def create(self, assignment: Assignment, workdir: Path) -> ProcessHandle:
+        (workdir / "scratch").mkdir(exist_ok=True)
+        (workdir / "tmp").mkdir(exist_ok=True)
+        if not assignment.command:
+            raise RuntimeFailure("runtime_error", "the process runtime needs a command")
+        return ProcessHandle(workdir=workdir, assignment=assignment)
+
+    def start(self, handle: ProcessHandle) -> None:
+        assignment, workdir = handle.assignment, handle.workdir
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(workdir),
+            "OUTPUTS_DIR": str(workdir / "outputs"),
+            "INPUTS_DIR": str(workdir / "inputs"),
+            "SCRATCH_DIR": str(workdir / "scratch"),
+            "TMPDIR": str(workdir / "tmp"),
+        } | assignment.environment()
+        log.warning("job %s runs as a local process: NOT isolated", assignment.job)
+        try:
+            with open(workdir / LOG_FILE, "ab") as out:
+                handle.popen = subprocess.Popen(
+                    list(assignment.command),
+                    cwd=workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_limits(assignment),
+                )
+        except OSError as exc:
+            raise RuntimeFailure("runtime_error", f"start failed: {exc}") from exc
+        handle.pid = handle.popen.pid
+        record = {"pid": handle.pid, "job": assignment.job, "lease": assignment.lease}
+        record |= {"attempt": assignment.attempt, "node": self.node_name}
+        (workdir / PID_FILE).write_text(json.dumps(record))
+
+    def poll(self, handle: ProcessHandle) -> Ended | None:
+        if handle.popen is not None:
+            code = handle.popen.poll()
+            if code is None:
+                return None
+            if code < 0:  # killed by a signal
+                return Ended("failed", "exited_nonzero", 128 - code, f"killed by signal {-code}")
+            return Ended.from_exit(code)
+        if handle.pid and _alive(handle.pid):
+            return None
+        return Ended("failed", "runtime_error", None, "exit status lost across an agent restart")
+
+    def running(self, handle: ProcessHandle) -> bool:
+        return self.poll(handle) is None
+
+    def elapsed(self, handle: ProcessHandle) -> float:
+        try:
+            return max(0.0, time.time() - psutil.Process(handle.pid).create_time())
+        except (psutil.Error, TypeError):
+            return 0.0
+
+    def route(self, handle: ProcessHandle, host: str) -> dict | None:
+        ports = handle.assignment.ports if handle.assignment else ()
+        return {"host": host, "ports": {str(p): p for p in ports}} if ports else None
+
+    def _signal(self, handle: ProcessHandle, sig) -> None:
+        if handle.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(handle.pid, sig)
+
+    def stop(self, handle: ProcessHandle, grace: int) -> None:
+        self._signal(handle, signal.SIGTERM)
+        deadline = time.monotonic() + max(0, grace)
+        while time.monotonic() < deadline and self.poll(handle) is None:
+            time.sleep(0.1)
+        self.kill(handle)
+
+    def kill(self, handle: ProcessHandle) -> None:
+        handle.killed = True
+        self._signal(handle, signal.SIGKILL)
+        if handle.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                handle.popen.wait(timeout=10)
+
+    def remove(self, handle: ProcessHandle) -> None:
+        (handle.workdir / PID_FILE).unlink(missing_ok=True)
+
+    def follow_logs(self, handle: ProcessHandle, since=None) -> FileFollower:
+        path = handle.workdir / LOG_FILE
+        offset = path.stat().st_size if since is not None and path.exists() else 0
+        return FileFollower(path, offset)
+
+    def usage(self, handle: ProcessHandle) -> dict:
+        try:
+            root = psutil.Process(handle.pid)
+            procs = [root, *root.children(recursive=True)]
+            cpu = sum(p.cpu_percent(interval=0.2) for p in procs)
+            rss = sum(p.memory_info().rss for p in procs)
+        except (psutil.Error, TypeError):
+            return {}
+        return {"cpu_millicores": int(cpu * 10), "memory_mib": rss // (1024 * 1024)}
+
+    def find(self) -> list[Found]:
+        found = []
+        for pid_file in (self.state_dir / "attempts").glob(f"*/{PID_FILE}"):
+            try:
+                record = json.loads(pid_file.read_text())
+                handle = ProcessHandle(workdir=pid_file.parent, pid=int(record["pid"]))
+                job, lease = int(record["job"]), int(record["lease"])
+            except (OSError, ValueError, KeyError):
+                continue
+            ended = self.poll(handle)
+            found.append(Found(job, lease, int(record.get("attempt", 1)), handle, not ended, ended))
+        return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
