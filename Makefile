@@ -24,6 +24,7 @@ demo: migrate
 	$(BIN)/python manage.py load_demo
 
 ## run: the product on http://127.0.0.1:8000 (SQLite and embedded Redis unless configured)
+## and one local worker agent (Docker engine → pool lab; else the process runtime → pool dev)
 run: demo
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py runstack
 

@@ -33,6 +33,7 @@ DEV_POOL = {
     "description": "Local process runtime (no isolation): for trying Compute Pool without Docker",
 }
 DEV_KNOBS = {"allow_process_runtime": True}
+DEV_SHAPE_FIELDS = {"container_runtime": "process"}
 # The loopback registry (.ci/ensure-services.sh runs one with the busybox test image): every
 # repository in it is allowed, so a newcomer may push and run images of their own.
 REGISTRY = "127.0.0.1:5000/"
@@ -160,12 +161,14 @@ def load_demo() -> list[tuple[str, str, str]]:
             },
         )
     for shape in SHAPES:
-        for each in pools if shape["name"] == "cpu-small" else [pool]:
-            ResourceShape.objects.update_or_create(
-                pool=each,
-                name=shape["name"],
-                defaults={k: v for k, v in shape.items() if k != "name"},
-            )
+        defaults = {k: v for k, v in shape.items() if k != "name"}
+        ResourceShape.objects.update_or_create(pool=pool, name=shape["name"], defaults=defaults)
+    # The dev pool's nodes offer the process runtime only (their agent found no Docker engine).
+    ResourceShape.objects.update_or_create(
+        pool=pools[1],
+        name="cpu-small",
+        defaults={k: v for k, v in SHAPES[0].items() if k != "name"} | DEV_SHAPE_FIELDS,
+    )
     printout = []
     for username, password, memberships, platform_roles in PEOPLE:
         for tenant_slug, role in memberships.items():

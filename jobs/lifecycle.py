@@ -18,6 +18,7 @@ from leases.choices import HOLDING
 from leases.models import Lease
 from leases.services import lease_commit, lease_set_route
 from nodes.models import GpuDevice
+from nodes.services import node_image_pull_record
 from pools.actors import Actor
 from pools.models import TenantSecret
 from pools.reasons import Reason
@@ -205,7 +206,10 @@ def job_report(
         job = Job.objects.select_for_update().get(pk=job.pk)
         lease = fenced_lease(job, node, fencing_token)
         if step == "pulling":
-            return _pulling(job, actor, reason, message, pull_seconds, now)
+            job = _pulling(job, actor, reason, message, pull_seconds, now)
+            if pull_seconds is not None:  # per image on the node (docs/nodes.md)
+                node_image_pull_record(node=node, image=job.image, seconds=pull_seconds)
+            return job
         if step == "starting":
             if job.state == S.STARTING:
                 return job
@@ -242,6 +246,10 @@ def job_report(
                 job=job, actor=actor, failure=reason, exit_code=exit_code, message=message, now=now
             )
         if step == "checkpointed":
+            if job.state != S.CHECKPOINTING:  # only a requested checkpoint re-queues a job
+                raise TransitionRefused(
+                    "transition_not_allowed", f"job {job.pk} is {job.state}, not checkpointing"
+                )
             job = job_transition(
                 job=job,
                 to=S.QUEUED,

@@ -11,6 +11,15 @@ DEFAULTS = {
     "NODE_GPU_MAX_TEMPERATURE_C": 90,  # when NVML gives no slowdown threshold
     "NODE_DRIFT_LARGE_PERCENT": 10,  # CPU or memory shrinking more than this quarantines
     "NODE_PROBE_MEMORY_TOLERANCE_PERCENT": 5,  # a container sees a little less than the host
+    # The validation probe's challenge (nodes/challenge.py): the image it runs in (a tag is
+    # pinned to its digest when the probe is requested), the seeded work and its time budget.
+    "NODE_PROBE_IMAGE": "127.0.0.1:5000/computepool/busybox:test",
+    "NODE_PROBE_ITERATIONS": 300,  # sha256 rounds per chain
+    "NODE_PROBE_WORKERS_MAX": 16,  # parallel chains: one per claimed CPU, at most this many
+    "NODE_PROBE_MEMORY_MAX_MIB": 2048,  # the claimed memory is proven up to this much
+    "NODE_PROBE_SECONDS_PER_ITERATION": 0.05,  # generous: far beyond a busybox sha256 round
+    "NODE_PROBE_SECONDS_BASE": 60,  # container start, the memory fill, a slow disk
+    "NODE_IMAGE_PULL_TIMES_MAX": 512,  # pull times kept per node (newest win)
 }
 
 

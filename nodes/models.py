@@ -38,6 +38,8 @@ class Node(models.Model):
     # scheduler's warm-image filter and scorer read (leases/snapshot.py).
     agent_runtime = models.CharField(max_length=10, blank=True)
     cached_images = models.JSONField(default=list, blank=True)
+    # {"sha256:…": seconds} the agent measured pulling each image here (newest 512 kept)
+    image_pull_seconds = models.JSONField(default=dict, blank=True)
     features = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     region = models.CharField(max_length=40, blank=True)
@@ -267,6 +269,8 @@ class NodeProbe(models.Model):
         max_length=10, choices=ProbeState.choices, default=ProbeState.REQUESTED, db_index=True
     )
     expected = models.JSONField(default=dict, blank=True, help_text="The claims to compare with")
+    # a validation probe's fresh seeded work (nodes/challenge.py); {} for recovery probes
+    challenge = models.JSONField(default=dict, blank=True)
     result = models.JSONField(null=True, blank=True)
     differences = models.JSONField(default=list, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)

@@ -17,6 +17,7 @@ from pathlib import Path
 from worker_agent import __version__
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host
+from worker_agent.probe import probe_result
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import DockerRuntime
@@ -96,6 +97,7 @@ class Agent:
         self.runners: dict[tuple[int, int], Runner] = {}
         self.finished: set[tuple[int, int]] = set()  # ended here; never started again
         self.rotate_requested = False
+        self.probes_started: set[int] = set()  # validation probes run by this agent
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -199,7 +201,43 @@ class Agent:
             self.rotate_requested = True
         if self.rotate_requested or self.state.credential_due_for_rotation():
             self.rotate_credential()
+        self.run_probes(answer.get("probes") or [])
         return answer
+
+    # ------------------------------------------------------------------ probes
+    def run_probes(self, probes: list) -> None:
+        """Each requested validation probe once, in a thread of its own (heartbeats go on).
+        Recovery probes are not answered by this agent yet."""
+        for probe in probes:
+            if not isinstance(probe, dict) or probe.get("kind") != "validation":
+                continue
+            try:
+                probe_id = int(probe["id"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if probe_id in self.probes_started:
+                continue
+            self.probes_started.add(probe_id)
+            threading.Thread(
+                target=self._probe, args=(probe,), daemon=True, name=f"probe-{probe_id}"
+            ).start()
+
+    def _probe(self, probe: dict) -> None:
+        probe_id = int(probe["id"])
+        log.info("validation probe %s: running its challenge", probe_id)
+        try:
+            result = probe_result(
+                probe,
+                runtime=self.primary,
+                workdir=self.state.dir / "probes" / str(probe_id),
+                inventory=self.host.inventory(),
+            )
+            answer = self.client.probe_result(probe_id, result)
+            log.info("validation probe %s: %s", probe_id, (answer or {}).get("state"))
+        except (ApiError, ApiUnreachable) as exc:
+            log.warning("validation probe %s: result not accepted: %s", probe_id, exc)
+        except Exception:  # never let the thread die silently
+            log.exception("validation probe %s failed", probe_id)
 
     # ------------------------------------------------------------------ assignments
     def assignments(self) -> dict[tuple[int, int], Assignment]:
@@ -220,6 +258,8 @@ class Agent:
         for key, runner in self.runners.items():
             if key not in current and not runner.cancelled.is_set():
                 runner.cancel()
+            elif key in current and current[key].checkpoint_requested:
+                runner.request_checkpoint()
         self.finished &= set(current)
         for key, assignment in current.items():
             if key not in self.runners and key not in self.finished:
@@ -255,6 +295,7 @@ class Agent:
             workdir=self.state.attempt_dir(assignment.job, assignment.attempt),
             address=self.address,
             found=found,
+            gpu_usage=self.host.gpu_usage,
         )
         self.runners[assignment.key] = runner
         runner.start()

@@ -148,6 +148,9 @@ class ApiClient:
     def rotate_credential(self) -> dict:
         return self.request("POST", "agent/credential/rotate")
 
+    def probe_result(self, probe: int, result: dict) -> dict:
+        return self.request("POST", f"agent/probes/{int(probe)}/result", json={"result": result})
+
     def assignments(self) -> list[dict]:
         return self.request("GET", "agent/assignments") or []
 

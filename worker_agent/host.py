@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pynvml
 
-from worker_agent.inventory import inventory_document, load_nvml, read_gpus
+from worker_agent.inventory import gpu_usage, inventory_document, load_nvml, read_gpus
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,14 @@ class Host:
     def gpu_health(self) -> list[dict]:
         """Per-device readings for heartbeats."""
         return self.gpu_reading()["health"]
+
+    def gpu_usage(self, uuids) -> dict:
+        """A lease's devices now (NVML), for its workload's usage; {} without a driver."""
+        try:
+            return gpu_usage(self.nvml, uuids)
+        except pynvml.NVMLError as exc:
+            log.debug("GPU usage not read: %s", exc)
+            return {}
 
     def usage(self) -> dict:
         """The whole host's usage now, for heartbeats (numbers only)."""

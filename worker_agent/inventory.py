@@ -164,6 +164,33 @@ def read_gpus(nvml) -> dict:
     return {"gpus": gpus, "health": health}
 
 
+def gpu_usage(nvml, uuids) -> dict:
+    """What a lease's devices are doing now: `gpu_utilization_percent` (the mean over the
+    devices that report it) and `gpu_memory_mib` (used, summed). {} without a driver, without
+    devices, or when none of them answers. MIG instances (`MIG-…`) are not sampled: NVML gives
+    no utilisation per instance."""
+    if nvml is None:
+        return {}
+    rates, memory, seen = [], 0, 0
+    for uuid in uuids or ():
+        if str(uuid).startswith("MIG-"):
+            continue
+        handle = _optional(nvml.nvmlDeviceGetHandleByUUID, str(uuid))
+        if handle is None:
+            continue
+        info = _optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+        if info is not None:
+            memory += int(info.used) // (1024 * 1024)
+        rate = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+        if rate is not None:
+            rates.append(int(rate.gpu))
+        seen += 1
+    if not seen:
+        return {}
+    mean = round(sum(rates) / len(rates), 1) if rates else 0
+    return {"gpu_utilization_percent": mean, "gpu_memory_mib": memory}
+
+
 # --------------------------------------------------------------------------- recordings
 
 
@@ -217,8 +244,17 @@ class RecordedNvml:
     def nvmlDeviceGetName(self, h):
         return h["name"]
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for device in self.devices:
+            if device["uuid"] == uuid:
+                return device
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=h["memory_total_bytes"])
+        return SimpleNamespace(total=h["memory_total_bytes"], used=h.get("memory_used_bytes", 0))
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=self._get(h, "utilization_gpu_percent"), memory=0)
 
     def nvmlDeviceGetPciInfo(self, h):
         return SimpleNamespace(busId=h["pci_bus_id"])
@@ -313,6 +349,10 @@ def record(nvml) -> dict:
             ),
             "pcie_link_width": _optional(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
             "pcie_link_width_max": _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+            "memory_used_bytes": nvml.nvmlDeviceGetMemoryInfo(handle).used,
+            "utilization_gpu_percent": getattr(
+                _optional(nvml.nvmlDeviceGetUtilizationRates, handle), "gpu", None
+            ),
             "ecc_uncorrected_volatile": _optional(
                 nvml.nvmlDeviceGetTotalEccErrors,
                 handle,

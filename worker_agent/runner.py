@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import stat
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,14 @@ from pathlib import Path
 import requests
 
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
-from worker_agent.runtime.base import Assignment, Ended, Found, RuntimeFailure
+from worker_agent.runtime.base import (
+    CHECKPOINT_SIGNAL,
+    CHECKPOINT_SUBDIR,
+    Assignment,
+    Ended,
+    Found,
+    RuntimeFailure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +42,13 @@ OUTPUT_FILES_MAX = 256
 OUTPUTS_PER_REQUEST = 16
 INPUT_MAX_BYTES = 4 * 1024**3
 NOBODY = 65534
-PHASE_STATE = {"pulling": "leased", "starting": "starting", "running": "running"}
+PHASE_STATE = {
+    "pulling": "leased",
+    "starting": "starting",
+    "running": "running",
+    "checkpointing": "checkpointing",
+}
+CHECKPOINT_ARCHIVE = "checkpoint.tar"  # outputs/checkpoint/, uploaded as one output
 
 
 class Fenced(Exception):
@@ -56,12 +70,17 @@ class Runner(threading.Thread):
         address: str = "127.0.0.1",
         found: Found | None = None,
         poll_s: float = 1.0,
+        gpu_usage=None,
     ):
         super().__init__(daemon=True, name=f"job-{assignment.job}")
         self.assignment, self.client, self.runtime = assignment, client, runtime
         self.workdir, self.address, self.found, self.poll_s = workdir, address, found, poll_s
         self.cancelled = threading.Event()  # the job left the assignments: stop and remove
         self.halted = threading.Event()  # the agent stops: leave the container running
+        self.checkpoint = threading.Event()  # the control plane asks for a checkpoint
+        if assignment.checkpoint_requested:
+            self.checkpoint.set()
+        self.gpu_usage = gpu_usage  # uuids → {"gpu_utilization_percent", "gpu_memory_mib"}
         self.phase = "pulling"
         self.usage: dict = {}
         self.outcome: Ended | None = None
@@ -73,6 +92,9 @@ class Runner(threading.Thread):
 
     def halt(self) -> None:
         self.halted.set()
+
+    def request_checkpoint(self) -> None:
+        self.checkpoint.set()
 
     def workload(self) -> dict | None:
         state = PHASE_STATE.get(self.phase)
@@ -185,11 +207,48 @@ class Runner(threading.Thread):
             if now - flushed >= LOG_FLUSH_S:
                 self._flush_logs()
                 flushed = now
+            if self.checkpoint.is_set():
+                self._checkpoint(handle)
+                return
             if now - sampled >= USAGE_EVERY_S:
-                self.usage = self.runtime.usage(handle) or self.usage
+                self.usage = self._sample(handle) or self.usage
                 sampled = time.monotonic()
             self.cancelled.wait(self.poll_s)
         self._finish(handle, ended)
+
+    def _sample(self, handle) -> dict:
+        usage = dict(self.runtime.usage(handle) or {})
+        if self.assignment.limits.gpus and self.gpu_usage is not None:
+            usage |= self.gpu_usage(self.assignment.limits.gpus)
+        return usage
+
+    def _checkpoint(self, handle) -> None:
+        """The checkpoint signal, the grace period to write $CHECKPOINT_DIR, then the stop; the
+        outputs (the checkpoint with them) are uploaded and `checkpointed` reported: the control
+        plane re-queues the job and releases its lease."""
+        a = self.assignment
+        log.info(
+            "job %s: checkpoint requested (%s, grace %ss)", a.job, CHECKPOINT_SIGNAL, a.stop_grace_s
+        )
+        self.phase = "checkpointing"
+        self.runtime.signal(handle, CHECKPOINT_SIGNAL)
+        deadline = time.monotonic() + a.stop_grace_s
+        while time.monotonic() < deadline and self.runtime.poll(handle) is None:
+            if self.cancelled.wait(0.2):
+                break
+        ended = self.runtime.poll(handle)
+        if ended is None:
+            self.runtime.stop(handle, 1)
+            ended = self.runtime.poll(handle)
+        if self._follower is not None:
+            self._follower.join(5)
+        self._flush_logs()
+        self._upload_outputs()
+        code = getattr(ended, "exit_code", None)
+        self._report("checkpointed", message=f"checkpoint written; the job exited with {code}")
+        self.phase = "ended"
+        self.runtime.remove(handle)
+        self._clean_workdir()
 
     def _finish(self, handle, ended: Ended) -> None:
         if self._follower is not None:
@@ -244,14 +303,16 @@ class Runner(threading.Thread):
     # ------------------------------------------------------------------ files
     def _prepare_dirs(self) -> None:
         outputs, inputs = self.workdir / "outputs", self.workdir / "inputs"
-        for path in (outputs, inputs):
+        checkpoint = outputs / CHECKPOINT_SUBDIR
+        for path in (outputs, inputs, checkpoint):
             path.mkdir(parents=True, exist_ok=True)
         os.chmod(inputs, 0o755)
-        if os.geteuid() == 0:  # the container runs as nobody: let it write its outputs
-            os.chown(outputs, NOBODY, NOBODY)
-            os.chmod(outputs, 0o755)
-        else:
-            os.chmod(outputs, 0o777)
+        for path in (outputs, checkpoint):
+            if os.geteuid() == 0:  # the container runs as nobody: let it write its outputs
+                os.chown(path, NOBODY, NOBODY)
+                os.chmod(path, 0o755)
+            else:
+                os.chmod(path, 0o777)
 
     def _fetch_inputs(self) -> None:
         for index, entry in enumerate(self.assignment.inputs):
@@ -280,7 +341,15 @@ class Runner(threading.Thread):
         if not outputs.is_dir():
             return
         files = []
+        archive = self._checkpoint_archive(outputs / CHECKPOINT_SUBDIR)
+        if archive is not None:
+            files.append((CHECKPOINT_ARCHIVE, archive))
         for entry in sorted(os.scandir(outputs), key=lambda e: e.name):
+            if entry.name == CHECKPOINT_ARCHIVE and archive is not None:
+                log.warning("job %s: its own %s skipped (the checkpoint's)", self.job, entry.name)
+                continue
+            if entry.is_dir(follow_symlinks=False) and entry.name == CHECKPOINT_SUBDIR:
+                continue
             if not entry.is_file(follow_symlinks=False) or not plain_name(entry.name):
                 log.warning("job %s: output %r skipped (not a plain file)", self.job, entry.name)
                 continue
@@ -306,6 +375,35 @@ class Runner(threading.Thread):
         finally:
             for _, handle in files:
                 handle.close()
+
+    def _checkpoint_archive(self, root: Path):
+        """The regular files below outputs/checkpoint/ as one tar (open for reading), never
+        following a link the job made; None when there are none."""
+        members = []
+        for folder, dirs, names in os.walk(root, followlinks=False):
+            dirs.sort()
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                handle = os.fdopen(fd, "rb")
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    handle.close()
+                    continue
+                members.append((os.path.relpath(path, root.parent), info, handle))
+        if not members:
+            return None
+        target = self.workdir / CHECKPOINT_ARCHIVE  # beside outputs/, out of the job's reach
+        with tarfile.open(target, "w") as tar:
+            for arcname, info, handle in members:
+                entry = tarfile.TarInfo(arcname)
+                entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), 0o644
+                with handle:
+                    tar.addfile(entry, handle)
+        return open(target, "rb")
 
     def _clean_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -67,6 +67,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "scratch_mib_reserved",
             "numa_layout",
             "usage",
+            "image_pull_seconds",
             "drain_deadline",
             "drained_at",
             "gpus",
@@ -299,6 +300,7 @@ class ProbeSerializer(serializers.ModelSerializer):
             "state",
             "gpu",
             "expected",
+            "challenge",
             "differences",
             "requested_at",
             "completed_at",
@@ -309,6 +311,26 @@ class MeasuredGpuSerializer(serializers.Serializer):
     uuid = serializers.CharField(max_length=80)
     model = serializers.CharField(max_length=60, required=False, allow_blank=True)
     memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
+
+
+PROBE_WORKERS_MAX = 64  # parallel chains of a challenge (the control plane asks ≤ 16)
+HEX64 = r"^[0-9a-f]{64}$"
+
+
+class ChallengeAnswerSerializer(serializers.Serializer):
+    """What the probe container answered (nodes.challenge.challenge_differences checks it)."""
+
+    answers = serializers.ListField(
+        child=serializers.RegexField(HEX64, max_length=64),
+        max_length=PROBE_WORKERS_MAX,
+        default=list,
+    )
+    seconds = NumberField(min_value=0, max_value=86400, required=False)
+    memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
+    gpus = serializers.ListField(
+        child=serializers.CharField(max_length=80), max_length=GPUS_MAX * 8, default=list
+    )
+    error = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
 class ProbeMeasurementSerializer(GpuReadingSerializer):
@@ -323,6 +345,7 @@ class ProbeMeasurementSerializer(GpuReadingSerializer):
     benchmark = BoundedDictField(
         child=NumberField(min_value=0, max_value=COUNTER_MAX), required=False
     )
+    challenge = ChallengeAnswerSerializer(required=False)
 
 
 class ProbeResultSerializer(serializers.Serializer):

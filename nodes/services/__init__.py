@@ -38,7 +38,12 @@ from .enrollment import (
     node_enroll,
 )
 from .health import gpu_health_apply, gpu_mark_unsuitable
-from .heartbeats import node_heartbeat, node_heartbeat_sweep, node_mark_unreachable
+from .heartbeats import (
+    node_heartbeat,
+    node_heartbeat_sweep,
+    node_image_pull_record,
+    node_mark_unreachable,
+)
 from .inventory import inventory_reconcile_sweep, node_inventory_reconcile, node_inventory_report
 from .lifecycle import (
     node_mark_ready,
@@ -75,6 +80,7 @@ __all__ = [
     "node_event",
     "node_heartbeat",
     "node_heartbeat_sweep",
+    "node_image_pull_record",
     "node_inventory_reconcile",
     "node_inventory_report",
     "node_mark_drained",

@@ -138,3 +138,30 @@ def node_heartbeat_sweep(*, now=None) -> list[int]:
         )
         marked += [pk for pk, changed in done.items() if changed]
     return marked
+
+
+def node_image_pull_record(*, node: Node, image: str, seconds: float) -> dict:
+    """The time the node's agent took to pull `image` (a digest reference or `sha256:…`),
+    kept per digest on the node (the newest measurement wins). At most NODE_IMAGE_PULL_TIMES_MAX
+    digests: past that, digests no longer in the node's cache go first. Not an event: a pull
+    is already one on its job (`image_pulled` with `pull_seconds`)."""
+    digest = image.rpartition("@")[2] if "@" in image else image
+    if not digest.startswith("sha256:"):
+        return {}
+    limit = setting("NODE_IMAGE_PULL_TIMES_MAX")
+    with transaction.atomic():
+        row = Node.objects.select_for_update().only("image_pull_seconds", "cached_images")
+        row = row.get(pk=node.pk)
+        times = dict(row.image_pull_seconds or {})
+        times[digest] = round(float(seconds), 3)
+        if len(times) > limit:
+            cached = set(row.cached_images or ())
+            # jsonb keeps no insertion order: evict what left the cache, then by digest
+            for old in sorted(times, key=lambda d: (d in cached, d)):
+                if len(times) <= limit:
+                    break
+                if old != digest:
+                    del times[old]
+        Node.objects.filter(pk=node.pk).update(image_pull_seconds=times)
+    node.image_pull_seconds = times
+    return times

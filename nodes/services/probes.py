@@ -1,26 +1,65 @@
 """Probes: a validation probe checks a marketplace node's claims; a recovery probe checks a
 device that was taken out of scheduling. Only the probed node's own credential may answer."""
 
+import logging
+import secrets
+
 from django.db import transaction
 from django.utils import timezone
 
 from pools.actors import Actor
+from pools.images import parse_image_reference
 from pools.reasons import Reason
+from pools.registry import RegistryError, resolve
 from pools.statemachine import TransitionRefused
 
+from ..challenge import SEED_HEX, build_challenge, challenge_differences
 from ..choices import GpuHealth, ProbeKind, ProbeState
 from ..claims import compare_claims
+from ..conf import setting
 from ..errors import NodeScopeRefused
 from ..health_rules import gpu_health_evaluate
 from ..models import GpuDevice, Node, NodeCredential, NodeProbe
 from .base import node_event
 from .lifecycle import node_mark_ready, node_quarantine, node_verify
 
+log = logging.getLogger(__name__)
+
+
+def probe_image() -> str:
+    """NODE_PROBE_IMAGE pinned to its digest (the agent runs images by digest only); "" when
+    the registry cannot say, and the probe then fails saying so."""
+    text = setting("NODE_PROBE_IMAGE")
+    try:
+        ref = parse_image_reference(text)
+        if ref.digest:
+            return text
+        return resolve(ref.registry, ref.repository, ref.tag or "latest").pinned
+    except (ValueError, RegistryError) as exc:
+        log.warning("probe image %r cannot be pinned: %s", text, exc)
+        return ""
+
+
+def probe_challenge(node: Node) -> dict:
+    """A fresh challenge for the node's claims: a new seed for every probe."""
+    return build_challenge(
+        node.inventory or {},
+        seed=secrets.token_hex(SEED_HEX // 2),
+        image=probe_image(),
+        iterations=setting("NODE_PROBE_ITERATIONS"),
+        workers_max=setting("NODE_PROBE_WORKERS_MAX"),
+        memory_max_mib=setting("NODE_PROBE_MEMORY_MAX_MIB"),
+        seconds_per_iteration=setting("NODE_PROBE_SECONDS_PER_ITERATION"),
+        seconds_base=setting("NODE_PROBE_SECONDS_BASE"),
+    )
+
 
 def probe_request(
     *, node: Node, kind: str, actor: Actor, gpu: GpuDevice | None = None, now=None
 ) -> NodeProbe:
     now = now or timezone.now()
+    validation = kind == ProbeKind.VALIDATION
+    challenge = probe_challenge(node) if validation else {}  # the registry: outside the lock
     with transaction.atomic():
         # one open probe of a kind per node (per device for recovery)
         open_probe = NodeProbe.objects.filter(
@@ -28,9 +67,14 @@ def probe_request(
         ).first()
         if open_probe is not None:
             return open_probe
-        expected = node.inventory if kind == ProbeKind.VALIDATION else {"uuid": gpu.uuid}
+        expected = node.inventory if validation else {"uuid": gpu.uuid}
         probe = NodeProbe.objects.create(
-            node=node, gpu=gpu, kind=kind, expected=expected, requested_at=now
+            node=node,
+            gpu=gpu,
+            kind=kind,
+            expected=expected,
+            challenge=challenge,
+            requested_at=now,
         )
         what = f"device {gpu.uuid}" if gpu else "the node's claims"
         node_event(
@@ -63,6 +107,7 @@ def probe_result_submit(
         node = probe.node
         if probe.kind == ProbeKind.VALIDATION:
             diffs = compare_claims(probe.expected, result)
+            diffs += challenge_differences(probe.challenge, result.get("challenge"))
         else:
             health, _flags, why = gpu_health_evaluate(result)
             diffs = [] if result.get("passed") and health == GpuHealth.OK else [why or "failed"]

@@ -27,6 +27,12 @@ from pools.models import ComputePool, ResourceShape, Tenant
 from scheduling.passes import scheduling_pass
 from leases.selectors import ledger_problems
 pool, tenant = ComputePool.objects.get(slug="lab"), Tenant.objects.get(slug="vision")
+# The demo's example nodes have no agent and stay registered: made ready here, as their agents'
+# first heartbeats would.
+from nodes import services as node_services
+for node in pool.nodes.all():
+    node = node_services.node_verify(node=node, actor=Actor.system("t"))
+    node_services.node_mark_ready(node=node, actor=Actor.system("t"))
 from config.builders import pinned_test_image
 image = pinned_test_image()
 for shape in ("cpu-small", "gpu-a100-1", "gpu-mig-1g", "gpu-share-quarter"):

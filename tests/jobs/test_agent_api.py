@@ -17,8 +17,9 @@ from nodes import services as node_services
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.services import policy_version_publish
+from scheduling.drain import node_drain_enforce
 from scheduling.passes import scheduling_pass
-from tests.clients import bearer_client
+from tests.clients import bearer_client, client_for
 
 RETRY_TWICE = {"max_attempts": 2, "backoff_s": 60, "retry_on": ["exited_nonzero"]}
 
@@ -294,3 +295,45 @@ def test_agent_endpoints_refuse_people(agent, tenant, member, api):
     assert client.get("/api/v1/agent/assignments").status_code == 403
     response = client.post(f"/api/v1/agent/jobs/{job.pk}/report", {}, format="json")
     assert response.status_code == 403
+
+
+def test_a_drain_checkpoint_is_asked_of_the_agent_and_checkpointed_requeues(
+    agent, node_api, tenant
+):
+    job, lease = place(submit_job(agent.node.pool, tenant, checkpointable=True))
+    run(node_api, job, lease)
+    # a checkpoint nobody asked for is refused: the job keeps running
+    refused = report(node_api, job, lease, "checkpointed")
+    assert refused.status_code == 409 and refused.json()["code"] == "transition_not_allowed"
+    now = timezone.now()
+    node_services.node_drain(node=agent.node, actor=SYSTEM, deadline=now + timedelta(seconds=1))
+    assert node_drain_enforce(node=agent.node, actor=SYSTEM, now=now + timedelta(seconds=2)) == {
+        "checkpointing": [job.pk],
+        "requeued": [],
+        "failed": [],
+        "left_running": [],
+    }
+    [entry] = node_api.get("/api/v1/agent/assignments").json()
+    assert entry["state"] == "checkpointing" and entry["checkpoint_requested"] is True
+
+    response = report(node_api, job, lease, "checkpointed")
+
+    assert response.status_code == 200 and response.json()["state"] == "queued"
+    job.refresh_from_db()
+    lease.refresh_from_db()
+    assert job.events.latest("id").reason == Reason.CHECKPOINT_DONE
+    assert lease.state == LeaseState.RELEASED
+    assert node_api.get("/api/v1/agent/assignments").json() == []
+
+
+def test_pull_time_is_kept_per_image_on_the_node_and_shown_in_the_node_api(
+    agent, node_api, tenant, operator
+):
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    assert report(node_api, job, lease, "pulling", reason="image_pulling").status_code == 200
+    assert report(node_api, job, lease, "pulling", pull_seconds=2.25).status_code == 200
+    digest = job.image.partition("@")[2]
+    shown = client_for(operator).get(f"/api/v1/nodes/{agent.node.pk}").json()
+    assert shown["image_pull_seconds"] == {digest: 2.25}
+    too_long = report(node_api, job, lease, "pulling", pull_seconds=86401)
+    assert too_long.status_code == 400 and "pull_seconds" in too_long.json()

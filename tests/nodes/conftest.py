@@ -1,6 +1,7 @@
 """Fixtures of the node tests (built by config.builders): an operator and a tenant of their
 own, and a ready node enrolled through the token path like an agent's."""
 
+import hashlib
 from datetime import timedelta
 
 import pytest
@@ -111,8 +112,23 @@ def last_event(node):
     return NodeEvent.objects.filter(node=node).last()
 
 
+def challenge_answer(probe, **overrides) -> dict:
+    """What an honest node's probe container answers to the probe's challenge: each chain
+    recomputed here with hashlib (as busybox's `printf %s "$x" | sha256sum` does)."""
+    challenge = probe.challenge
+    answers = []
+    for i in range(challenge["workers"]):
+        value = f"{challenge['seed']}-{i}"
+        for _ in range(challenge["iterations"]):
+            value = hashlib.sha256(value.encode()).hexdigest()
+        answers.append(value)
+    answer = {"answers": answers, "seconds": 2.5, "memory_mib": challenge["memory_mib"]}
+    return answer | {"gpus": list(challenge["gpus"])} | overrides
+
+
 def measured(node, **overrides) -> dict:
-    """A validation probe's result that matches the node's claims, but for `overrides`."""
+    """A validation probe's result that matches the node's claims (and answers its newest
+    validation probe's challenge), but for `overrides`."""
     claims = node.inventory
     result = {
         "cpu_count": claims["cpu_millicores"] // 1000,
@@ -123,4 +139,7 @@ def measured(node, **overrides) -> dict:
         ],
         "benchmark": {"matmul_tflops": 612.0},
     }
+    probe = node.probes.filter(kind="validation").order_by("-id").first()
+    if probe is not None and probe.challenge:
+        result["challenge"] = challenge_answer(probe)
     return result | overrides

@@ -12,6 +12,8 @@ from nodes.models import EnrollmentToken, Node, NodeEvent
 from pools.actors import Actor
 from tests.clients import bearer_client
 
+from .conftest import challenge_answer
+
 pytestmark = pytest.mark.django_db
 
 NODE_ACTIONS = [
@@ -194,6 +196,7 @@ def test_agent_probe_result_own_node_only(api, market_pool, operator, enroll):
             {"uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib} for g in node.gpus.all()
         ],
         "benchmark": {"matmul_tflops": 600},
+        "challenge": challenge_answer(first.probe),
     }
     assert api.post(url, {"result": result}, format="json").status_code == 401
     assert (

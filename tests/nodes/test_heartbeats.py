@@ -93,3 +93,17 @@ def test_heartbeat_updates_usage_and_agent_version(ready_node, now):
     )
     assert node.usage == {"cpu_millicores": 1200}
     assert (node.agent_version, node.last_heartbeat_at) == ("0.2.0", now)
+
+
+def test_image_pull_times_are_kept_per_digest_and_bounded(ready_node, settings):
+    settings.NODE_IMAGE_PULL_TIMES_MAX = 3
+    node = ready_node.node
+    digests = [f"sha256:{n:064x}" for n in range(5)]
+    services.node_heartbeat(node=node, actor=Actor.for_node(node), images=digests[3:])
+    for n, digest in enumerate(digests):
+        services.node_image_pull_record(node=node, image=f"r/x@{digest}", seconds=n + 0.5)
+    services.node_image_pull_record(node=node, image=digests[4], seconds=9.0)  # newest wins
+    node.refresh_from_db()
+    # past the bound, digests no longer in the node's cache went first
+    assert node.image_pull_seconds == {digests[2]: 2.5, digests[3]: 3.5, digests[4]: 9.0}
+    assert services.node_image_pull_record(node=node, image="r/x:latest", seconds=1) == {}

@@ -1,13 +1,18 @@
 """Validation probes of a marketplace node's claims (nodes/services/probes.py)."""
 
+import re
+
 import pytest
 
+from config import builders
 from nodes import services
+from nodes.challenge import challenge_differences
 from nodes.choices import NodeState, ProbeState
 from nodes.errors import NodeScopeRefused
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
+from tests.clients import bearer_client
 
 from .conftest import last_event, measured, reasons
 
@@ -76,3 +81,104 @@ def test_probe_result_only_from_that_nodes_credential_and_only_once(enroll, mark
             probe=first.probe, credential=first.credential, result=measured(first.node)
         )
     assert refused.value.code == "probe_closed"
+
+
+# --------------------------------------------------------------------------- the challenge
+
+
+def test_each_validation_probe_carries_a_fresh_challenge_for_the_claims(enroll, market_pool):
+    first, second = enroll(market_pool), enroll(market_pool)
+    challenge = first.probe.challenge
+    assert re.fullmatch(r"[0-9a-f]{32}", challenge["seed"])
+    assert challenge["seed"] != second.probe.challenge["seed"]
+    assert challenge["iterations"] == 300
+    assert challenge["workers"] == 16  # 64 CPUs claimed, at most 16 chains
+    assert challenge["memory_mib"] == 2048  # 512000 MiB claimed, proven up to 2048
+    assert challenge["gpus"] == [g["uuid"] for g in first.node.inventory["gpus"]]
+    assert challenge["image"] == builders.TEST_IMAGE  # pinned by digest
+    assert challenge["seconds_max"] == 75.0
+
+
+def test_the_agent_sees_the_challenge_in_its_heartbeat_answer(enroll, market_pool):
+    enrolled = enroll(market_pool)
+    answer = bearer_client(enrolled.secret).post("/api/v1/agent/heartbeat", {}, format="json")
+    [probe] = answer.json()["probes"]
+    assert probe["id"] == enrolled.probe.pk and probe["kind"] == "validation"
+    assert probe["challenge"]["seed"] == enrolled.probe.challenge["seed"]
+
+
+def test_the_right_answer_over_the_api_passes_and_the_node_is_ready(enroll, market_pool):
+    enrolled = enroll(market_pool)
+    url = f"/api/v1/agent/probes/{enrolled.probe.pk}/result"
+    body = {"result": measured(enrolled.node)}
+    response = bearer_client(enrolled.secret).post(url, body, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "passed" and response.json()["differences"] == []
+    enrolled.node.refresh_from_db()
+    assert enrolled.node.state == S.READY
+
+
+@pytest.mark.parametrize(
+    ("answer", "difference"),
+    [
+        ({"answers": ["0" * 64] * 16}, "challenge: wrong answer (16 of 16 chains"),
+        ({"seconds": 900.0}, "timing: 900.0s for 16 parallel chains"),
+        ({"memory_mib": 100}, "memory: 2048 MiB asked of the claimed memory, 100 MiB filled"),
+        ({"gpus": []}, "claimed, not visible in the probe container"),
+        ({"error": "image_invalid: no such image"}, "challenge: the probe did not run"),
+    ],
+)
+def test_a_wrong_answer_quarantines_naming_the_difference(enroll, market_pool, answer, difference):
+    enrolled = enroll(market_pool)
+    result = measured(enrolled.node)
+    result["challenge"] |= answer
+    probe = services.probe_result_submit(
+        probe=enrolled.probe, credential=enrolled.credential, result=result
+    )
+    assert probe.state == ProbeState.FAILED
+    assert any(difference in d for d in probe.differences), probe.differences
+    enrolled.node.refresh_from_db()
+    assert enrolled.node.state == S.QUARANTINED
+    event = last_event(enrolled.node)
+    assert event.reason == Reason.PROBE_MISMATCH and difference in event.message
+
+
+def test_one_wrong_chain_and_a_missing_answer_are_differences(enroll, market_pool):
+    enrolled = enroll(market_pool)
+    result = measured(enrolled.node)
+    result["challenge"]["answers"][3] = "f" * 64
+    assert challenge_differences(enrolled.probe.challenge, result["challenge"]) == [
+        "challenge: wrong answer (1 of 16 chains of 300 sha256 rounds differ)"
+    ]
+    assert challenge_differences(enrolled.probe.challenge, None) == ["challenge: no answer"]
+
+
+def test_a_gpu_less_node_answers_an_empty_list(enroll, market_pool):
+    enrolled = enroll(market_pool, gpus=0)
+    assert enrolled.probe.challenge["gpus"] == []
+    probe = services.probe_result_submit(
+        probe=enrolled.probe, credential=enrolled.credential, result=measured(enrolled.node)
+    )
+    assert probe.state == ProbeState.PASSED, probe.differences
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"answers": ["not hex"]},
+        {"answers": ["a" * 64] * 65},
+        {"seconds": -1},
+        {"seconds": "fast"},
+        {"gpus": ["x" * 81]},
+        {"error": "e" * 501},
+    ],
+)
+def test_a_malformed_answer_is_a_400_and_keeps_the_probe_open(enroll, market_pool, answer):
+    enrolled = enroll(market_pool)
+    url = f"/api/v1/agent/probes/{enrolled.probe.pk}/result"
+    body = {"result": measured(enrolled.node, challenge=answer)}
+    response = bearer_client(enrolled.secret).post(url, body, format="json")
+    assert response.status_code == 400, response.content
+    assert "challenge" in response.json()["result"]
+    enrolled.probe.refresh_from_db()
+    assert enrolled.probe.state == ProbeState.REQUESTED

@@ -8,10 +8,15 @@ import pytest
 from worker_agent.inventory import (
     RecordedNvml,
     _interconnect_groups,
+    gpu_usage,
     load_nvml,
     read_gpus,
     record,
 )
+from worker_agent.runner import Runner
+from worker_agent.runtime.base import Assignment
+from worker_agent.runtime.process import ProcessRuntime
+from worker_agent.state import AgentState
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvml_h100_sxm_x4.json"
 
@@ -71,3 +76,61 @@ def test_real_nvml_path_is_used_when_present():
         assert all(g["uuid"] and g["memory_mib"] > 0 for g in reading["gpus"])
     finally:
         nvml.nvmlShutdown()
+
+
+def busy_recording() -> RecordedNvml:
+    """The recorded node with two devices at work (readings a real NVML gives per device)."""
+    nvml = RecordedNvml.from_file(FIXTURE)
+    nvml.devices[0] |= {"utilization_gpu_percent": 90, "memory_used_bytes": 30 * 1024**3}
+    nvml.devices[1] |= {"utilization_gpu_percent": 40, "memory_used_bytes": 10 * 1024**3}
+    return nvml
+
+
+def test_gpu_usage_of_a_leases_devices():
+    nvml = busy_recording()
+    uuids = [nvml.devices[0]["uuid"], nvml.devices[1]["uuid"]]
+    assert gpu_usage(nvml, uuids) == {"gpu_utilization_percent": 65.0, "gpu_memory_mib": 40960}
+    assert gpu_usage(nvml, uuids[:1]) == {"gpu_utilization_percent": 90.0, "gpu_memory_mib": 30720}
+    # an idle device without a utilisation reading (NotSupported) still counts its memory
+    idle = nvml.devices[3]["uuid"]
+    assert gpu_usage(nvml, [idle]) == {"gpu_utilization_percent": 0, "gpu_memory_mib": 0}
+
+
+def test_gpu_usage_is_absent_without_a_driver_or_devices():
+    nvml = busy_recording()
+    assert gpu_usage(None, [nvml.devices[0]["uuid"]]) == {}
+    assert gpu_usage(nvml, []) == {}
+    assert gpu_usage(nvml, ["GPU-not-here", "MIG-GPU-x/0/0"]) == {}
+
+
+def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
+    """The runner samples the lease's devices beside the runtime's CPU and memory (here the
+    process runtime, which does not restrict GPUs, and the recorded NVML)."""
+    nvml = busy_recording()
+    state = AgentState(tmp_path / "state")
+    a = Assignment.parse(
+        {
+            "job": 7,
+            "lease": 8,
+            "fencing_token": "1",
+            "runtime": "process",
+            "command": ["sleep", "5"],
+            "limits": {"memory_mib": 256, "pids": 4096, "gpus": [nvml.devices[0]["uuid"]]},
+        }
+    )
+    runtime = ProcessRuntime("test-node", tmp_path / "state")
+    handle = runtime.create(a, tmp_path)
+    runner = Runner(
+        a,
+        client=None,
+        runtime=runtime,
+        workdir=state.attempt_dir(7, 1),
+        gpu_usage=lambda uuids: gpu_usage(nvml, uuids),
+    )
+    runtime.start(handle)
+    try:
+        usage = runner._sample(handle)
+    finally:
+        runtime.kill(handle)
+    assert usage["gpu_utilization_percent"] == 90.0 and usage["gpu_memory_mib"] == 30720
+    assert "memory_mib" in usage and "cpu_millicores" in usage

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 
 DIGEST_MARK = "@sha256:"
 LABEL = "computepool"  # label prefix: computepool.job, .lease, .attempt, .node
+# A requested checkpoint: the job gets this signal, has its stop grace period to write its state
+# into $CHECKPOINT_DIR (outputs/checkpoint, uploaded with the outputs as checkpoint.tar), then
+# it is stopped (docs/data-plane.md, "Checkpoints").
+CHECKPOINT_SIGNAL = "SIGUSR1"
+CHECKPOINT_SUBDIR = "checkpoint"
 
 
 class RuntimeFailure(Exception):

@@ -31,7 +31,14 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, LogConfig, Mount
 
 from worker_agent.host import architecture
-from worker_agent.runtime.base import LABEL, Assignment, Ended, Found, RuntimeFailure
+from worker_agent.runtime.base import (
+    CHECKPOINT_SUBDIR,
+    LABEL,
+    Assignment,
+    Ended,
+    Found,
+    RuntimeFailure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +200,7 @@ class DockerRuntime:
             "OUTPUTS_DIR": "/outputs",
             "INPUTS_DIR": "/inputs",
             "SCRATCH_DIR": "/scratch",
+            "CHECKPOINT_DIR": f"/outputs/{CHECKPOINT_SUBDIR}",
         }
         options = {
             "name": name,
@@ -289,6 +297,11 @@ class DockerRuntime:
     def kill(self, container) -> None:
         with contextlib.suppress(NotFound, APIError):  # already gone or already stopped
             container.kill()
+
+    def signal(self, container, name: str) -> None:
+        """Send signal `name` ("SIGUSR1") to the container's main process."""
+        with contextlib.suppress(NotFound, APIError):  # already gone or already stopped
+            container.kill(signal=name)
 
     def remove(self, container) -> None:
         """The container and its scratch volume (scratch is deleted when a run ends)."""

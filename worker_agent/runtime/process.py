@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from worker_agent.runtime.base import Assignment, Ended, Found, RuntimeFailure
+from worker_agent.runtime.base import CHECKPOINT_SUBDIR, Assignment, Ended, Found, RuntimeFailure
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class ProcessRuntime:
             "OUTPUTS_DIR": str(workdir / "outputs"),
             "INPUTS_DIR": str(workdir / "inputs"),
             "SCRATCH_DIR": str(workdir / "scratch"),
+            "CHECKPOINT_DIR": str(workdir / "outputs" / CHECKPOINT_SUBDIR),
             "TMPDIR": str(workdir / "tmp"),
         } | assignment.environment()
         log.warning("job %s runs as a local process: NOT isolated", assignment.job)
@@ -173,6 +174,10 @@ class ProcessRuntime:
         if handle.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(handle.pid, sig)
+
+    def signal(self, handle: ProcessHandle, name: str) -> None:
+        """Send signal `name` ("SIGUSR1") to the job's process group."""
+        self._signal(handle, getattr(signal, name))
 
     def stop(self, handle: ProcessHandle, grace: int) -> None:
         self._signal(handle, signal.SIGTERM)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from django.core.management.base import BaseCommand
 
 from config.builders import TEST_IMAGE_TAG, build_token
 from config.demo import DEV_POOL, POOL, agent_enrollment_token
+from nodes.choices import NodeState
 from nodes.models import Node
 
 REGISTRY = "127.0.0.1:5000"
@@ -114,9 +116,12 @@ def wait_for_http(url: str, timeout: float = 30) -> bool:
 def agent_command(*, api: str, pool: str, runtime: str, state_dir: Path) -> tuple[list, str]:
     """The agent's command line, and what to print about it. A state dir holding a credential
     resumes that node; otherwise a fresh single-use enrollment token joins `pool`."""
+    if (state_dir / "credential").exists() and not _enrolled_here(state_dir, pool):
+        # A credential of another database (DATABASE_URL changed, `make clean`): useless here.
+        shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "worker_agent", "--api", api, "--state-dir", str(state_dir)]
-    command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1", "--poll-s", "1"]
+    command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1"]
     if (state_dir / "credential").exists():
         return command, "resumes its enrolled node"
     # The agent's default node name (the hostname) may already exist from an earlier state
@@ -130,17 +135,29 @@ def agent_command(*, api: str, pool: str, runtime: str, state_dir: Path) -> tupl
     return [*command, "--enroll-token", token, "--node-name", name], f"enrolls as {name}"
 
 
-def agent_node_status(state_dir: Path) -> str:
-    """The agent's node as the control plane sees it ("" before it enrolled)."""
+def _state_node(state_dir: Path):
+    """The node the agent's state dir says it is, if this database has it."""
     try:
         node_id = json.loads((state_dir / "agent.json").read_text()).get("node_id")
     except (OSError, ValueError):
-        return ""
-    node = Node.objects.filter(pk=node_id).select_related("pool").first() if node_id else None
+        return None
+    return Node.objects.filter(pk=node_id).select_related("pool").first() if node_id else None
+
+
+def _enrolled_here(state_dir: Path, pool: str) -> bool:
+    node = _state_node(state_dir)
+    return node is not None and node.pool.slug == pool and node.state != NodeState.RETIRED
+
+
+def agent_node_status(state_dir: Path) -> str:
+    """The agent's node as the control plane sees it ("" before it enrolled)."""
+    node = _state_node(state_dir)
     if node is None:
         return ""
     runtime = node.agent_runtime or "no heartbeat yet"
-    return f"node {node.name} in pool {node.pool.slug}: {node.state}, {node.reachability}, {runtime}"
+    return (
+        f"node {node.name} in pool {node.pool.slug}: {node.state}, {node.reachability}, {runtime}"
+    )
 
 
 def write_demo_token(path: Path) -> str:
@@ -201,7 +218,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"  broker, channels {redis_mode}")
         self.stdout.write("  celery           worker with beat (scheduling sweeps)")
-        agent = None if no_agent else self.plan_agent(host, port)
+        agent, agent_dir = (None, None) if no_agent else self.plan_agent(host, port)
         token_file = settings.BASE_DIR / "var" / "demo-token"
         write_demo_token(token_file)
         self.stdout.write(
@@ -224,12 +241,28 @@ class Command(BaseCommand):
             stopping = True
 
         signal.signal(signal.SIGTERM, stop)
+        agent_said, next_look = "", 0.0
         try:
             while not stopping:
-                for name, process in processes.items():
-                    if process.poll() is not None:
-                        self.stderr.write(f"{name} exited with {process.returncode}; stopping.")
-                        stopping = True
+                for name, process in list(processes.items()):
+                    if process.poll() is None:
+                        continue
+                    if name == "agent":  # the product still serves; jobs wait for a node
+                        self.stderr.write(
+                            f"agent exited with {process.returncode}; the server keeps running "
+                            "but no job will run (see the agent's log above)"
+                        )
+                        del processes[name]
+                        continue
+                    self.stderr.write(f"{name} exited with {process.returncode}; stopping.")
+                    stopping = True
+                if agent_dir is not None and time.monotonic() >= next_look:
+                    # Print the agent's node whenever its state changes (enrolled, ready …).
+                    next_look = time.monotonic() + 5
+                    said = agent_node_status(agent_dir)
+                    if said and said != agent_said:
+                        self.stdout.write(self.style.SUCCESS(f"agent: {said}"))
+                        agent_said = said
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
@@ -244,8 +277,8 @@ class Command(BaseCommand):
                     process.kill()
             self.stdout.write("Stopped.")
 
-    def plan_agent(self, host: str, port: int) -> list | None:
-        """Print what the local agent will be and return its command line."""
+    def plan_agent(self, host: str, port: int) -> tuple[list, Path]:
+        """Print what the local agent will be; its command line and state dir."""
         registry, test_image = registry_answers()
         if docker_answers():
             pool, runtime = POOL["slug"], "docker"
@@ -271,4 +304,4 @@ class Command(BaseCommand):
         else:
             found = "with" if test_image else "WITHOUT"
             self.stdout.write(f"  image registry   {REGISTRY} ({found} {TEST_IMAGE_TAG})")
-        return command
+        return command, state_dir

@@ -1,0 +1,160 @@
+"""End to end through the whole stack (tests/e2e/conftest.py): a tenant submits over HTTP, the
+scheduling pass places the job, a real agent process pulls the image by digest and runs it in a
+container on the real Docker engine, and the tenant reads the outcome, the logs and the outputs
+over HTTP. Each test leaves its job ended, so the next one finds the node empty."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from config.builders import pinned_test_image
+from leases import tasks as lease_tasks
+from leases.models import Lease
+from nodes.services import node_heartbeat_sweep
+from scheduling import tasks as scheduling_tasks
+
+pytestmark = pytest.mark.docker
+
+
+def lease_states(job_id: int) -> list[str]:
+    return list(Lease.objects.filter(job_id=job_id).order_by("id").values_list("state", flat=True))
+
+
+def submitted(stack, name, command, **fields) -> int:
+    response = stack.submit(name, command, **fields)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_a_job_runs_by_digest_and_its_output_is_downloaded(stack):
+    command = ["sh", "-c", "echo greeting the world; echo hello > /outputs/greeting.txt"]
+    response = stack.submit("greeting", command)
+    assert response.status_code == 201, response.text
+    job = response.json()
+    # The tag was resolved at submit: the job stores and runs the digest only.
+    assert job["image"] == pinned_test_image() and "@sha256:" in job["image"]
+    assert job["image_requested"] == "127.0.0.1:5000/computepool/busybox:test"
+
+    job = stack.drive(job["id"], "succeeded")
+    assert job["exit_code"] == 0
+    assert stack.reasons(job["id"]) == [
+        "submitted",
+        "placed",
+        "image_pulling",
+        "image_pulled",
+        "startup_began",
+        "container_started",
+        "exited_zero",
+    ]
+    outputs = stack.api("GET", f"jobs/{job['id']}/outputs").json()
+    assert [(o["name"], o["size"], o["sha256"]) for o in outputs] == [
+        ("greeting.txt", 6, hashlib.sha256(b"hello\n").hexdigest())
+    ]
+    download = stack.api("GET", f"jobs/{job['id']}/outputs/greeting.txt")
+    assert download.status_code == 200 and download.content == b"hello\n"
+    logs = stack.api("GET", f"jobs/{job['id']}/logs", params={"tail": 10})
+    assert logs.status_code == 200 and "greeting the world" in logs.text
+    # The engine holds the image under the digest the job named; the lease ended with the job.
+    assert stack.docker.images.get(job["image"]).id
+    assert lease_states(job["id"]) == ["released"]
+    assert stack.containers(job["id"]) == []
+
+
+def test_a_nonzero_exit_fails_the_job_with_its_code(stack):
+    job_id = submitted(stack, "exit-3", ["sh", "-c", "echo bad input >&2; exit 3"])
+    job = stack.drive(job_id, "failed")
+    assert job["exit_code"] == 3
+    assert stack.reasons(job_id)[-1] == "exited_nonzero"
+    assert "bad input" in stack.api("GET", f"jobs/{job_id}/logs").text
+    assert lease_states(job_id) == ["released"]
+
+
+def test_a_memory_hog_is_oom_killed(stack):
+    hog = ["sh", "-c", "x=a; while true; do x=$x$x; done"]
+    resources = {"cpu_millicores_min": 500, "memory_mib_min": 16}
+    job_id = submitted(stack, "hog", hog, resources=resources)
+    job = stack.drive(job_id, "failed", timeout=60)
+    assert stack.reasons(job_id)[-1] == "oom_killed"
+    assert job["exit_code"] == 137
+
+
+def test_a_missing_image_is_refused_at_submit(stack):
+    response = stack.submit("ghost", ["true"], image="127.0.0.1:5000/computepool/nothing:here")
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "image_invalid"
+    listed = stack.api("GET", "jobs", params={"pool__slug": stack.pool.slug}).json()
+    assert "ghost" not in [job["name"] for job in listed.get("results", listed)]
+
+
+def test_a_sleeper_is_killed_at_its_maximum_runtime(stack):
+    job_id = submitted(stack, "sleeper", ["sleep", "60"], max_runtime_s=1)
+    stack.drive(job_id, "failed", timeout=30)
+    assert stack.reasons(job_id)[-1] == "max_runtime_exceeded"
+    assert stack.containers(job_id) == []
+
+
+def test_cancelling_a_running_job_stops_its_container(stack):
+    job_id = submitted(stack, "long", ["sleep", "300"])
+    stack.drive(job_id, "running")
+    assert [c.status for c in stack.containers(job_id)] == ["running"]
+    response = stack.api("POST", f"jobs/{job_id}/cancel")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    assert lease_states(job_id) == ["released"]  # the capacity is back at once
+    # The job left the node's assignments: the agent stops (1 s grace) and removes it.
+    stack.drive(job_id, lambda job: stack.containers(job_id) == [], timeout=20)
+    assert stack.job(job_id)["state"] == "cancelled"
+
+
+def test_a_restarted_agent_reconciles_a_job_that_ran_on(stack):
+    command = ["sh", "-c", "sleep 3; echo done > /outputs/done.txt; echo finished"]
+    job_id = submitted(stack, "survivor", command)
+    stack.drive(job_id, "running")
+    stack.agent.kill()  # SIGKILL mid-job: the container runs on without its agent
+    assert [c.status for c in stack.containers(job_id)] == ["running"]
+    stack.agent.start()  # same state dir: its stored credential, no enrollment
+    job = stack.drive(job_id, "succeeded", timeout=30)
+    assert job["exit_code"] == 0 and job["attempts"] == 1
+    download = stack.api("GET", f"jobs/{job_id}/outputs/done.txt")
+    assert download.content == b"done\n"
+    assert stack.containers(job_id) == []
+
+
+def test_an_agent_gone_for_good_loses_its_jobs_and_the_retry_policy_requeues(stack):
+    sleep = ["sleep", "300"]
+    once = submitted(stack, "once", sleep, retry_policy={"max_attempts": 1})
+    twice = submitted(
+        stack, "twice", sleep, retry_policy={"max_attempts": 2, "retry_on": ["node_lost"]}
+    )
+    for job_id in (once, twice):
+        stack.drive(job_id, "running")
+    stack.agent.kill()
+    try:
+        # Rather than wait: the real sweeps with a `now` in the future.
+        later = timezone.now() + timedelta(minutes=1)
+        assert stack.node().pk in node_heartbeat_sweep(now=later)
+        node = stack.node()
+        assert node.reachability == "unreachable"
+        assert lease_states(once) == lease_states(twice) == ["uncertain"]
+        deadline = later + lease_tasks.UNCERTAIN_DEADLINE + timedelta(seconds=1)
+        assert lease_tasks.expire_uncertain(now=deadline.isoformat()) == 2
+        assert lease_states(once) == lease_states(twice) == ["expired"]
+        moved = scheduling_tasks.requeue_stranded_jobs(now=deadline.isoformat())
+        assert sorted(moved) == sorted([once, twice])
+
+        lost = stack.job(once)
+        assert lost["state"] == "lost" and stack.reasons(once)[-1] == "node_lost"
+        retried = stack.job(twice)
+        assert retried["state"] == "queued" and retried["attempts"] == 1
+        event = stack.api("GET", f"jobs/{twice}/events").json()[-1]
+        assert event["reason"] == "retry_scheduled" and event["data"]["failure"] == "node_lost"
+        assert retried["not_before"]  # the policy's backoff (30 s from the sweep's now)
+    finally:
+        # The node's containers outlived their agent: remove them, then cancel the retried job
+        # (it waits out its backoff) so that the next test finds the node empty.
+        for container in stack.containers():
+            container.remove(force=True)
+        stack.api("POST", f"jobs/{twice}/cancel")

@@ -1,0 +1,212 @@
+"""The marketplace validation probe, run for real (docs/nodes.md, "Validation probes").
+
+The control plane sends a fresh challenge with each validation probe (heartbeat answer,
+`probes[].challenge`): a seed, an iteration count, a number of parallel chains, a memory size,
+the claimed GPU UUIDs and the image to run in (pinned by digest). The agent runs it through the
+same execution path as a job — its runtime's pull, create, start, logs, poll and remove; the
+Docker runtime puts it in a container with the lease-like limits below, the process runtime in a
+subprocess — and answers with what the container printed and how long it took:
+
+- chain i iterates sha256 over `<seed>-<i>` (`printf %s "$x" | sha256sum`, busybox), all chains
+  in parallel with one CPU each (the container's CPU quota is the number of chains);
+- `memory_mib` MiB are written into /scratch, a tmpfs of exactly that size (RAM counted against
+  the container's memory limit) — under the process runtime a plain directory, which proves
+  nothing about memory: that runtime is for trusted development pools only;
+- the GPU UUIDs the container sees (nvidia-smi where the NVIDIA runtime injects it, else the
+  driver's /proc entries); a node without GPUs lists none.
+
+The script is built here from the challenge's numbers, each checked: nothing the control plane
+(or anyone who forged an answer of it) sends is executed as text.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from pathlib import Path
+
+from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+SEED_RE = re.compile(r"^[0-9a-f]{8,64}$")
+ITERATIONS_MAX = 1_000_000
+WORKERS_MAX = 64
+MEMORY_MAX_MIB = 1 << 20
+MEMORY_MARGIN_MIB = 64  # the shell and busybox beside the filled tmpfs
+UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,76}$")
+LINE_RE = re.compile(r"^(answer|memory|gpu) (\S+)(?: (\S+))?$")
+
+SCRIPT = r"""
+chain() {
+  x="$1-$2"; i=0
+  while [ $i -lt ITERATIONS ]; do x=$(printf %s "$x" | sha256sum | cut -c1-64); i=$((i+1)); done
+  echo "answer $2 $x"
+}
+w=0
+while [ $w -lt WORKERS ]; do chain SEED $w & w=$((w+1)); done
+wait
+if head -c $((MEMORY * 1048576)) /dev/zero > "$SCRATCH_DIR/fill"; then
+  echo "memory $(( $(wc -c < "$SCRATCH_DIR/fill") / 1048576 ))"
+fi
+rm -f "$SCRATCH_DIR/fill"
+if command -v nvidia-smi > /dev/null 2>&1; then
+  nvidia-smi --query-gpu=uuid --format=csv,noheader | sed 's/^/gpu /'
+else
+  cat /proc/driver/nvidia/gpus/*/information 2> /dev/null | sed -n 's/^GPU UUID:[[:space:]]*/gpu /p'
+fi
+echo done
+"""
+
+
+class ChallengeInvalid(ValueError):
+    """The challenge is not one this agent runs (out of range, unknown form)."""
+
+
+def check_challenge(challenge: dict) -> dict:
+    """The challenge's values, typed and bounded; ChallengeInvalid otherwise."""
+    try:
+        seed = str(challenge["seed"])
+        iterations, workers = int(challenge["iterations"]), int(challenge["workers"])
+        memory = int(challenge["memory_mib"])
+        gpus = [str(uuid) for uuid in challenge.get("gpus") or ()]
+        seconds_max = float(challenge.get("seconds_max") or 600)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ChallengeInvalid(f"unreadable challenge: {exc}") from exc
+    if not SEED_RE.match(seed):
+        raise ChallengeInvalid("the seed is not 8-64 lowercase hex characters")
+    if not (0 < iterations <= ITERATIONS_MAX and 0 < workers <= WORKERS_MAX):
+        raise ChallengeInvalid("iterations or workers out of range")
+    if not 0 < memory <= MEMORY_MAX_MIB or not all(UUID_RE.match(g) for g in gpus):
+        raise ChallengeInvalid("memory or GPU list out of range")
+    return {
+        "seed": seed,
+        "iterations": iterations,
+        "workers": workers,
+        "memory_mib": memory,
+        "gpus": gpus,
+        "image": str(challenge.get("image") or ""),
+        "seconds_max": max(1.0, min(seconds_max, 86400.0)),
+    }
+
+
+def probe_script(challenge: dict) -> str:
+    numbers = {
+        "ITERATIONS": challenge["iterations"],
+        "WORKERS": challenge["workers"],
+        "MEMORY": challenge["memory_mib"],
+        "SEED": challenge["seed"],
+    }
+    return re.sub(r"\b(ITERATIONS|WORKERS|MEMORY|SEED)\b", lambda m: str(numbers[m[1]]), SCRIPT)
+
+
+def probe_assignment(probe_id: int, challenge: dict) -> Assignment:
+    """The probe as a run of the job path: no network, one CPU per chain, a tmpfs of the
+    memory to fill, the claimed GPUs as the device request."""
+    return Assignment(
+        job=0,
+        attempt=1,
+        lease=int(probe_id),
+        fencing_token="0",
+        image=challenge["image"],
+        command=("sh", "-c", probe_script(challenge)),
+        name=f"probe-{int(probe_id)}",
+        network_mode="none",
+        max_runtime_s=int(challenge["seconds_max"] * 2) + 60,
+        stop_grace_s=0,
+        limits=Limits(
+            cpu_millicores=challenge["workers"] * 1000,
+            memory_mib=challenge["memory_mib"] + MEMORY_MARGIN_MIB,
+            scratch_mib=challenge["memory_mib"],
+            pids=challenge["workers"] * 8 + 64,
+            gpus=tuple(challenge["gpus"]),
+        ),
+    )
+
+
+def parse_output(text: str) -> dict:
+    answers: dict[int, str] = {}
+    memory, gpus = 0, []
+    for line in text.splitlines():
+        match = LINE_RE.match(line.strip())
+        if not match:
+            continue
+        kind, first, second = match.groups()
+        if (
+            kind == "answer"
+            and second
+            and first.isdigit()
+            and re.fullmatch(r"[0-9a-f]{64}", second)
+        ):
+            answers[int(first)] = second
+        elif kind == "memory" and first.isdigit():
+            memory = int(first)
+        elif kind == "gpu" and UUID_RE.match(first) and first not in gpus:
+            gpus.append(first)
+    ordered = [answers[i] for i in sorted(answers)]
+    return {"answers": ordered[:WORKERS_MAX], "memory_mib": memory, "gpus": gpus[:512]}
+
+
+def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> dict:
+    """The challenge's answer (`answers`, `seconds`, `memory_mib`, `gpus`), or `error` saying
+    why it could not run."""
+    try:
+        challenge = check_challenge(challenge)
+    except ChallengeInvalid as exc:
+        return {"error": str(exc)}
+    assignment = probe_assignment(probe_id, challenge)
+    for name in ("outputs", "inputs"):
+        (workdir / name).mkdir(parents=True, exist_ok=True)
+        (workdir / name).chmod(0o777)
+    handle = None
+    try:
+        runtime.pull(assignment)
+        handle = runtime.create(assignment, workdir)
+        started = time.monotonic()
+        runtime.start(handle)
+        follower = runtime.follow_logs(handle)
+        deadline = started + assignment.max_runtime_s
+        ended = runtime.poll(handle)
+        while ended is None:
+            if time.monotonic() > deadline:
+                runtime.kill(handle)
+                return {"error": f"the probe ran past {assignment.max_runtime_s}s and was killed"}
+            time.sleep(0.05)
+            ended = runtime.poll(handle)
+        seconds = round(time.monotonic() - started, 3)
+        follower.join(5)
+        answer = parse_output(follower.take())
+    except RuntimeFailure as exc:
+        return {"error": f"{exc.reason}: {exc.message}"[:500]}
+    finally:
+        if handle is not None:
+            runtime.remove(handle)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if ended.exit_code not in (0, None) and not answer["answers"]:
+        return {"error": f"the probe exited with {ended.exit_code}: {ended.message}"[:500]}
+    return answer | {"seconds": seconds}
+
+
+def probe_result(probe: dict, *, runtime, workdir: Path, inventory: dict) -> dict:
+    """The whole result of a validation probe: what this host measures of itself (compared with
+    the claims) and the challenge's answer (checked by the control plane)."""
+    answer = run_challenge(
+        int(probe["id"]), probe.get("challenge") or {}, runtime=runtime, workdir=workdir
+    )
+    result = {
+        "cpu_millicores": int(inventory.get("cpu_millicores") or 0),
+        "memory_mib": int(inventory.get("memory_mib") or 0),
+        "gpus": [
+            {"uuid": g["uuid"], "model": g.get("model", ""), "memory_mib": g.get("memory_mib", 0)}
+            for g in inventory.get("gpus") or []
+        ],
+        "challenge": answer,
+    }
+    rounds = len(answer.get("answers") or ()) * int(
+        (probe.get("challenge") or {}).get("iterations") or 0
+    )
+    if rounds and answer.get("seconds"):
+        result["benchmark"] = {"sha256_rounds_per_second": round(rounds / answer["seconds"], 1)}
+    return result
