@@ -26,6 +26,7 @@ demo: migrate
 ## run: the product on http://127.0.0.1:8000 (SQLite and embedded Redis unless configured)
 ## and one local worker agent (Docker engine → pool lab; else the process runtime → pool dev)
 run: demo
+	@bash .ci/ensure-services.sh --for-run || true  # Docker, registry, test image: best effort
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py runstack
 
 ## services: PostgreSQL, Redis, Docker engine, loopback registry, Chromium for the tests

@@ -339,6 +339,17 @@ ensure_chromium() {
     fi
 }
 
+# `--for-run` (make run): only what running jobs needs — the Docker engine, the loopback registry
+# and the test image. Best effort: make run falls back to SQLite, the embedded Redis and, without
+# Docker, the process runtime, so nothing here is fatal there.
+if [ "${1:-}" = "--for-run" ]; then
+    CI=false
+    ensure_docker
+    ensure_registry
+    ensure_test_image
+    exit 0
+fi
+
 ensure_postgres
 ensure_redis
 ensure_docker

@@ -26,6 +26,8 @@ app.conf.beat_schedule = {
     "nodes-inventory-reconcile": {"task": "nodes.inventory_reconcile_sweep", "schedule": 60.0},
     "leases-expire": {"task": "leases.expire_leases", "schedule": 5.0},
     "leases-uncertain-deadline": {"task": "leases.expire_uncertain", "schedule": 30.0},
+    # ended jobs' outputs and logs past their pool's output_retention_days (jobs/artifacts.py)
+    "jobs-expire-artifacts": {"task": "jobs.expire_artifacts", "schedule": 86400.0},
     "reservations-unclaimed": {
         "task": "leases.release_unclaimed_reservations",
         "schedule": 15.0,

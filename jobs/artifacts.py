@@ -4,24 +4,38 @@ Logs are chunks in the database (the newest LOG_KEEP_BYTES per job are kept). Ou
 in Django's default storage (MEDIA_ROOT unless configured otherwise) under
 outputs/<job>/<attempt>/<name>, each with its size and sha256. Neither is a state change: no
 event is written.
+
+Retention: `output_retention_days` (pool knob, default 30) after a job ended, a daily sweep
+(jobs/tasks.py) deletes its output files through the storage API, their rows and its log, one
+job at a time, and records `artifacts_expired` on the job (its state is unchanged).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import transaction
-from django.db.models import F, Max, Sum, Window
+from django.db.models import Exists, F, Max, OuterRef, Sum, Window
 from django.db.models.functions import Length
+from django.utils import timezone
 
+from leases.snapshot import pool_knobs
 from pools import validation
-from pools.models import TenantSecret
+from pools.actors import Actor
+from pools.models import ComputePool, TenantSecret
+from pools.reasons import Reason
+from pools.statemachine import record_sweep_failure
 
-from .models import Job, JobLogChunk, JobOutput, output_upload_to
+from .choices import TERMINAL
+from .events import publish_job_event
+from .models import Job, JobEvent, JobLogChunk, JobOutput, output_upload_to
 
 LOG_CHUNK_MAX_BYTES = 256 * 1024
 # Counted in characters (what the database measures); the same as bytes for ASCII logs.
@@ -154,3 +168,84 @@ def job_outputs(job: Job):
     """The outputs of the newest attempt that uploaded any (an empty queryset when none)."""
     newest = job.outputs.aggregate(newest=Max("attempt"))["newest"]
     return job.outputs.filter(attempt=newest).order_by("name")
+
+
+# --- retention ------------------------------------------------------------------------------
+
+RETENTION_DEFAULT_DAYS = 30  # knob output_retention_days (pools/validation.py: 1..3650)
+RETENTION_BATCH = 500  # jobs per pool per sweep; the next sweep takes the rest
+
+
+def retention_days(pool) -> int:
+    return int(pool_knobs(pool).get("output_retention_days") or RETENTION_DEFAULT_DAYS)
+
+
+def _expirable(pool, cutoff):
+    """The pool's jobs that ended before `cutoff` and still keep outputs or a log."""
+    return Job.objects.filter(pool=pool, state__in=TERMINAL, state_changed_at__lte=cutoff).filter(
+        Exists(JobOutput.objects.filter(job=OuterRef("pk")))
+        | Exists(JobLogChunk.objects.filter(job=OuterRef("pk")))
+    )
+
+
+def expire_artifacts(*, now=None, batch: int = RETENTION_BATCH) -> int:
+    """Deletes the outputs (files and rows) and logs of jobs that ended more than their pool's
+    `output_retention_days` ago; returns how many jobs were cleared. Each job in its own
+    transaction (SKIP LOCKED: safe on several workers); a job that fails is recorded
+    (`sweep_failed`) and kept for the next sweep, the others go on."""
+    now = now or timezone.now()
+    actor = Actor.system("artifact-retention")
+    cleared = 0
+    for pool in ComputePool.objects.order_by("pk"):
+        days = retention_days(pool)
+        due = _expirable(pool, now - timedelta(days=days))
+        for pk in list(due.order_by("pk").values_list("pk", flat=True)[:batch]):
+            try:
+                cleared += _expire_job(due, pk, days=days, actor=actor, now=now)
+            except Exception as error:
+                record_sweep_failure(
+                    Job, pk, event_model=JobEvent, actor=actor, error=error, now=now
+                )
+    return cleared
+
+
+def _expire_job(due, pk, *, days: int, actor: Actor, now) -> bool:
+    storage = default_storage
+    with transaction.atomic():
+        job = due.select_for_update(skip_locked=True).filter(pk=pk).first()
+        if job is None:
+            return False  # cleared meanwhile, or another sweeper holds it
+        outputs = list(job.outputs.all())
+        # Files first, inside the transaction: a file that cannot be deleted rolls the rows
+        # back, and the next sweep tries again (deleting a file already gone is a no-op).
+        for output in outputs:
+            storage.delete(output.file.name)
+        job.outputs.all().delete()
+        chunks, _ = job.log_chunks.all().delete()
+        event = JobEvent.record(
+            job,
+            actor=actor,
+            from_state=job.state,
+            to_state=job.state,
+            reason=Reason.ARTIFACTS_EXPIRED,
+            message=f"outputs and log deleted {days} days after the job ended",
+            at=now,
+            data={"outputs": len(outputs), "log_chunks": chunks},
+        )
+        transaction.on_commit(lambda: publish_job_event(job, event))
+    _remove_empty_folders(storage, job.pk)
+    return True
+
+
+def _remove_empty_folders(storage, job_id: int) -> None:
+    """outputs/<job>/<attempt>/ left empty on a local storage (the storage API deletes files,
+    not folders); anything still inside stays."""
+    try:
+        root = storage.path(f"outputs/{job_id}")
+    except NotImplementedError:  # not a local file system: no folders to tidy
+        return
+    if not os.path.isdir(root):
+        return
+    for folder, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)

@@ -27,6 +27,11 @@ class AdmittedImage:
     requested: str  # what was submitted
     resolved: ResolvedImage
 
+    @property
+    def platforms(self) -> list[str]:
+        """What the job stores as `image_platforms`: ["linux/amd64", "linux/arm64/v8"]."""
+        return sorted({str(p) for p in self.resolved.platforms})
+
 
 def admit_image(pool, image: str, *, architecture: str = "", os: str = "linux") -> AdmittedImage:
     """The image pinned to its digest, or ImageRefused (422) with the reason code and a message

@@ -20,6 +20,7 @@ from leases.services import lease_commit, lease_set_route
 from nodes.models import GpuDevice
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
+from pools.choices import GpuSharingClass
 from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
@@ -48,6 +49,10 @@ STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed"
 # The pool policy knobs the agent's assignment reads (pools/validation.py checks them).
 AGENT_KNOBS = {"allow_process_runtime": False, "startup_timeout_s": 300, "stop_grace_s": 10}
 DEFAULT_PIDS = 1024
+# How a job's GPUs are isolated (limits.gpu_isolation, JobSerializer.gpu_isolation): only MIG
+# fences a fraction of a device; time-slice/MPS shares see each other's memory and compute.
+GPU_EXCLUSIVE, GPU_MIG, GPU_SHARED = "exclusive", "mig", "shared-not-isolated"
+GPU_NONE = "none"  # no GPUs
 
 
 # --- assignments: what the node should be running now -------------------------------------
@@ -122,6 +127,7 @@ def _assignment(lease, job, node, knobs, runtime, devices, secret_values) -> dic
             "pids": DEFAULT_PIDS,
             "cpuset": _cpuset(node, (lease.placement or {}).get("numa_node")),
             "gpus": _gpu_ids(lease, devices),
+            "gpu_isolation": _lease_gpu_isolation(lease),
         },
         "checkpoint_requested": job.state == S.CHECKPOINTING,
     }
@@ -154,6 +160,33 @@ def _gpu_ids(lease, devices) -> list[str]:
         else:
             ids.append(device.uuid)
     return ids
+
+
+def gpu_isolation(resources: dict) -> str:
+    """What a request's GPUs get: whole devices, MIG instances, or time-slice/MPS shares that
+    are not isolated (a share of a whole device, gpu_milli 1000 or none, holds it alone)."""
+    resources = resources or {}
+    sharing = resources.get("gpu_sharing_class") or GpuSharingClass.NONE
+    if sharing == GpuSharingClass.MIG:
+        return GPU_MIG
+    if sharing == GpuSharingClass.NONE or not int(resources.get("gpu_count") or 0):
+        return GPU_NONE
+    milli = int(resources.get("gpu_milli") or 1000)
+    if sharing in (GpuSharingClass.TIMESLICE, GpuSharingClass.MPS) and milli < 1000:
+        return GPU_SHARED
+    return GPU_EXCLUSIVE
+
+
+def _lease_gpu_isolation(lease) -> str:
+    """The same label, from what the lease actually holds."""
+    allocations = [a for a in lease.gpu_allocations or () if a.get("gpu")]
+    if not allocations:
+        return GPU_NONE
+    if any(a.get("mig_slots") for a in allocations):
+        return GPU_MIG
+    if any(int(a.get("milli") or 1000) < 1000 for a in allocations):
+        return GPU_SHARED
+    return GPU_EXCLUSIVE
 
 
 # --- reports ------------------------------------------------------------------------------

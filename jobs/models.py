@@ -31,6 +31,9 @@ class Job(models.Model):
     # `image` is the pinned digest reference the agent runs; `image_requested` what was submitted
     image = models.CharField(max_length=300)
     image_requested = models.CharField(max_length=300, blank=True)
+    # the platforms the registry says the digest is built for (["linux/amd64"]), resolved at
+    # submit: the scheduler places the job only on nodes of one of these architectures
+    image_platforms = models.JSONField(default=list, blank=True)
     command = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     priority_class = models.ForeignKey(

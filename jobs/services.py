@@ -38,6 +38,7 @@ def job_submit(
     network_policy: dict | None = None,
     retry_policy: dict | None = None,
     output_destination: str = "",
+    image_platforms: list[str] | None = None,
 ) -> Job:
     """A queued job. `image` is what the agent will run (a digest reference once the image
     is resolved), `image_requested` what the client sent (default: `image`). The data-plane
@@ -47,7 +48,10 @@ def job_submit(
     resources = shape.as_request() if shape else resources
     # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
     # forever: the same answer as POST /compute-leases.
-    check_ever_fits(pool=pool, tenant=tenant, request=resources)
+    # The image's platforms count too: an amd64-only image never fits a pool of arm64 nodes.
+    check_ever_fits(
+        pool=pool, tenant=tenant, request=resources, image_platforms=image_platforms or ()
+    )
     with transaction.atomic():
         job = Job.objects.create(
             tenant=tenant,
@@ -63,6 +67,7 @@ def job_submit(
             max_runtime_s=max_runtime_s,
             submitted_by=actor.user,
             image_requested=image_requested or image,
+            image_platforms=image_platforms or [],
             secrets=secrets or {},
             inputs=inputs or [],
             ports=ports or [],

@@ -317,8 +317,15 @@ def all_nodes_snapshot(pool_id: int) -> Snapshot:
     return pool_snapshot(pool_id, states=states, reachable_only=False)
 
 
-def core_request(request: dict, tenant_id: int | str = "") -> core.Request:
-    """A validated shape/request dict (pools.api.serializers.REQUEST_FIELDS) as a core Request."""
+def image_archs(platforms) -> tuple[str, ...]:
+    """The architectures of an image's platforms ("linux/arm64/v8" → "arm64")."""
+    archs = {p.split("/")[1] for p in platforms or () if isinstance(p, str) and p.count("/") >= 1}
+    return tuple(sorted(archs))
+
+
+def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -> core.Request:
+    """A validated shape/request dict (pools.api.serializers.REQUEST_FIELDS) as a core Request.
+    `image_platforms` (a job's, ["linux/amd64"]) feed the core's image_arch filter."""
     sharing = request.get("gpu_sharing_class") or GpuSharingClass.NONE
     gpu_count = int(request.get("gpu_count") or 0)
     if sharing == GpuSharingClass.NONE:
@@ -346,6 +353,7 @@ def core_request(request: dict, tenant_id: int | str = "") -> core.Request:
         network_class=request.get("network_class") or "",
         node_pin=request.get("node_pin") or "",
         tenant=str(tenant_id),
+        image_archs=image_archs(image_platforms),
     )
 
 

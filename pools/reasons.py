@@ -67,6 +67,7 @@ class Reason(models.TextChoices):
     MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded", "Killed at its maximum runtime"
     RUNTIME_ERROR = "runtime_error", "The container runtime failed to run it"
     RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
+    ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"

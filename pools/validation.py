@@ -330,6 +330,18 @@ def _boolean(value) -> str | None:
 AGENT_TIMEOUT_MAX_S = 86400
 
 
+# Retention of an ended job's outputs and logs (jobs/artifacts.py, default there: 30 days).
+RETENTION_MAX_DAYS = 3650
+
+
+def _retention_days(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "an integer number of days"
+    if not 1 <= value <= RETENTION_MAX_DAYS:
+        return f"between 1 and {RETENTION_MAX_DAYS} days"
+    return None
+
+
 def _agent_seconds(value) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return "an integer number of seconds"
@@ -348,6 +360,7 @@ KNOBS = {
     "allow_process_runtime": _boolean,
     "startup_timeout_s": _agent_seconds,
     "stop_grace_s": _agent_seconds,
+    "output_retention_days": _retention_days,
 }
 
 

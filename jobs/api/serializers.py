@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from jobs.images import admit_image
+from jobs.lifecycle import gpu_isolation
 from jobs.models import Job, JobEvent, JobOutput
 from pools import validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
@@ -32,6 +33,7 @@ class JobSerializer(serializers.ModelSerializer):
     shape = serializers.SlugRelatedField(slug_field="name", read_only=True)
     priority_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
     usage = serializers.SerializerMethodField()
+    gpu_isolation = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -42,8 +44,10 @@ class JobSerializer(serializers.ModelSerializer):
             "pool",
             "shape",
             "resources",
+            "gpu_isolation",
             "image",
             "image_requested",
+            "image_platforms",
             "command",
             "env",
             "secrets",
@@ -69,6 +73,10 @@ class JobSerializer(serializers.ModelSerializer):
 
     # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the
     # tenant's secrets except towards the agent that runs the job.
+
+    def get_gpu_isolation(self, job) -> str:
+        """exclusive | mig | shared-not-isolated (time-slice/MPS) | none (no GPUs)."""
+        return gpu_isolation(job.resources)
 
     def get_usage(self, job) -> dict:
         """Peak and average use of the job's newest lease (recorded from heartbeats)."""
@@ -180,6 +188,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
             os=request.get("os") or "",
         )
         attrs["image"], attrs["image_requested"] = admitted.pinned, admitted.requested
+        attrs["image_platforms"] = admitted.platforms
         return attrs
 
     def _check_secrets(self, attrs):

@@ -87,7 +87,8 @@ def lease_reserve(
     expires_at = now + duration
     if window is not None:
         expires_at = _check_window(pool, window, now)
-    req = snap.core_request(request, tenant.pk)
+    # a job is placed only where its image's architectures run (image_arch filter)
+    req = snap.core_request(request, tenant.pk, getattr(job, "image_platforms", ()))
     if job is not None and "@" in (job.image or ""):
         # a job's pinned digest: nodes whose agent has it cached are preferred (warm_image)
         req = replace(req, image=job.image.rsplit("@", 1)[1])
@@ -201,10 +202,11 @@ def _apply_reserve(
 # --- refusals --------------------------------------------------------------------------------
 
 
-def check_ever_fits(*, pool, tenant, request: dict) -> None:
+def check_ever_fits(*, pool, tenant, request: dict, image_platforms=()) -> None:
     """Raises NeverFits (422) when no node of the pool could ever hold `request` (see
     `_never_fits`): job submission refuses such a job instead of queueing it forever."""
-    refusal = _never_fits(pool, snap.core_request(request, tenant.pk), snap.pool_policy(pool))
+    req = snap.core_request(request, tenant.pk, image_platforms)
+    refusal = _never_fits(pool, req, snap.pool_policy(pool))
     if refusal is not None:
         raise refusal
 

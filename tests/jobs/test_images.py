@@ -4,10 +4,17 @@ with 422 and its reason code, and nothing is stored."""
 
 import pytest
 
-from config.builders import TEST_IMAGE_TAG, build_pool, build_trusted_key, pinned_test_image
+from config.builders import (
+    TEST_IMAGE_TAG,
+    build_node,
+    build_pool,
+    build_trusted_key,
+    pinned_test_image,
+)
 from jobs.models import Job
 from leases.models import Lease
 from pools.models import AllowedRegistry, ResourceShape
+from scheduling.passes import scheduling_pass
 from tests.pools import registry_helpers as reg
 
 
@@ -142,3 +149,38 @@ def test_a_sensitive_pool_refuses_a_signature_of_another_digest(api, member, sen
 
 def test_an_ordinary_pool_does_not_ask_for_signatures(api, member, cpu_shape, image):
     assert submit(api(member), reference(image)).status_code == 201
+
+
+# --- the image's platforms, stored at submit, decide where the job may run -----------------
+
+
+def test_an_amd64_image_runs_only_on_amd64_nodes(api, member, cpu_shape):
+    # the arm64 node is the roomier one: without the image's platforms it would be chosen
+    build_node(cpu_shape.pool, "arm", cpu=64000, memory=262144, architecture="arm64")
+    build_node(cpu_shape.pool, "amd", cpu=4000, memory=8192, architecture="amd64")
+    client = api(member)
+    jobs = [submit(client, TEST_IMAGE_TAG).json() for _ in range(3)]
+    assert all(job["image_platforms"] == ["linux/amd64"] for job in jobs)
+    assert sorted(scheduling_pass().placed) == sorted(job["id"] for job in jobs)
+    assert {lease.node.name for lease in Lease.objects.all()} == {"amd"}
+    assert Job.objects.get(pk=jobs[0]["id"]).image_platforms == ["linux/amd64"]
+
+
+def test_an_amd64_image_never_fits_a_pool_of_arm64_nodes(api, member, cpu_shape):
+    build_node(cpu_shape.pool, "arm", cpu=64000, memory=262144, architecture="arm64")
+    response = submit(api(member), TEST_IMAGE_TAG)
+    assert response.status_code == 422, response.json()
+    assert response.json()["code"] == "never_fits"
+    assert "image_arch_incompatible" in str(response.json())
+    assert not Job.objects.exists()
+
+
+def test_an_arm64_image_runs_on_the_arm64_node(api, member, cpu_shape):
+    build_node(cpu_shape.pool, "amd", cpu=64000, memory=262144, architecture="amd64")
+    build_node(cpu_shape.pool, "arm", cpu=4000, memory=8192, architecture="arm64")
+    repository = reg.new_repository("arm")
+    reg.push_image_for(repository, "arm64", tag="v1")
+    job = submit(api(member), f"{reg.REGISTRY}/{repository}:v1").json()
+    assert job["image_platforms"] == ["linux/arm64"]
+    assert scheduling_pass().placed == [job["id"]]
+    assert Lease.objects.get(job_id=job["id"]).node.name == "arm"

@@ -10,6 +10,10 @@ import urllib.request
 
 import pytest
 
+from worker_agent.client import ApiClient
+from worker_agent.runtime.docker import DockerRuntime
+from worker_agent.state import AgentState
+
 from .control_plane import ControlPlane
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -62,3 +66,12 @@ def control_plane():
     server = ControlPlane()
     yield server
     server.close()
+
+
+@pytest.fixture
+def agent_parts(tmp_path, control_plane, docker_client):
+    """A runner's parts: state with a credential, an API client, the Docker runtime."""
+    state = AgentState(tmp_path / "state")
+    state.save_credential({"credential": control_plane.credential})
+    client = ApiClient(control_plane.url, state, backoff=0.01)
+    return state, client, DockerRuntime("test-node", client=docker_client)

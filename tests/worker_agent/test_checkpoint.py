@@ -24,14 +24,6 @@ JOBS = itertools.count(int(time.time()) % 100000 * 100 + 80)
 TRAPPING = "trap 'echo saved > $CHECKPOINT_DIR/state; exit 0' USR1; while true; do sleep 1; done"
 
 
-@pytest.fixture
-def agent_parts(tmp_path, control_plane, docker_client):
-    state = AgentState(tmp_path / "state")
-    state.save_credential({"credential": control_plane.credential})
-    client = ApiClient(control_plane.url, state, backoff=0.01)
-    return state, client, DockerRuntime("test-node", client=docker_client)
-
-
 def wait_for(condition, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

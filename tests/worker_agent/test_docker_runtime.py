@@ -96,6 +96,15 @@ def test_the_container_has_exactly_the_leases_limits(runtime, test_image, workdi
     assert labels["computepool.lease"] == str(a.lease)
     assert labels["computepool.attempt"] == "1"
     assert labels["computepool.node"] == "test-node"
+    assert labels["computepool.gpu_isolation"] == "none"  # no GPUs
+
+
+def test_the_gpu_isolation_is_a_container_label(runtime, test_image, workdir):
+    # time-slice/MPS shares are labelled as not isolated (GPUs themselves need NVIDIA's runtime)
+    limits = {"memory_mib": 32, "pids": 16, "gpu_isolation": "shared-not-isolated"}
+    container = runtime.create(assignment(test_image, ["true"], limits=limits), workdir)
+    container.reload()
+    assert container.labels["computepool.gpu_isolation"] == "shared-not-isolated"
 
 
 def test_cpuset_and_gpus_follow_the_lease(runtime, test_image, workdir):

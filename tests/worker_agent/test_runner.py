@@ -7,22 +7,11 @@ import time
 
 import pytest
 
-from worker_agent.client import ApiClient
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
-from worker_agent.runtime.docker import DockerRuntime
-from worker_agent.state import AgentState
 
 pytestmark = pytest.mark.docker
 JOBS = itertools.count(int(time.time()) % 100000 * 100 + 50)
-
-
-@pytest.fixture
-def agent_parts(tmp_path, control_plane, docker_client):
-    state = AgentState(tmp_path / "state")
-    state.save_credential({"credential": control_plane.credential})
-    client = ApiClient(control_plane.url, state, backoff=0.01)
-    return state, client, DockerRuntime("test-node", client=docker_client)
 
 
 def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:

@@ -31,6 +31,8 @@ class Limits:
     pids: int = 1024
     cpuset: str | None = None  # the kernel's cpulist form, "0-3,8"
     gpus: tuple[str, ...] = ()  # exact device UUIDs (GPU-…) or MIG instances (MIG-…)
+    # exclusive | mig | shared-not-isolated (time-slice/MPS) | none: a container label
+    gpu_isolation: str = "none"
 
     @classmethod
     def parse(cls, data: dict | None) -> Limits:
@@ -45,6 +47,7 @@ class Limits:
             pids=int(data.get("pids") or 1024),
             cpuset=str(cpuset) if cpuset else None,
             gpus=tuple(str(gpu) for gpu in data.get("gpus") or ()),
+            gpu_isolation=str(data.get("gpu_isolation") or "none")[:32],
         )
 
 

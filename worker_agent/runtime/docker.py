@@ -204,7 +204,9 @@ class DockerRuntime:
         }
         options = {
             "name": name,
-            "labels": assignment.labels(self.node_name),
+            # how its GPUs are isolated, for whoever inspects the node's containers
+            "labels": assignment.labels(self.node_name)
+            | {f"{LABEL}.gpu_isolation": limits.gpu_isolation},
             "environment": environment,
             "user": NOBODY,
             "read_only": True,

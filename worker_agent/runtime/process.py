@@ -100,7 +100,8 @@ class ProcessRuntime:
     def __init__(self, node_name: str = "", state_dir: str | os.PathLike = "."):
         self.node_name = node_name
         self.state_dir = Path(state_dir)
-        log.warning("process runtime: jobs run as local processes and are NOT isolated")
+        # offered beside Docker for the pools that allow it; each job it runs warns on its own
+        log.info("process runtime offered: its jobs run as local processes, NOT isolated")
 
     def pull(self, assignment: Assignment) -> float:
         return 0.0  # no image: the command runs on the host as it is
