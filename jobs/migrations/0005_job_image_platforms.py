@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_data_plane'),
+        ("jobs", "0004_data_plane"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='image_platforms',
+            model_name="job",
+            name="image_platforms",
             field=models.JSONField(blank=True, default=list),
         ),
     ]

@@ -76,6 +76,7 @@ def test_assignment_carries_the_run_with_limits_and_secret_values(agent, node_ap
         "pids": 1024,
         "cpuset": None,
         "gpus": [],
+        "gpu_isolation": "none",
     }
     assert entry["runtime"] == "docker"
     assert (entry["startup_timeout_s"], entry["stop_grace_s"]) == (300, 10)

@@ -10,8 +10,10 @@ from config.builders import (
     build_pool,
     build_trusted_key,
     pinned_test_image,
+    submit_job,
 )
 from jobs.models import Job
+from leases.explain import NeverFits
 from leases.models import Lease
 from pools.models import AllowedRegistry, ResourceShape
 from scheduling.passes import scheduling_pass
@@ -155,7 +157,7 @@ def test_an_ordinary_pool_does_not_ask_for_signatures(api, member, cpu_shape, im
 
 
 def test_an_amd64_image_runs_only_on_amd64_nodes(api, member, cpu_shape):
-    # the arm64 node is the roomier one: without the image's platforms it would be chosen
+    # the arm64 node is the roomier one: without the platforms it would be chosen
     build_node(cpu_shape.pool, "arm", cpu=64000, memory=262144, architecture="arm64")
     build_node(cpu_shape.pool, "amd", cpu=4000, memory=8192, architecture="amd64")
     client = api(member)
@@ -163,24 +165,47 @@ def test_an_amd64_image_runs_only_on_amd64_nodes(api, member, cpu_shape):
     assert all(job["image_platforms"] == ["linux/amd64"] for job in jobs)
     assert sorted(scheduling_pass().placed) == sorted(job["id"] for job in jobs)
     assert {lease.node.name for lease in Lease.objects.all()} == {"amd"}
-    assert Job.objects.get(pk=jobs[0]["id"]).image_platforms == ["linux/amd64"]
 
 
-def test_an_amd64_image_never_fits_a_pool_of_arm64_nodes(api, member, cpu_shape):
-    build_node(cpu_shape.pool, "arm", cpu=64000, memory=262144, architecture="arm64")
-    response = submit(api(member), TEST_IMAGE_TAG)
-    assert response.status_code == 422, response.json()
-    assert response.json()["code"] == "never_fits"
-    assert "image_arch_incompatible" in str(response.json())
+def test_an_arm64_image_is_stored_with_its_platform_and_runs_on_arm64(api, member, pool):
+    build_node(pool, "amd", cpu=64000, memory=262144, architecture="amd64")
+    build_node(pool, "arm", cpu=4000, memory=8192, architecture="arm64")
+    repository = reg.new_repository("arm")
+    reg.push_image_for(repository, "arm64", tag="v1")
+    resources = {"cpu_millicores_min": 500, "memory_mib_min": 256, "architecture": "arm64"}
+    job = submit(api(member), f"{reg.REGISTRY}/{repository}:v1", shape=None, resources=resources)
+    assert job.json()["image_platforms"] == ["linux/arm64"]
+    assert scheduling_pass().placed == [job.json()["id"]]
+    assert Lease.objects.get().node.name == "arm"
+
+
+# A request that names no architecture (a service's, or one stored before requests had one):
+# the image's platforms alone keep the job off nodes it cannot run on (the core's image_arch).
+AMD64_ONLY = {"image_platforms": ["linux/amd64"]}
+
+
+def test_without_a_requested_architecture_the_images_platforms_decide(pool, tenant):
+    build_node(pool, "arm", cpu=64000, memory=262144, architecture="arm64")
+    build_node(pool, "amd", cpu=4000, memory=8192, architecture="amd64")
+    jobs = [submit_job(pool, tenant, **AMD64_ONLY) for _ in range(3)]
+    assert "architecture" not in jobs[0].resources
+    assert sorted(scheduling_pass().placed) == sorted(job.pk for job in jobs)
+    assert {lease.node.name for lease in Lease.objects.all()} == {"amd"}
+
+
+def test_an_amd64_image_never_fits_a_pool_of_arm64_nodes(pool, tenant):
+    build_node(pool, "arm", cpu=64000, memory=262144, architecture="arm64")
+    with pytest.raises(NeverFits) as refused_:
+        submit_job(pool, tenant, **AMD64_ONLY)
+    assert refused_.value.explanation["reasons"] == {"image_arch_incompatible": 1}
     assert not Job.objects.exists()
 
 
-def test_an_arm64_image_runs_on_the_arm64_node(api, member, cpu_shape):
-    build_node(cpu_shape.pool, "amd", cpu=64000, memory=262144, architecture="amd64")
-    build_node(cpu_shape.pool, "arm", cpu=4000, memory=8192, architecture="arm64")
-    repository = reg.new_repository("arm")
-    reg.push_image_for(repository, "arm64", tag="v1")
-    job = submit(api(member), f"{reg.REGISTRY}/{repository}:v1").json()
-    assert job["image_platforms"] == ["linux/arm64"]
-    assert scheduling_pass().placed == [job["id"]]
-    assert Lease.objects.get(job_id=job["id"]).node.name == "arm"
+def test_it_waits_while_the_only_amd64_node_is_not_ready(pool, tenant):
+    build_node(pool, "arm", cpu=64000, memory=262144, architecture="arm64")
+    build_node(pool, "amd", architecture="amd64", ready=False)  # could run it, not yet
+    job = submit_job(pool, tenant, **AMD64_ONLY)
+    assert scheduling_pass().placed == []
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.pending_reason["reasons"]["image_arch_incompatible"] == 1

@@ -29,13 +29,9 @@ def shown(client, job):
 @pytest.fixture
 def gpu_nodes(pool):
     """One node per GPU sharing mode, each with one device."""
-    return {
-        "exclusive": build_node(pool, "whole", cpu=16000, memory=65536, gpus=[{}]),
-        "shared-not-isolated": build_node(
-            pool, "ts", cpu=16000, memory=65536, gpus=[{"sharing_mode": "timeslice"}]
-        ),
-        "mig": build_node(pool, "mig", cpu=16000, memory=65536, gpus=[{"mig_enabled": True}]),
-    }
+    build_node(pool, "whole", cpu=16000, memory=65536, gpus=[{}])
+    build_node(pool, "ts", cpu=16000, memory=65536, gpus=[{"sharing_mode": "timeslice"}])
+    build_node(pool, "mig", cpu=16000, memory=65536, gpus=[{"mig_enabled": True}])
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,12 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
   /outputs a per-attempt host directory (rw), /inputs one read-only;
 - user nobody (65534:65534), every capability dropped, no-new-privileges, never privileged,
   no host namespaces (private IPC, no pid/net/uts/userns host mode), no Docker socket mounted;
-- network `none`, or the bridge network `computepool` (inter-container traffic off). The egress
-  allow-list is NOT enforced by the agent: a job on the pool network reaches what the host
-  reaches. Enforcing it needs per-container firewall rules (DOCKER-USER chain) — not done.
+- network `none`, or the pool network with egress limited to the allow-list: a small
+  network-owner container (the pause image, `sleep`) joins the bridge network `computepool`
+  (inter-container traffic off) and carries the published ports; iptables rules are installed
+  in its namespace (worker_agent/netpolicy.py) and only then is the job container started
+  inside that namespace (`container:<owner>`, no NET_ADMIN: it cannot change them). A node
+  that cannot enforce this (not root, no iptables/nsenter) fails such a job: runtime_error.
 Secrets are passed as environment variables at create: not in the image or the job's
 listings, but visible to whoever can `docker inspect` on the node.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
@@ -30,6 +34,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, LogConfig, Mount
 
+from worker_agent import netpolicy
 from worker_agent.host import architecture
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
@@ -45,6 +50,11 @@ log = logging.getLogger(__name__)
 DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 NOBODY = "65534:65534"
 POOL_NETWORK = "computepool"
+# The network owner's image (needs `sleep`; the job's own image may not have it), pinned by
+# digest when used; by default the busybox test image every node here has in its cache.
+PAUSE_IMAGE_DEFAULT = "127.0.0.1:5000/computepool/busybox:test"
+ROLE = f"{LABEL}.role"  # "network" on a network owner; job containers have no role label
+OWNER_SUFFIX = "-net"
 TMP_TMPFS = "rw,nosuid,nodev,size=64m"
 IMAGES_MAX = 512
 LOG_BUFFER_MAX = 8 * 1024 * 1024  # unsent log text kept per run; the oldest is dropped first
@@ -91,9 +101,17 @@ class LogFollower:
 class DockerRuntime:
     name = "docker"
 
-    def __init__(self, node_name: str = "", client: docker.DockerClient | None = None):
+    def __init__(
+        self,
+        node_name: str = "",
+        client: docker.DockerClient | None = None,
+        pause_image: str | None = None,
+    ):
         self.node_name = node_name
         self.client = client or docker.from_env(timeout=120)
+        self.pause_image = (
+            pause_image or os.environ.get("WORKER_AGENT_PAUSE_IMAGE") or PAUSE_IMAGE_DEFAULT
+        )
 
     @staticmethod
     def available() -> bool:
@@ -145,10 +163,29 @@ class DockerRuntime:
         return f"computepool-job{assignment.job}-l{assignment.lease}"
 
     def _network(self, assignment: Assignment) -> dict:
+        """Mode none: no network. Otherwise the job joins its network owner's namespace, whose
+        egress rules are installed before this returns (the job container is not created yet)."""
         if assignment.network_mode == "none":
             if assignment.ports:
                 log.warning("job %s: ports are not published with network none", assignment.job)
             return {"network_mode": "none"}
+        problem = netpolicy.enforcement_problem()
+        if problem:
+            raise RuntimeFailure("runtime_error", str(netpolicy.unenforceable(problem)))
+        owner = self._start_owner(assignment)
+        try:
+            owner.reload()
+            allowed = netpolicy.enforce(int(owner.attrs["State"]["Pid"]), assignment.egress_allow)
+        except netpolicy.EgressError as exc:
+            self._remove_owner_of(owner.name)
+            raise RuntimeFailure("runtime_error", str(exc)) from exc
+        except BaseException:
+            self._remove_owner_of(owner.name)
+            raise
+        log.info("job %s: egress allowed to %s, all else dropped", assignment.job, allowed)
+        return {"network_mode": f"container:{owner.id}"}
+
+    def _pool_network(self) -> None:
         try:
             self.client.networks.get(POOL_NETWORK)
         except NotFound:
@@ -158,16 +195,85 @@ class DockerRuntime:
                 options={"com.docker.network.bridge.enable_icc": "false"},
                 labels={f"{LABEL}.network": "pool"},
             )
-        if assignment.egress_allow:
-            log.warning(
-                "job %s: egress allow-list %s is NOT enforced by this agent",
-                assignment.job,
-                list(assignment.egress_allow),
+
+    def _pinned_pause_image(self) -> str:
+        """The pause image by digest (pulled when missing); a tag is pinned to its digest."""
+        ref = self.pause_image
+        try:
+            image = self.client.images.get(ref)
+        except ImageNotFound:
+            try:
+                image = self.client.images.pull(ref)
+            except DockerException as exc:
+                raise RuntimeFailure("runtime_error", f"pause image {ref}: {exc}") from exc
+        if DIGEST_RE.match(ref):
+            return ref
+        repo = ref.rsplit(":", 1)[0] if ref.rfind(":") > ref.rfind("/") else ref
+        for repo_digest in image.attrs.get("RepoDigests") or []:
+            if repo_digest.partition("@")[0] == repo:
+                return repo_digest
+        raise RuntimeFailure("runtime_error", f"pause image {ref} has no registry digest")
+
+    def _start_owner(self, assignment: Assignment):
+        """The attempt's network owner: `sleep` on the pool network, hardened like a job, with
+        tiny limits; it carries the published ports (the job shares its namespace)."""
+        self._pool_network()
+        image = self._pinned_pause_image()
+        sysctls = {}
+        if Path("/proc/sys/net/ipv6").exists():
+            sysctls = {
+                "net.ipv6.conf.all.disable_ipv6": "1",
+                "net.ipv6.conf.default.disable_ipv6": "1",
+            }
+        try:
+            owner = self.client.containers.run(
+                image,
+                ["sleep", "2147483647"],
+                name=self.container_name(assignment) + OWNER_SUFFIX,
+                detach=True,
+                labels=assignment.labels(self.node_name) | {ROLE: "network"},
+                user=NOBODY,
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                privileged=False,
+                ipc_mode="private",
+                mem_limit="16m",
+                memswap_limit="16m",
+                pids_limit=8,
+                nano_cpus=100_000_000,
+                network=POOL_NETWORK,
+                sysctls=sysctls,
+                ports={f"{port}/tcp": None for port in assignment.ports},  # ephemeral host ports
+                log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             )
-        return {
-            "network": POOL_NETWORK,
-            "ports": {f"{port}/tcp": None for port in assignment.ports},  # ephemeral host ports
-        }
+        except DockerException as exc:
+            self._remove_owner_of(self.container_name(assignment))
+            raise RuntimeFailure("runtime_error", f"network owner failed: {exc}") from exc
+        return owner
+
+    def _remove_owner_of(self, name: str) -> None:
+        """The network owner of job container `name` (or named so), if there is one."""
+        if not name.endswith(OWNER_SUFFIX):
+            name += OWNER_SUFFIX
+        try:
+            owner = self.client.containers.get(name)
+        except NotFound:
+            return
+        if owner.labels.get(ROLE) == "network":
+            with contextlib.suppress(NotFound, APIError):
+                owner.remove(force=True, v=True)
+
+    def _owner(self, container):
+        """The network owner a job container shares (None: it has its own network)."""
+        mode = (container.attrs.get("HostConfig") or {}).get("NetworkMode") or ""
+        if not mode.startswith("container:"):
+            return None
+        try:
+            owner = self.client.containers.get(mode.partition(":")[2])
+        except NotFound:
+            return None
+        return owner if owner.labels.get(ROLE) == "network" else None
 
     def _scratch(self, assignment: Assignment) -> list[Mount]:
         size = assignment.limits.scratch_mib
@@ -196,6 +302,11 @@ class DockerRuntime:
             Mount("/inputs", str(workdir / "inputs"), type="bind", read_only=True),
             *self._scratch(assignment),
         ]
+        try:
+            network = self._network(assignment)  # the owner and its egress rules, if any
+        except BaseException:
+            self._remove_volume(f"{name}-scratch")
+            raise
         environment = assignment.environment() | {
             "OUTPUTS_DIR": "/outputs",
             "INPUTS_DIR": "/inputs",
@@ -221,7 +332,7 @@ class DockerRuntime:
             "privileged": False,
             "ipc_mode": "private",
             "log_config": LogConfig(type="json-file", config={"max-size": "10m", "max-file": "3"}),
-            **self._network(assignment),
+            **network,
         }
         if assignment.command:
             options["command"] = list(assignment.command)
@@ -235,6 +346,7 @@ class DockerRuntime:
             return self.client.containers.create(assignment.image, **options)
         except DockerException as exc:
             self._remove_volume(f"{name}-scratch")
+            self._remove_owner_of(name)
             raise RuntimeFailure("runtime_error", f"create failed: {exc}") from exc
 
     def start(self, container) -> None:
@@ -250,6 +362,7 @@ class DockerRuntime:
             log.info("removed leftover container %s", name)
         except NotFound:
             pass
+        self._remove_owner_of(name)
         self._remove_volume(f"{name}-scratch")
 
     def _remove_volume(self, name: str) -> None:
@@ -286,7 +399,8 @@ class DockerRuntime:
     def route(self, container, host: str) -> dict | None:
         """{"host": node address, "ports": {"8080": 32768}} once ports are published."""
         ports = {}
-        for key, bindings in (container.attrs["NetworkSettings"].get("Ports") or {}).items():
+        holder = self._owner(container) or container  # ports are published on the owner
+        for key, bindings in (holder.attrs["NetworkSettings"].get("Ports") or {}).items():
             if bindings:
                 ports[key.partition("/")[0]] = int(bindings[0]["HostPort"])
         return {"host": host, "ports": ports} if ports else None
@@ -306,10 +420,11 @@ class DockerRuntime:
             container.kill(signal=name)
 
     def remove(self, container) -> None:
-        """The container and its scratch volume (scratch is deleted when a run ends)."""
+        """The container, its network owner and its scratch volume (deleted when a run ends)."""
         name = container.name
         with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
+        self._remove_owner_of(name)
         self._remove_volume(f"{name}-scratch")
 
     def follow_logs(self, container, since: int | None = None) -> LogFollower:
@@ -337,11 +452,20 @@ class DockerRuntime:
         }
 
     def find(self) -> list[Found]:
-        """This node's containers (by label), running or ended, for reconciliation."""
+        """This node's job containers (by label), running or ended, for reconciliation; network
+        owners whose job container is gone are removed."""
         found = []
         filters = {"label": [f"{LABEL}.job", f"{LABEL}.node={self.node_name}"]}
-        for container in self.client.containers.list(all=True, filters=filters):
+        containers = self.client.containers.list(all=True, filters=filters)
+        names = {container.name for container in containers}
+        for container in containers:
             labels = container.labels
+            if labels.get(ROLE) == "network":
+                if container.name.removesuffix(OWNER_SUFFIX) not in names:
+                    log.info("removing orphaned network owner %s", container.name)
+                    with contextlib.suppress(NotFound, APIError):
+                        container.remove(force=True, v=True)
+                continue
             try:
                 job, lease = int(labels[f"{LABEL}.job"]), int(labels[f"{LABEL}.lease"])
                 attempt = int(labels.get(f"{LABEL}.attempt") or 1)

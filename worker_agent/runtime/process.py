@@ -11,7 +11,8 @@ network, and can signal the agent's other processes. What it does:
 - rlimits as possible: RLIMIT_AS = the leased memory (virtual, not resident memory: a program
   may fail earlier than in a container), RLIMIT_CPU = max runtime × leased CPUs (seconds of CPU),
   RLIMIT_NPROC = pids (counted per user, not per job). No CPU quota, no cpuset, no GPU
-  restriction, no scratch size cap, no network policy.
+  restriction, no scratch size cap, no network policy: a job with mode `pool` and an egress
+  allow-list fails with runtime_error rather than run with the host's whole network.
 - the exit status is known only to the agent that started it: after an agent restart a process
   still running is followed by its pid, and its end is reported as runtime_error.
 """
@@ -114,6 +115,13 @@ class ProcessRuntime:
         (workdir / "tmp").mkdir(exist_ok=True)
         if not assignment.command:
             raise RuntimeFailure("runtime_error", "the process runtime needs a command")
+        if assignment.network_mode == "pool" and assignment.egress_allow:
+            # It runs on the host's network: an allow-list would be a promise it cannot keep.
+            raise RuntimeFailure(
+                "runtime_error",
+                "egress cannot be enforced on this node: the process runtime has no network "
+                "policy (an egress allow-list needs the Docker runtime)",
+            )
         return ProcessHandle(workdir=workdir, assignment=assignment)
 
     def start(self, handle: ProcessHandle) -> None:

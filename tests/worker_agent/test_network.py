@@ -1,0 +1,220 @@
+"""The job network policy, enforced on the real Docker engine: mode `none` has no network; mode
+`pool` reaches only its allow-list (iptables in the namespace of a network-owner container the
+job shares, with no NET_ADMIN of its own). All traffic goes to HTTP servers in this test process,
+reached through the gateway of our own `computepool` bridge: it never leaves this machine."""
+
+import itertools
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from worker_agent import netpolicy
+from worker_agent.runtime.base import Assignment, RuntimeFailure
+from worker_agent.runtime.docker import OWNER_SUFFIX, POOL_NETWORK, DockerRuntime
+from worker_agent.runtime.process import ProcessRuntime
+
+JOBS = itertools.count(int(time.time()) % 100000 * 100 + 50)
+
+
+class Hello(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.server.server_port}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two HTTP servers on free ports of every host address (the bridge's gateway among them)."""
+    started = [ThreadingHTTPServer(("0.0.0.0", 0), Hello) for _ in range(2)]
+    for server in started:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_port for server in started]
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def runtime(docker_client):
+    runtime = DockerRuntime("test-node-net", client=docker_client)
+    runtime.created = []
+    original = runtime.create
+
+    def create(a, workdir):
+        container = original(a, workdir)
+        runtime.created.append(container)
+        return container
+
+    runtime.create = create
+    yield runtime
+    for container in runtime.created:
+        runtime.remove(container)
+
+
+@pytest.fixture
+def gateway(runtime) -> str:
+    """The host side of our own bridge: the only address these tests send traffic to."""
+    runtime._pool_network()
+    network = runtime.client.networks.get(POOL_NETWORK)
+    return network.attrs["IPAM"]["Config"][0]["Gateway"]
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    for name in ("outputs", "inputs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(0o777)
+    return tmp_path
+
+
+def assignment(image, command, mode="pool", allow=(), **changes) -> Assignment:
+    job = next(JOBS)
+    data = {
+        "job": job,
+        "attempt": 1,
+        "lease": job + 3,
+        "fencing_token": "1",
+        "image": image,
+        "command": command,
+        "network_policy": {"mode": mode, "egress_allow": list(allow)},
+        "limits": {"cpu_millicores": 500, "memory_mib": 64, "pids": 64},
+    } | changes
+    return Assignment.parse(data)
+
+
+def fetch_both(gateway, ports) -> list[str]:
+    """A job that tries both servers and says how each try ended (`timeout`, not `wget -T`:
+    the test image's static busybox wget crashes with -T)."""
+    script = "; ".join(
+        f"timeout 3 wget -q -O - http://{gateway}:{port}/; echo rc{n}=$?"
+        for n, port in enumerate(ports, 1)
+    )
+    return ["sh", "-c", script]
+
+
+def run(runtime, a, workdir, timeout=30) -> tuple[object, str]:
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    deadline = time.monotonic() + timeout
+    while runtime.poll(container) is None:
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.1)
+    return container, container.logs().decode()
+
+
+@pytest.mark.docker
+def test_pool_job_reaches_only_its_allow_list(runtime, test_image, workdir, servers, gateway):
+    allowed, other = servers
+    command = fetch_both(gateway, servers)
+    # The job also tries to change its network: without NET_ADMIN it may not.
+    command[2] = "ip addr add 10.99.0.1/32 dev lo; echo ip=$?; " + command[2]
+    a = assignment(test_image, command, allow=[f"{gateway}:{allowed}"])
+    container, logs = run(runtime, a, workdir)
+    assert f"hello from {allowed}" in logs
+    assert "rc1=0" in logs
+    assert f"hello from {other}" not in logs
+    assert "rc2=0" not in logs
+    assert "ip=0" not in logs  # the rules are not the job's to change
+    owner = runtime.client.containers.get(container.name + OWNER_SUFFIX)
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] == f"container:{owner.id}"
+    assert host["CapDrop"] == ["ALL"]
+    assert not host.get("CapAdd")
+    assert owner.labels["computepool.role"] == "network"
+    assert owner.labels["computepool.job"] == str(a.job)
+    assert owner.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    assert owner.attrs["HostConfig"]["ReadonlyRootfs"] is True
+    assert owner.attrs["Config"]["User"] == "65534:65534"
+    assert "@sha256:" in owner.attrs["Config"]["Image"]  # the pause image, pinned
+    assert list(owner.attrs["NetworkSettings"]["Networks"]) == [POOL_NETWORK]
+
+    runtime.remove(container)
+    assert not runtime.client.containers.list(all=True, filters={"name": owner.name})
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("mode", ["none", "pool"])
+def test_no_network_and_an_empty_allow_list_reach_nothing(
+    runtime, test_image, workdir, servers, gateway, mode
+):
+    a = assignment(test_image, fetch_both(gateway, servers), mode=mode)
+    _, logs = run(runtime, a, workdir)
+    assert "hello from" not in logs
+    assert "rc1=" in logs and "rc2=" in logs
+    assert "rc1=0" not in logs and "rc2=0" not in logs
+
+
+@pytest.mark.docker
+def test_ports_are_published_on_the_network_owner(runtime, test_image, workdir):
+    a = assignment(test_image, ["sleep", "30"], ports=[8080])
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    container.reload()
+    route = runtime.route(container, "10.0.0.5")
+    assert route["host"] == "10.0.0.5"
+    assert set(route["ports"]) == {"8080"} and route["ports"]["8080"] > 0
+
+
+@pytest.mark.docker
+def test_an_orphaned_network_owner_is_removed_on_reconcile(runtime, test_image, workdir):
+    a = assignment(test_image, ["sleep", "30"])
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    owner_name = container.name + OWNER_SUFFIX
+    container.remove(force=True)  # the job container is gone, its owner is left
+    found = runtime.find()
+    assert all(f.job != a.job for f in found)  # an owner is never a run
+    assert not runtime.client.containers.list(all=True, filters={"name": owner_name})
+
+
+@pytest.mark.docker
+def test_a_node_without_iptables_refuses_pool_jobs(
+    runtime, test_image, workdir, tmp_path, monkeypatch
+):
+    a = assignment(test_image, ["true"], allow=["127.0.0.1:80"])
+    runtime.pull(a)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a node where nsenter and iptables are missing
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.create(a, workdir)
+    assert failure.value.reason == "runtime_error"
+    assert "egress cannot be enforced on this node" in failure.value.message
+    name = runtime.container_name(a)
+    assert not runtime.client.containers.list(all=True, filters={"name": name})
+    monkeypatch.undo()
+    # Mode none needs nothing of it.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    runtime.create(assignment(test_image, ["true"], mode="none"), workdir)
+
+
+def test_the_process_runtime_refuses_an_allow_list(tmp_path):
+    runtime = ProcessRuntime("n", tmp_path)
+    a = assignment("x", ["true"], allow=["pypi.org:443"])
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.create(a, tmp_path)
+    assert failure.value.reason == "runtime_error"
+    assert "egress cannot be enforced on this node" in failure.value.message
+    runtime.create(assignment("x", ["true"], mode="none"), tmp_path)  # no network asked: runs
+
+
+def test_the_rules_allow_loopback_replies_dns_and_the_list_then_drop():
+    allowed = netpolicy.resolve(["10.1.2.3:8443", "10.1.2.4"])
+    rules = netpolicy.rules(allowed, ["192.0.2.53"])
+    assert rules[0] == ["-o", "lo", "-j", "ACCEPT"]
+    assert "ESTABLISHED,RELATED" in rules[1]
+    assert ["-d", "127.0.0.11", "-p", "udp", "--dport", "53", "-j", "ACCEPT"] in rules
+    assert ["-d", "192.0.2.53", "-p", "tcp", "--dport", "53", "-j", "ACCEPT"] in rules
+    assert ["-d", "10.1.2.3", "-p", "tcp", "--dport", "8443", "-j", "ACCEPT"] in rules
+    assert ["-d", "10.1.2.4", "-j", "ACCEPT"] in rules
+    assert rules[-1] == ["-j", "DROP"]
+    with pytest.raises(netpolicy.EgressError, match="IPv4 only"):
+        netpolicy.resolve(["[::1]:80"])
