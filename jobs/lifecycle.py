@@ -27,7 +27,7 @@ from pools.statemachine import TransitionRefused
 
 from .choices import JobState
 from .events import publish_job_event
-from .models import Job, JobEvent
+from .models import Job, JobEvent, JobOutput
 from .services import job_finish, job_release_leases, job_transition
 
 S = JobState
@@ -53,6 +53,9 @@ DEFAULT_PIDS = 1024
 # fences a fraction of a device; time-slice/MPS shares see each other's memory and compute.
 GPU_EXCLUSIVE, GPU_MIG, GPU_SHARED = "exclusive", "mig", "shared-not-isolated"
 GPU_NONE = "none"  # no GPUs
+# What the agent uploads as a checkpoint (worker_agent/runner.py) and restores into the next
+# attempt (`restore` of an assignment, `GET /api/v1/agent/jobs/{id}/checkpoint`).
+CHECKPOINT_OUTPUT = "checkpoint.tar"
 
 
 # --- assignments: what the node should be running now -------------------------------------
@@ -64,8 +67,9 @@ def pool_agent_knobs(pool) -> dict:
     return {name: knobs.get(name, default) for name, default in AGENT_KNOBS.items()}
 
 
-def node_assignments(*, node) -> list[dict]:
-    """One entry per job whose current holding lease is on this node and that has work here."""
+def node_assignments(*, node, api_base: str = "") -> list[dict]:
+    """One entry per job whose current holding lease is on this node and that has work here.
+    `api_base` (`https://cp.example`) prefixes the checkpoint's download URL."""
     leases = list(
         Lease.objects.filter(node=node, state__in=HOLDING, job__state__in=ON_NODE)
         .select_related("job", "job__tenant")
@@ -90,9 +94,32 @@ def node_assignments(*, node) -> list[dict]:
             tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
         )
     }
+    checkpoints = {}
+    for output in JobOutput.objects.filter(
+        job_id__in={lease.job_id for lease in leases}, name=CHECKPOINT_OUTPUT
+    ).order_by("job_id", "-attempt"):
+        checkpoints.setdefault(output.job_id, []).append(output)
     return [
-        _assignment(lease, lease.job, node, knobs, runtime, devices, values) for lease in leases
+        _assignment(lease, lease.job, node, knobs, runtime, devices, values)
+        | {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
+        for lease in leases
     ]
+
+
+def job_checkpoint(job: Job, outputs=None) -> JobOutput | None:
+    """The newest checkpoint an earlier attempt uploaded (the current attempt's own, written
+    while it is being checkpointed, is not one to start from)."""
+    if outputs is None:
+        outputs = job.outputs.filter(name=CHECKPOINT_OUTPUT).order_by("-attempt")
+    return next((o for o in outputs if o.attempt < job.attempts), None)
+
+
+def _restore(job: Job, outputs, api_base: str) -> dict | None:
+    checkpoint = job_checkpoint(job, outputs)
+    if checkpoint is None:
+        return None
+    url = f"{api_base.rstrip('/')}/api/v1/agent/jobs/{job.pk}/checkpoint"
+    return {"url": url, "sha256": checkpoint.sha256}
 
 
 def _assignment(lease, job, node, knobs, runtime, devices, secret_values) -> dict:

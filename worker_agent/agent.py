@@ -17,7 +17,7 @@ from pathlib import Path
 from worker_agent import __version__
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host
-from worker_agent.probe import probe_result
+from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import DockerRuntime
@@ -25,6 +25,8 @@ from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 
 log = logging.getLogger(__name__)
+
+PROBE_KINDS = ("validation", "recovery")  # what the agent answers (docs/nodes.md)
 
 
 class AgentError(Exception):
@@ -97,7 +99,7 @@ class Agent:
         self.runners: dict[tuple[int, int], Runner] = {}
         self.finished: set[tuple[int, int]] = set()  # ended here; never started again
         self.rotate_requested = False
-        self.probes_started: set[int] = set()  # validation probes run by this agent
+        self.probes_started: set[int] = set()  # probes run (or running) by this agent
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -206,10 +208,11 @@ class Agent:
 
     # ------------------------------------------------------------------ probes
     def run_probes(self, probes: list) -> None:
-        """Each requested validation probe once, in a thread of its own (heartbeats go on).
-        Recovery probes are not answered by this agent yet."""
+        """Each requested probe once, in a thread of its own (heartbeats go on): a validation
+        probe runs its challenge, a recovery probe measures its device again. A result that
+        could not be delivered (control plane unreachable) is tried again when listed again."""
         for probe in probes:
-            if not isinstance(probe, dict) or probe.get("kind") != "validation":
+            if not isinstance(probe, dict) or probe.get("kind") not in PROBE_KINDS:
                 continue
             try:
                 probe_id = int(probe["id"])
@@ -222,22 +225,30 @@ class Agent:
                 target=self._probe, args=(probe,), daemon=True, name=f"probe-{probe_id}"
             ).start()
 
+    def probe_answer(self, probe: dict) -> dict:
+        """The result of one probe, by its kind."""
+        workdir = self.state.dir / "probes" / str(int(probe["id"]))
+        if probe["kind"] == "recovery":
+            docker = self.runtimes.get("docker")  # the device container needs the engine
+            return recovery_result(probe, nvml=self.host.nvml, runtime=docker, workdir=workdir)
+        return probe_result(
+            probe, runtime=self.primary, workdir=workdir, inventory=self.host.inventory()
+        )
+
     def _probe(self, probe: dict) -> None:
-        probe_id = int(probe["id"])
-        log.info("validation probe %s: running its challenge", probe_id)
+        probe_id, kind = int(probe["id"]), probe["kind"]
+        log.info("%s probe %s: running", kind, probe_id)
         try:
-            result = probe_result(
-                probe,
-                runtime=self.primary,
-                workdir=self.state.dir / "probes" / str(probe_id),
-                inventory=self.host.inventory(),
-            )
+            result = self.probe_answer(probe)
             answer = self.client.probe_result(probe_id, result)
-            log.info("validation probe %s: %s", probe_id, (answer or {}).get("state"))
-        except (ApiError, ApiUnreachable) as exc:
-            log.warning("validation probe %s: result not accepted: %s", probe_id, exc)
+            log.info("%s probe %s: %s", kind, probe_id, (answer or {}).get("state"))
+        except ApiUnreachable as exc:
+            self.probes_started.discard(probe_id)  # the next listing tries again
+            log.warning("%s probe %s: result not delivered: %s", kind, probe_id, exc)
+        except ApiError as exc:
+            log.warning("%s probe %s: result not accepted: %s", kind, probe_id, exc)
         except Exception:  # never let the thread die silently
-            log.exception("validation probe %s failed", probe_id)
+            log.exception("%s probe %s failed", kind, probe_id)
 
     # ------------------------------------------------------------------ assignments
     def assignments(self) -> dict[tuple[int, int], Assignment]:

@@ -5,6 +5,7 @@ on a 401 (another thread may just have rotated it)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 
@@ -171,3 +172,36 @@ class ApiClient:
             files=parts,
             timeout=max(self.timeout, 300),
         )
+
+    def checkpoint(self, job: int, target, max_bytes: int) -> str:
+        """Streams the checkpoint of the job's earlier attempt (`GET agent/jobs/{id}/checkpoint`)
+        into the file `target`; its sha256 (hex). Always from this API: the node credential
+        goes nowhere else, whatever URL an assignment names. Raises ApiError (also when it is
+        larger than `max_bytes`) or ApiUnreachable."""
+        path = f"agent/jobs/{int(job)}/checkpoint"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.stop.wait(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
+            headers = {"Authorization": f"Bearer {self.state.credential()}"}
+            try:
+                with self.session.get(
+                    f"{self.base}/{path}", headers=headers, stream=True, timeout=self.timeout
+                ) as response:
+                    # a 401 may be a rotation by another thread: the next try re-reads it
+                    if response.status_code in RETRY_STATUSES | {401} and attempt < self.retries:
+                        continue
+                    if response.status_code >= 400:
+                        raise ApiError(response.status_code, response.text[:300], "GET", path)
+                    digest, size = hashlib.sha256(), 0
+                    with open(target, "wb") as f:
+                        for block in response.iter_content(1024 * 1024):
+                            size += len(block)
+                            if size > max_bytes:
+                                raise ApiError(413, f"more than {max_bytes} bytes", "GET", path)
+                            digest.update(block)
+                            f.write(block)
+                    return digest.hexdigest()
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if attempt >= self.retries or self.stop.is_set():
+                    raise ApiUnreachable(f"GET {path}: {exc}") from exc
+        raise ApiUnreachable(f"GET {path}: no answer")

@@ -164,31 +164,70 @@ def read_gpus(nvml) -> dict:
     return {"gpus": gpus, "health": health}
 
 
+def mig_device(nvml, identifier: str):
+    """The NVML handle of a lease's MIG instance. `MIG-<GPU UUID>/<first slot>/<ci>` (the
+    control plane's name, docs/data-plane.md) is the MIG device of the GPU instance placed at
+    that slot of that GPU; a plain MIG device UUID (`MIG-<uuid>`) is looked up as it is. None
+    when it is not there (or the driver does not say where its instances are placed: that
+    needs a privileged agent)."""
+    name, _, rest = str(identifier).removeprefix("MIG-").partition("/")
+    if not rest:
+        return _optional(nvml.nvmlDeviceGetHandleByUUID, str(identifier))
+    slot = rest.partition("/")[0]
+    if not slot.isdigit():
+        return None
+    parent = _optional(nvml.nvmlDeviceGetHandleByUUID, name)
+    if parent is None:
+        return None
+    for index in range(_optional(nvml.nvmlDeviceGetMaxMigDeviceCount, parent) or 0):
+        mig = _optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, parent, index)
+        if mig is None:
+            continue
+        instance = _optional(nvml.nvmlDeviceGetGpuInstanceId, mig)
+        if instance is None:
+            continue
+        gpu_instance = _optional(nvml.nvmlDeviceGetGpuInstanceById, parent, instance)
+        if gpu_instance is None:
+            continue
+        info = _optional(nvml.nvmlGpuInstanceGetInfo, gpu_instance)
+        if info is not None and int(info.placement.start) == int(slot):
+            return mig
+    return None
+
+
 def gpu_usage(nvml, uuids) -> dict:
     """What a lease's devices are doing now: `gpu_utilization_percent` (the mean over the
-    devices that report it) and `gpu_memory_mib` (used, summed). {} without a driver, without
-    devices, or when none of them answers. MIG instances (`MIG-…`) are not sampled: NVML gives
-    no utilisation per instance."""
+    whole devices that report it) and `gpu_memory_mib` (used, summed over devices and MIG
+    instances). {} without a driver, without devices, or when none of them answers. A MIG
+    instance (`MIG-…`) gives its memory only: NVML has no utilisation per instance on most
+    drivers (it answers NotSupported), so a lease of MIG instances reports no utilisation."""
     if nvml is None:
         return {}
-    rates, memory, seen = [], 0, 0
+    rates, memory, seen, whole = [], 0, 0, 0
     for uuid in uuids or ():
-        if str(uuid).startswith("MIG-"):
-            continue
-        handle = _optional(nvml.nvmlDeviceGetHandleByUUID, str(uuid))
+        mig = str(uuid).startswith("MIG-")
+        if mig:
+            handle = mig_device(nvml, str(uuid))
+        else:
+            handle = _optional(nvml.nvmlDeviceGetHandleByUUID, str(uuid))
         if handle is None:
             continue
         info = _optional(nvml.nvmlDeviceGetMemoryInfo, handle)
         if info is not None:
             memory += int(info.used) // (1024 * 1024)
+        seen += 1
+        if mig:
+            continue
+        whole += 1
         rate = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
         if rate is not None:
             rates.append(int(rate.gpu))
-        seen += 1
     if not seen:
         return {}
-    mean = round(sum(rates) / len(rates), 1) if rates else 0
-    return {"gpu_utilization_percent": mean, "gpu_memory_mib": memory}
+    usage = {"gpu_memory_mib": memory}
+    if whole:
+        usage["gpu_utilization_percent"] = round(sum(rates) / len(rates), 1) if rates else 0
+    return usage
 
 
 # --------------------------------------------------------------------------- recordings
@@ -246,8 +285,9 @@ class RecordedNvml:
 
     def nvmlDeviceGetHandleByUUID(self, uuid):
         for device in self.devices:
-            if device["uuid"] == uuid:
-                return device
+            for candidate in (device, *(m for m in device.get("mig_devices") or () if m)):
+                if candidate["uuid"] == uuid:
+                    return candidate
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetMemoryInfo(self, h):
@@ -273,6 +313,17 @@ class RecordedNvml:
 
     def nvmlDeviceGetGpuInstanceId(self, h):
         return self._get(h, "gpu_instance_id")
+
+    def nvmlDeviceGetGpuInstanceById(self, h, instance):
+        # a GPU instance handle is its MIG device's recorded dict (one compute instance each)
+        for mig in h.get("mig_devices") or ():
+            if mig and mig.get("gpu_instance_id") == instance:
+                return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gi):
+        placement = SimpleNamespace(start=self._get(gi, "placement_start"), size=0)
+        return SimpleNamespace(id=gi["gpu_instance_id"], placement=placement)
 
     def nvmlDeviceGetNumaNodeId(self, h):
         return self._get(h, "numa_node_id")
@@ -305,14 +356,25 @@ class RecordedNvml:
 def record(nvml) -> dict:
     """Write down what a real NVML answers, in the form RecordedNvml replays."""
 
-    def device(handle, *, mig: bool = False) -> dict:
+    def device(handle, *, parent=None) -> dict:
         data = {
             "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
             "name": _text(nvml.nvmlDeviceGetName(handle)),
             "memory_total_bytes": nvml.nvmlDeviceGetMemoryInfo(handle).total,
         }
-        if mig:
-            data["gpu_instance_id"] = _optional(nvml.nvmlDeviceGetGpuInstanceId, handle)
+        if parent is not None:  # a MIG device: its GPU instance and where that is placed
+            instance = _optional(nvml.nvmlDeviceGetGpuInstanceId, handle)
+            gpu_instance = None
+            if instance is not None:
+                gpu_instance = _optional(nvml.nvmlDeviceGetGpuInstanceById, parent, instance)
+            info = None
+            if gpu_instance is not None:
+                info = _optional(nvml.nvmlGpuInstanceGetInfo, gpu_instance)
+            data |= {
+                "gpu_instance_id": instance,
+                "placement_start": int(info.placement.start) if info else None,
+                "memory_used_bytes": nvml.nvmlDeviceGetMemoryInfo(handle).used,
+            }
             return data
         links = []
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
@@ -333,7 +395,7 @@ def record(nvml) -> dict:
             "mig_mode": _optional(nvml.nvmlDeviceGetMigMode, handle),
             "max_mig_device_count": mig_count,
             "mig_devices": [
-                (lambda m: device(m, mig=True) if m is not None else None)(
+                (lambda m: device(m, parent=handle) if m is not None else None)(
                     _optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
                 )
                 for i in range(mig_count or 0)

@@ -17,6 +17,10 @@ subprocess — and answers with what the container printed and how long it took:
 
 The script is built here from the challenge's numbers, each checked: nothing the control plane
 (or anyone who forged an answer of it) sends is executed as text.
+
+Recovery probes (a device taken out of scheduling after a health problem) are answered by
+`recovery_result`: the device measured again through NVML and, under the Docker runtime, a short
+container that requests exactly that device (docs/nodes.md, "Recovery probes").
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import shutil
 import time
 from pathlib import Path
 
+import pynvml
+
+from worker_agent.inventory import read_gpus
 from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure
 
 log = logging.getLogger(__name__)
@@ -149,14 +156,9 @@ def parse_output(text: str) -> dict:
     return {"answers": ordered[:WORKERS_MAX], "memory_mib": memory, "gpus": gpus[:512]}
 
 
-def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> dict:
-    """The challenge's answer (`answers`, `seconds`, `memory_mib`, `gpus`), or `error` saying
-    why it could not run."""
-    try:
-        challenge = check_challenge(challenge)
-    except ChallengeInvalid as exc:
-        return {"error": str(exc)}
-    assignment = probe_assignment(probe_id, challenge)
+def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
+    """Run one probe container through the runtime's job path: (ended, output, seconds).
+    Raises RuntimeFailure; `ended` is None when it ran past its maximum and was killed."""
     for name in ("outputs", "inputs"):
         (workdir / name).mkdir(parents=True, exist_ok=True)
         (workdir / name).chmod(0o777)
@@ -172,18 +174,33 @@ def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> 
         while ended is None:
             if time.monotonic() > deadline:
                 runtime.kill(handle)
-                return {"error": f"the probe ran past {assignment.max_runtime_s}s and was killed"}
+                return None, "", round(time.monotonic() - started, 3)
             time.sleep(0.05)
             ended = runtime.poll(handle)
         seconds = round(time.monotonic() - started, 3)
         follower.join(5)
-        answer = parse_output(follower.take())
-    except RuntimeFailure as exc:
-        return {"error": f"{exc.reason}: {exc.message}"[:500]}
+        return ended, follower.take(), seconds
     finally:
         if handle is not None:
             runtime.remove(handle)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> dict:
+    """The challenge's answer (`answers`, `seconds`, `memory_mib`, `gpus`), or `error` saying
+    why it could not run."""
+    try:
+        challenge = check_challenge(challenge)
+    except ChallengeInvalid as exc:
+        return {"error": str(exc)}
+    assignment = probe_assignment(probe_id, challenge)
+    try:
+        ended, text, seconds = run_once(assignment, runtime=runtime, workdir=workdir)
+    except RuntimeFailure as exc:
+        return {"error": f"{exc.reason}: {exc.message}"[:500]}
+    if ended is None:
+        return {"error": f"the probe ran past {assignment.max_runtime_s}s and was killed"}
+    answer = parse_output(text)
     if ended.exit_code not in (0, None) and not answer["answers"]:
         return {"error": f"the probe exited with {ended.exit_code}: {ended.message}"[:500]}
     return answer | {"seconds": seconds}
@@ -209,4 +226,140 @@ def probe_result(probe: dict, *, runtime, workdir: Path, inventory: dict) -> dic
     )
     if rounds and answer.get("seconds"):
         result["benchmark"] = {"sha256_rounds_per_second": round(rounds / answer["seconds"], 1)}
+    return result
+
+
+# --------------------------------------------------------------------------- recovery probes
+# A recovery probe names one device taken out of scheduling (nodes/services/health.py). The
+# agent measures it again through NVML (the same reader as its inventory and heartbeats) and,
+# under the Docker runtime, runs a short container with exactly that device requested. It
+# reports what it saw; the control plane decides (nodes.health_rules.gpu_health_evaluate).
+
+READING_KEYS = (
+    "temperature_c",
+    "slowdown_temperature_c",
+    "pcie_link_width",
+    "pcie_link_width_max",
+    "ecc_errors_uncorrected",
+    "nvlink_down",
+)
+ERROR_MAX = 200  # the result's `error` (nodes/api/serializers.py GpuReadingSerializer)
+RECOVERY_SECONDS_MAX = 60
+# The UUIDs the container sees: nvidia-smi where it can run (it needs a libc the scratch test
+# image lacks), and the driver's /proc entries, which the NVIDIA runtime limits to the devices
+# requested.
+RECOVERY_SCRIPT = r"""
+{ nvidia-smi --query-gpu=uuid --format=csv,noheader 2> /dev/null
+  cat /proc/driver/nvidia/gpus/*/information 2> /dev/null | sed -n 's/^GPU UUID:[[:space:]]*//p'
+} | sed 's/^/gpu /'
+echo done
+"""
+
+
+def clip(prefix: str, detail: str) -> str:
+    """prefix + detail within ERROR_MAX, keeping the detail's end (where the engine's own
+    explanation is: "could not select device driver …")."""
+    room = ERROR_MAX - len(prefix)
+    return prefix + (detail if len(detail) <= room else "…" + detail[-(room - 1) :])
+
+
+def recovery_device(probe: dict) -> str:
+    """The probed device's UUID (the probe's `gpu`, else `expected.uuid`); "" if unreadable."""
+    uuid = probe.get("gpu") or (probe.get("expected") or {}).get("uuid") or ""
+    return uuid if isinstance(uuid, str) and UUID_RE.match(uuid) else ""
+
+
+def not_visible(uuid: str, why: str) -> dict:
+    return {"passed": False, "error": f"device {uuid or '?'} not visible: {why}"[:ERROR_MAX]}
+
+
+def measure_device(nvml, uuid: str) -> dict | None:
+    """The device's NVML readings and inventory (model, memory) as a probe result; None when
+    NVML shows no device with that UUID. Raises pynvml.NVMLError when NVML fails."""
+    reading = read_gpus(nvml)
+    health = next((h for h in reading["health"] if h["uuid"] == uuid), None)
+    gpu = next((g for g in reading["gpus"] if g["uuid"] == uuid), None)
+    if health is None or gpu is None:
+        return None
+    result = {key: health[key] for key in READING_KEYS if health.get(key) is not None}
+    result["gpus"] = [{"uuid": uuid, "model": gpu["model"][:60], "memory_mib": gpu["memory_mib"]}]
+    return result
+
+
+def recovery_assignment(probe_id: int, uuid: str, image: str) -> Assignment:
+    """A small container holding exactly the probed device, no network."""
+    return Assignment(
+        job=0,
+        attempt=1,
+        lease=int(probe_id),
+        fencing_token="0",
+        image=image,
+        command=("sh", "-c", RECOVERY_SCRIPT),
+        name=f"recovery-{int(probe_id)}",
+        network_mode="none",
+        max_runtime_s=RECOVERY_SECONDS_MAX,
+        stop_grace_s=0,
+        limits=Limits(
+            cpu_millicores=500, memory_mib=64, pids=32, gpus=(uuid,), gpu_isolation="exclusive"
+        ),
+    )
+
+
+def recovery_image(probe: dict, runtime) -> str:
+    """The image to run in: the probe's own when it names one by digest, else the runtime's
+    pause image pinned by its digest (the busybox image every node here caches)."""
+    image = str((probe.get("challenge") or {}).get("image") or "")
+    if re.fullmatch(r"[^\s@]+@sha256:[0-9a-f]{64}", image):
+        return image
+    return runtime._pinned_pause_image()  # the runtime's one helper image (netpolicy)
+
+
+def device_container_check(probe_id: int, uuid: str, image: str, *, runtime, workdir) -> dict:
+    """`health_check` passed when the container ran with the device and saw it; else failed
+    with the `error` saying why."""
+    assignment = recovery_assignment(probe_id, uuid, image)
+    try:
+        ended, text, _seconds = run_once(assignment, runtime=runtime, workdir=workdir)
+    except RuntimeFailure as exc:
+        why = clip("a container with the device did not run: ", f"{exc.reason}: {exc.message}")
+        return {"health_check": "failed", "error": why}
+    if ended is None:
+        why = f"the device container ran past {RECOVERY_SECONDS_MAX}s and was killed"
+        return {"health_check": "failed", "error": why}
+    if uuid not in parse_output(text)["gpus"]:
+        why = f"the device is not visible in a container that requested it (exit {ended.exit_code})"
+        return {"health_check": "failed", "error": why[:ERROR_MAX]}
+    return {"health_check": "passed"}
+
+
+def recovery_result(probe: dict, *, nvml, runtime=None, workdir: Path) -> dict:
+    """The answer to a recovery probe, in the form of the control plane's probe result
+    (nodes/api/serializers.py ProbeMeasurementSerializer): the device's readings, `passed`
+    when NVML shows it and (under Docker) a container that requested it saw it.
+
+    `nvml` is None where no NVIDIA driver answers; `runtime` is the Docker runtime, or None
+    where the node has no engine (the container check is then left out)."""
+    uuid = recovery_device(probe)
+    if not uuid:
+        return {"passed": False, "error": "the probe names no device"}
+    if nvml is None:
+        return not_visible(uuid, "NVML unavailable (no NVIDIA driver on this node)")
+    try:
+        result = measure_device(nvml, uuid)
+    except pynvml.NVMLError as exc:
+        return not_visible(uuid, f"NVML failed: {exc}")
+    if result is None:
+        return not_visible(uuid, "NVML lists no device with this UUID")
+    result["passed"] = True
+    if runtime is not None and getattr(runtime, "name", "") == "docker":
+        try:
+            image = recovery_image(probe, runtime)
+        except RuntimeFailure as exc:
+            check = {"health_check": "failed", "error": f"no image to run: {exc.message}"}
+        else:
+            check = device_container_check(
+                int(probe["id"]), uuid, image, runtime=runtime, workdir=workdir
+            )
+        result |= check
+        result["passed"] = check["health_check"] == "passed"
     return result

@@ -5,9 +5,10 @@ reported with the lease's fencing token (docs/data-plane.md).
 the job was cancelled or moved meanwhile) means nothing is started at all. Inputs are fetched
 into the attempt's inputs/ before start; logs are posted in chunks while the job runs; whatever
 the job wrote to outputs/ is uploaded when it ends, before the final report (which releases the
-lease). A job that leaves the assignments is stopped with its grace period and removed, and
-nothing more is reported for it. When the agent itself stops, runners leave their containers
-running for the next agent to reconcile (`found`).
+lease). An attempt after a checkpoint first restores it into outputs/checkpoint/
+(worker_agent/checkpoint.py). A job that leaves the assignments is stopped with its grace
+period and removed, and nothing more is reported for it. When the agent itself stops, runners
+leave their containers running for the next agent to reconcile (`found`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import logging
 import os
 import shutil
 import stat
-import tarfile
 import threading
 import time
 from pathlib import Path
 
 import requests
 
+from worker_agent import checkpoint as checkpoints
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.runtime.base import (
     CHECKPOINT_SIGNAL,
@@ -48,7 +49,7 @@ PHASE_STATE = {
     "running": "running",
     "checkpointing": "checkpointing",
 }
-CHECKPOINT_ARCHIVE = "checkpoint.tar"  # outputs/checkpoint/, uploaded as one output
+CHECKPOINT_ARCHIVE = checkpoints.ARCHIVE  # outputs/checkpoint/, uploaded as one output
 
 
 class Fenced(Exception):
@@ -147,6 +148,13 @@ class Runner(threading.Thread):
         self.phase = "starting"
         self._report("starting")
         self._prepare_dirs()
+        if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
+            restored = self._before(
+                deadline,
+                "restoring the checkpoint",
+                lambda: checkpoints.restore(self.client, a, self.workdir),
+            )
+            log.info("job %s: %d checkpoint files restored", a.job, restored)
         self._before(deadline, "fetching inputs", self._fetch_inputs)
         handle = self.runtime.create(a, self.workdir)
         try:
@@ -377,33 +385,9 @@ class Runner(threading.Thread):
                 handle.close()
 
     def _checkpoint_archive(self, root: Path):
-        """The regular files below outputs/checkpoint/ as one tar (open for reading), never
-        following a link the job made; None when there are none."""
-        members = []
-        for folder, dirs, names in os.walk(root, followlinks=False):
-            dirs.sort()
-            for name in sorted(names):
-                path = os.path.join(folder, name)
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-                except OSError:
-                    continue
-                handle = os.fdopen(fd, "rb")
-                info = os.fstat(fd)
-                if not stat.S_ISREG(info.st_mode):
-                    handle.close()
-                    continue
-                members.append((os.path.relpath(path, root.parent), info, handle))
-        if not members:
-            return None
+        """The checkpoint as one tar (open for reading), or None when the job wrote none."""
         target = self.workdir / CHECKPOINT_ARCHIVE  # beside outputs/, out of the job's reach
-        with tarfile.open(target, "w") as tar:
-            for arcname, info, handle in members:
-                entry = tarfile.TarInfo(arcname)
-                entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), 0o644
-                with handle:
-                    tar.addfile(entry, handle)
-        return open(target, "rb")
+        return open(target, "rb") if checkpoints.pack(root, target) else None
 
     def _clean_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

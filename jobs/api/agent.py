@@ -3,13 +3,16 @@ steps it reports, the logs and outputs it uploads. Beside nodes' agent endpoints
 callback on the same /api/v1/agent/ prefix; each acts only on jobs placed on the asking node."""
 
 from django.core.exceptions import ValidationError
+from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from jobs import artifacts, lifecycle
 from jobs.models import Job
+from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
 from nodes.errors import NodeScopeRefused
 from pools import validation
@@ -107,7 +110,29 @@ class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
     @extend_schema(request=None, responses={200: dict})
     @action(detail=False, methods=["get"])
     def assignments(self, request):
-        return Response(lifecycle.node_assignments(node=self.actor().node))
+        api_base = request.build_absolute_uri("/").rstrip("/")
+        return Response(lifecycle.node_assignments(node=self.actor().node, api_base=api_base))
+
+    @extend_schema(request=None, responses={(200, "application/x-tar"): bytes})
+    @action(detail=False, methods=["get"], url_path=r"jobs/(?P<job_id>\d+)/checkpoint")
+    def checkpoint(self, request, job_id=None):
+        """The newest checkpoint.tar of an earlier attempt, for the attempt that restores it:
+        only the node holding the job's current lease may read it."""
+        job = self.placed_job(job_id)
+        lease = job.leases.filter(state__in=HOLDING).order_by("-id").first()
+        if lease is None or lease.node_id != self.actor().node.pk:
+            raise NodeScopeRefused(f"job {job.pk}'s current lease is not on this node")
+        checkpoint = lifecycle.job_checkpoint(job)
+        if checkpoint is None:
+            raise NotFound("This job has no checkpoint of an earlier attempt.")
+        response = FileResponse(
+            checkpoint.file.open("rb"),
+            as_attachment=True,
+            filename=lifecycle.CHECKPOINT_OUTPUT,
+            content_type="application/x-tar",
+        )
+        response["X-Checksum-Sha256"] = checkpoint.sha256
+        return response
 
     @extend_schema(request=ReportSerializer, responses={200: dict})
     @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/report")

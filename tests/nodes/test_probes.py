@@ -1,18 +1,23 @@
-"""Validation probes of a marketplace node's claims (nodes/services/probes.py)."""
+"""Validation probes of a marketplace node's claims, and recovery probes of a device answered
+by the agent's own code (nodes/services/probes.py, worker_agent/probe.py)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
 from config import builders
 from nodes import services
+from nodes.api.serializers import ProbeResultSerializer
 from nodes.challenge import challenge_differences
-from nodes.choices import NodeState, ProbeState
+from nodes.choices import GpuHealth, NodeState, ProbeState
 from nodes.errors import NodeScopeRefused
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
 from tests.clients import bearer_client
+from worker_agent.inventory import RecordedNvml, inventory_document, read_gpus
+from worker_agent.probe import recovery_result
 
 from .conftest import last_event, measured, reasons
 
@@ -182,3 +187,105 @@ def test_a_malformed_answer_is_a_400_and_keeps_the_probe_open(enroll, market_poo
     assert "challenge" in response.json()["result"]
     enrolled.probe.refresh_from_db()
     assert enrolled.probe.state == ProbeState.REQUESTED
+
+
+# --------------------------------------------------------------------------- recovery probes
+# The agent's answer (worker_agent.probe.recovery_result) built from the recorded NVML fixture
+# and posted through the API: the control plane may import the agent, never the reverse.
+
+NVML_FIXTURE = Path(__file__).parents[1] / "worker_agent" / "fixtures" / "nvml_h100_sxm_x4.json"
+
+
+def recorded_nvml(**device_changes) -> RecordedNvml:
+    nvml = RecordedNvml.from_file(NVML_FIXTURE)
+    nvml.devices[0] |= device_changes
+    return nvml
+
+
+@pytest.fixture
+def recorded_node(private_pool, operator):
+    """A ready node whose agent reported the recorded 4×H100 inventory (the same UUIDs)."""
+    inventory = inventory_document(
+        read_gpus(recorded_nvml()), cpu_millicores=64000, memory_mib=512000
+    )
+    enrolled = builders.enroll_node(
+        private_pool, "h100", actor=Actor.for_user(operator), inventory=inventory
+    )
+    client = bearer_client(enrolled.secret)
+    assert client.post("/api/v1/agent/heartbeat", {}, format="json").status_code == 200
+    enrolled.node.refresh_from_db()
+    assert enrolled.node.state == S.READY
+    return enrolled, client
+
+
+def unsuitable_and_probed(node, client, gpu) -> dict:
+    """The device runs too hot in a heartbeat: out of scheduling, a recovery probe listed."""
+    hot = {"gpus": [{"uuid": gpu.uuid, "temperature_c": 95}]}
+    answer = client.post("/api/v1/agent/heartbeat", hot, format="json")
+    assert answer.status_code == 200, answer.content
+    gpu.refresh_from_db()
+    assert not gpu.healthy
+    [probe] = [p for p in answer.json()["probes"] if p["kind"] == "recovery"]
+    assert probe["gpu"] == gpu.uuid
+    return probe
+
+
+@pytest.mark.parametrize(
+    "nvml",
+    [recorded_nvml(), recorded_nvml(uuid="GPU-gone"), None],
+    ids=["present", "missing", "no-driver"],
+)
+def test_the_agents_recovery_answer_is_what_the_serializer_accepts(nvml, tmp_path):
+    uuid = RecordedNvml.from_file(NVML_FIXTURE).devices[0]["uuid"]
+    probe = {"id": 5, "kind": "recovery", "gpu": uuid, "expected": {"uuid": uuid}}
+    result = recovery_result(probe, nvml=nvml, workdir=tmp_path)
+    serializer = ProbeResultSerializer(data={"result": result})
+    assert serializer.is_valid(), serializer.errors
+    assert serializer.validated_data["result"] == result  # nothing dropped or changed
+
+
+def test_a_recovered_device_returns_to_scheduling(recorded_node, tmp_path):
+    enrolled, client = recorded_node
+    node = enrolled.node
+    gpu = node.gpus.get(index=0)
+    probe = unsuitable_and_probed(node, client, gpu)
+    # the device cooled down: the agent measures it again and answers
+    result = recovery_result(probe, nvml=recorded_nvml(), workdir=tmp_path)
+    response = client.post(
+        f"/api/v1/agent/probes/{probe['id']}/result", {"result": result}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == ProbeState.PASSED
+    gpu.refresh_from_db()
+    assert (gpu.healthy, gpu.health, gpu.health_flags) == (True, GpuHealth.OK, [])
+    event = last_event(node)
+    assert event.reason == Reason.GPU_RECOVERED and event.data["gpu"] == gpu.uuid
+    listed = client.post("/api/v1/agent/heartbeat", {}, format="json").json()["probes"]
+    assert listed == []  # answered: no longer asked
+
+
+@pytest.mark.parametrize(
+    ("nvml", "why"),
+    [
+        (recorded_nvml(temperature_c=95), "95°C ≥ 87°C"),
+        (recorded_nvml(uuid="GPU-gone"), "not visible: NVML lists no device with this UUID"),
+        (None, "not visible: NVML unavailable"),
+    ],
+    ids=["still-hot", "missing", "no-driver"],
+)
+def test_a_device_still_bad_stays_out_naming_why(recorded_node, tmp_path, nvml, why):
+    enrolled, client = recorded_node
+    node = enrolled.node
+    gpu = node.gpus.get(index=0)
+    probe = unsuitable_and_probed(node, client, gpu)
+    result = recovery_result(probe, nvml=nvml, workdir=tmp_path)
+    response = client.post(
+        f"/api/v1/agent/probes/{probe['id']}/result", {"result": result}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == ProbeState.FAILED
+    assert why in response.json()["differences"][0]
+    gpu.refresh_from_db()
+    assert not gpu.healthy
+    event = last_event(node)
+    assert event.reason == Reason.PROBE_FAILED and why in event.message

@@ -6,6 +6,7 @@ run the agent against the real one."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -22,6 +23,8 @@ class ControlPlane:
         self.answers: dict[str, dict] = {}  # body answered per path (default {"ok": true})
         self.input_headers: list[dict] = []  # headers of requests for input files
         self.on_refused = None  # called when a request's credential is refused (401)
+        # job → the checkpoint.tar served to its next attempt (default: its newest upload)
+        self.checkpoints: dict[int, bytes] = {}
         self.lock = threading.Lock()
         plane = self
 
@@ -57,6 +60,16 @@ class ControlPlane:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _checkpoint(self, job):
+                data = plane.checkpoints.get(job) or plane.outputs(job).get("checkpoint.tar")
+                if data is None:
+                    return self._answer(404, {"detail": "This job has no checkpoint."})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-tar")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _handle(self):
                 body = self._body()
                 path = self.path.removeprefix("/api/v1/").lstrip("/")
@@ -78,6 +91,9 @@ class ControlPlane:
                     return self._answer(401, {"detail": "Node credential refused."})
                 if path == "agent/assignments":
                     return self._answer(200, plane.assignments)
+                checkpoint = re.fullmatch(r"agent/jobs/(\d+)/checkpoint", path)
+                if checkpoint:
+                    return self._checkpoint(int(checkpoint.group(1)))
                 if path == "agent/me":
                     return self._answer(200, {"id": 1, "name": "test-node", "pool": "test"})
                 if path == "agent/credential/rotate":

@@ -1,14 +1,18 @@
 """A requested checkpoint on the real Docker engine: the job gets SIGUSR1, has its grace period
 to write into $CHECKPOINT_DIR, is stopped, and its checkpoint travels with the outputs
-(checkpoint.tar) before `checkpointed` is reported (docs/data-plane.md, "Checkpoints")."""
+(checkpoint.tar) before `checkpointed` is reported; the next attempt finds it in its own
+$CHECKPOINT_DIR when it starts (docs/data-plane.md, "Checkpoints")."""
 
+import hashlib
 import io
 import itertools
+import os
 import tarfile
 import time
 
 import pytest
 
+from worker_agent import checkpoint
 from worker_agent.agent import Agent, Config
 from worker_agent.client import ApiClient
 from worker_agent.runner import Runner
@@ -144,3 +148,160 @@ def test_the_process_runtime_checkpoints_the_same_way(tmp_path, control_plane):
     assert control_plane.steps(job)[-1] == ("checkpointed", "")
     archive = control_plane.outputs(job)["checkpoint.tar"]
     assert checkpoint_files(archive) == {"checkpoint/state": b"saved\n"}
+
+
+def restore_of(archive: bytes) -> dict:
+    return {
+        "url": "http://elsewhere.example/ignored",
+        "sha256": hashlib.sha256(archive).hexdigest(),
+    }
+
+
+def test_the_next_attempt_starts_from_the_checkpoint(agent_parts, control_plane, test_image):
+    first = run(agent_parts, test_image, ["sh", "-c", TRAPPING], wait=False, stop_grace_s=10)
+    wait_for(lambda: first.phase == "running")
+    time.sleep(1)
+    first.request_checkpoint()
+    first.join(30)
+    archive = control_plane.outputs(first.job)["checkpoint.tar"]
+
+    # attempt 2 of the same job: it reads what attempt 1 saved, and may rewrite it (as nobody)
+    script = 'cat "$CHECKPOINT_DIR/state" && echo again >> "$CHECKPOINT_DIR/state"'
+    second = run(
+        agent_parts,
+        test_image,
+        ["sh", "-c", script],
+        job=first.job,
+        attempt=2,
+        lease=first.assignment.lease + 1,
+        restore=restore_of(archive),
+    )
+
+    assert control_plane.steps(first.job)[-1] == ("succeeded", "")
+    assert control_plane.log_text(first.job).strip() == "saved"
+    downloads = [p for m, p, _ in control_plane.requests if p.endswith("/checkpoint")]
+    assert downloads == [f"agent/jobs/{first.job}/checkpoint"]  # from its own API only
+    outputs = control_plane.outputs(second.job)  # the newest upload: attempt 2's state
+    assert checkpoint_files(outputs["checkpoint.tar"]) == {"checkpoint/state": b"saved\nagain\n"}
+
+
+def process_runner(tmp_path, control_plane, command, **changes) -> Runner:
+    state = AgentState(tmp_path / "state")
+    state.save_credential({"credential": control_plane.credential})
+    job = changes.pop("job", None) or next(JOBS)
+    a = Assignment.parse(
+        {
+            "job": job,
+            "lease": job + 1,
+            "fencing_token": "5",
+            "runtime": "process",
+            "command": command,
+            "limits": {"memory_mib": 256, "pids": 4096},
+        }
+        | changes
+    )
+    runner = Runner(
+        a,
+        client=ApiClient(control_plane.url, state, backoff=0.01, retries=1),
+        runtime=ProcessRuntime("test-node", tmp_path / "state"),
+        workdir=state.attempt_dir(job, 2),
+        poll_s=0.2,
+    )
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive()
+    return runner
+
+
+def test_a_checkpoint_that_does_not_verify_fails_the_attempt_before_start(tmp_path, control_plane):
+    archive = tar_of(("checkpoint/state", b"saved\n"))
+    job = next(JOBS)
+    control_plane.checkpoints[job] = archive  # served, but not what the assignment names
+    command = ["sh", "-c", 'echo started; cat "$CHECKPOINT_DIR/state"']
+    restore = {"url": "", "sha256": "0" * 64}
+    runner = process_runner(tmp_path, control_plane, command, job=job, restore=restore)
+    last = control_plane.reports(runner.job)[-1]
+    assert (last["step"], last["reason"]) == ("failed", "runtime_error")
+    assert "sha256" in last["message"]
+    assert "started" not in control_plane.log_text(runner.job)
+
+
+def test_a_missing_checkpoint_fails_the_attempt(tmp_path, control_plane):
+    runner = process_runner(
+        tmp_path, control_plane, ["true"], restore={"url": "", "sha256": "0" * 64}
+    )
+    last = control_plane.reports(runner.job)[-1]
+    assert (last["step"], last["reason"]) == ("failed", "runtime_error")
+    assert "404" in last["message"]
+
+
+def tar_of(*files, links=()) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files:
+            entry = tarfile.TarInfo(name)
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+        for name, kind, target in links:
+            entry = tarfile.TarInfo(name)
+            entry.type, entry.linkname = kind, target
+            tar.addfile(entry)
+    return buffer.getvalue()
+
+
+def test_unpacking_writes_only_plain_files_below_the_checkpoint_folder(tmp_path):
+    archive = tmp_path / "restore.tar"
+    archive.write_bytes(
+        tar_of(
+            ("checkpoint/state", b"saved"),
+            ("checkpoint/model/weights.bin", b"w"),
+            ("checkpoint/../escaped", b"x"),
+            ("checkpoint/./dot", b"x"),
+            ("/etc/absolute", b"x"),
+            ("elsewhere/file", b"x"),
+            ("checkpoint", b"x"),
+            ("checkpoint/planted/x", b"x"),
+            links=[
+                ("checkpoint/link", tarfile.SYMTYPE, "/etc/passwd"),
+                ("checkpoint/hard", tarfile.LNKTYPE, "checkpoint/state"),
+                ("checkpoint/fifo", tarfile.FIFOTYPE, ""),
+                ("checkpoint/evil", tarfile.SYMTYPE, ".."),
+                ("checkpoint/evil/through", tarfile.REGTYPE, ""),
+            ],
+        )
+    )
+    root = tmp_path / "work" / "outputs" / "checkpoint"
+    root.mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "planted").symlink_to(tmp_path / "outside")  # never written through
+
+    # the skipped link `evil` leaves evil/through a plain file in a folder of its own
+    assert checkpoint.unpack(archive, root) == 3
+
+    found = {
+        os.path.relpath(os.path.join(folder, name), tmp_path)
+        for folder, _, names in os.walk(tmp_path)
+        for name in names
+    }
+    assert found == {
+        "restore.tar",
+        "work/outputs/checkpoint/state",
+        "work/outputs/checkpoint/model/weights.bin",
+        "work/outputs/checkpoint/evil/through",
+    }
+    assert (root / "state").read_bytes() == b"saved"
+
+
+def test_packing_then_unpacking_round_trips_and_skips_links(tmp_path):
+    source = tmp_path / "a" / "checkpoint"
+    (source / "deep").mkdir(parents=True)
+    (source / "state").write_bytes(b"saved")
+    (source / "deep" / "more").write_bytes(b"more")
+    (source / "leak").symlink_to("/etc/passwd")
+    assert checkpoint.pack(source, tmp_path / "c.tar")
+    target = tmp_path / "b" / "checkpoint"
+    target.mkdir(parents=True)
+    assert checkpoint.unpack(tmp_path / "c.tar", target) == 2
+    assert (target / "deep" / "more").read_bytes() == b"more"
+    assert not (target / "leak").exists()
+    assert not checkpoint.pack(tmp_path / "empty", tmp_path / "d.tar")

@@ -103,6 +103,41 @@ def test_gpu_usage_is_absent_without_a_driver_or_devices():
     assert gpu_usage(nvml, ["GPU-not-here", "MIG-GPU-x/0/0"]) == {}
 
 
+def test_gpu_usage_of_mig_instances_is_their_memory_only():
+    """A lease's MIG instance, named as the control plane names it (the GPU instance at a
+    slot of its GPU), is found among the GPU's MIG devices by where it is placed: its used
+    memory is sampled, and no utilisation is claimed (NVML has none per instance)."""
+    nvml = busy_recording()
+    gpu = nvml.devices[2]
+    big, small = gpu["mig_devices"][:2]  # 3g.40gb placed at slot 4, 1g.10gb at slot 0
+    big["memory_used_bytes"] = 12 * 1024**3
+    small["memory_used_bytes"] = 3 * 1024**3
+    at = {slot: f"MIG-{gpu['uuid']}/{slot}/0" for slot in (0, 4, 2)}
+
+    assert gpu_usage(nvml, [at[4]]) == {"gpu_memory_mib": 12288}
+    assert gpu_usage(nvml, [at[0]]) == {"gpu_memory_mib": 3072}
+    assert gpu_usage(nvml, [at[4], at[0]]) == {"gpu_memory_mib": 15360}
+    assert gpu_usage(nvml, [big["uuid"]]) == {"gpu_memory_mib": 12288}  # a MIG device UUID
+    # no instance at slot 2, or on a GPU that is not here: nothing to report
+    assert gpu_usage(nvml, [at[2]]) == {}
+    assert gpu_usage(nvml, ["MIG-GPU-not-here/0/0", "MIG-x/y/0"]) == {}
+    # whole devices beside it keep their utilisation (the mean over the whole ones)
+    whole = nvml.devices[0]["uuid"]
+    assert gpu_usage(nvml, [whole, at[0]]) == {
+        "gpu_utilization_percent": 90.0,
+        "gpu_memory_mib": 30720 + 3072,
+    }
+
+
+def test_a_driver_that_does_not_say_where_instances_are_placed_samples_none():
+    """Placement needs a privileged agent on real drivers: without it nothing is guessed."""
+    nvml = busy_recording()
+    gpu = nvml.devices[2]
+    for mig in gpu["mig_devices"][:2]:
+        del mig["placement_start"]
+    assert gpu_usage(nvml, [f"MIG-{gpu['uuid']}/4/0"]) == {}
+
+
 def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
     """The runner samples the lease's devices beside the runtime's CPU and memory (here the
     process runtime, which does not restrict GPUs, and the recorded NVML)."""

@@ -74,6 +74,9 @@ class Assignment:
     runtime: str = "docker"
     limits: Limits = field(default_factory=Limits)
     checkpoint_requested: bool = False
+    # The checkpoint of an earlier attempt to unpack into $CHECKPOINT_DIR before start:
+    # {"url", "sha256"} (docs/data-plane.md, "Checkpoints"), or None.
+    restore: dict | None = None
 
     @classmethod
     def parse(cls, data: dict) -> Assignment:
@@ -102,6 +105,7 @@ class Assignment:
             runtime=str(data.get("runtime") or "docker"),
             limits=Limits.parse(data.get("limits")),
             checkpoint_requested=bool(data.get("checkpoint_requested")),
+            restore=_restore(data.get("restore")),
         )
 
     @property
@@ -120,6 +124,12 @@ class Assignment:
     def environment(self) -> dict[str, str]:
         """Plain env, then secrets (a secret wins over a plain variable of the same name)."""
         return {**self.env, **self.secrets}
+
+
+def _restore(data) -> dict | None:
+    if not isinstance(data, dict) or not data.get("sha256"):
+        return None
+    return {"url": str(data.get("url") or "")[:2000], "sha256": str(data["sha256"]).lower()}
 
 
 @dataclass
