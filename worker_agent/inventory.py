@@ -195,6 +195,26 @@ def mig_device(nvml, identifier: str):
     return None
 
 
+def container_device_ids(nvml, identifiers) -> list[str]:
+    """The device IDs the NVIDIA runtime understands for a lease's devices: whole GPUs by their
+    UUID as they are; the control plane's `MIG-<GPU UUID>/<slot>/<ci>` as the UUID of the MIG
+    device placed at that slot — handed on as written, the runtime would read the slot as a GPU
+    instance ID and could give the job another tenant's slice. Raises LookupError naming an
+    instance that cannot be found (no NVML, not on this node, placement unknown)."""
+    ids = []
+    for identifier in identifiers:
+        identifier = str(identifier)
+        if not identifier.startswith("MIG-") or "/" not in identifier:
+            ids.append(identifier)
+            continue
+        handle = mig_device(nvml, identifier) if nvml is not None else None
+        uuid = _optional(nvml.nvmlDeviceGetUUID, handle) if handle is not None else None
+        if not uuid:
+            raise LookupError(f"MIG instance {identifier} is not found on this node")
+        ids.append(_text(uuid))
+    return ids
+
+
 def gpu_usage(nvml, uuids) -> dict:
     """What a lease's devices are doing now: `gpu_utilization_percent` (the mean over the
     whole devices that report it) and `gpu_memory_mib` (used, summed over devices and MIG

@@ -191,3 +191,18 @@ def test_containers_are_found_again_by_label(runtime, test_image, workdir):
     runtime.kill(container)
     found = {(f.job, f.lease): f for f in runtime.find()}
     assert not found[a.key].running and found[a.key].ended.exit_code == 137
+
+
+def test_a_mig_instance_this_node_cannot_name_is_refused_before_anything_is_created(
+    docker_client, test_image, workdir
+):
+    """Without NVML (no driver here) a leased MIG slice cannot be mapped to its device: the
+    attempt fails with runtime_error and leaves no container, volume or network owner."""
+    runtime = DockerRuntime("test-node", client=docker_client)
+    a = assignment(test_image, ["true"], limits={"gpus": ["MIG-GPU-abc/4/0"]})
+    before = {c.name for c in docker_client.containers.list(all=True)}
+    with pytest.raises(RuntimeFailure) as refused:
+        runtime.create(a, workdir)
+    assert refused.value.reason == "runtime_error"
+    assert "MIG" in refused.value.message
+    assert {c.name for c in docker_client.containers.list(all=True)} == before

@@ -8,6 +8,7 @@ import pytest
 from worker_agent.inventory import (
     RecordedNvml,
     _interconnect_groups,
+    container_device_ids,
     gpu_usage,
     load_nvml,
     read_gpus,
@@ -169,3 +170,20 @@ def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
         runtime.kill(handle)
     assert usage["gpu_utilization_percent"] == 90.0 and usage["gpu_memory_mib"] == 30720
     assert "memory_mib" in usage and "cpu_millicores" in usage
+
+
+def test_containers_get_the_uuid_of_the_mig_device_at_the_leased_slot():
+    """The control plane names a MIG instance by its GPU and slot; the NVIDIA runtime takes MIG
+    device UUIDs. Handed on as written, the slot would be read as an instance ID: another slice."""
+    nvml = busy_recording()
+    gpu = nvml.devices[2]
+    big, small = gpu["mig_devices"][:2]  # 3g.40gb placed at slot 4, 1g.10gb at slot 0
+    whole = nvml.devices[0]["uuid"]
+    assert container_device_ids(nvml, [f"MIG-{gpu['uuid']}/4/0", whole]) == [big["uuid"], whole]
+    assert container_device_ids(nvml, [f"MIG-{gpu['uuid']}/0/0"]) == [small["uuid"]]
+    assert container_device_ids(None, [whole]) == [whole]  # whole GPUs need no NVML
+    for missing in (f"MIG-{gpu['uuid']}/2/0", "MIG-GPU-not-here/0/0"):
+        with pytest.raises(LookupError, match="not found on this node"):
+            container_device_ids(nvml, [missing])
+    with pytest.raises(LookupError):
+        container_device_ids(None, [f"MIG-{gpu['uuid']}/4/0"])  # no driver: never guessed

@@ -36,6 +36,7 @@ from docker.types import DeviceRequest, LogConfig, Mount
 
 from worker_agent import netpolicy
 from worker_agent.host import architecture
+from worker_agent.inventory import container_device_ids, load_nvml
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
     LABEL,
@@ -106,12 +107,28 @@ class DockerRuntime:
         node_name: str = "",
         client: docker.DockerClient | None = None,
         pause_image: str | None = None,
+        nvml=None,
     ):
         self.node_name = node_name
+        self.nvml = nvml  # None: the real NVML, loaded when a lease names MIG instances
         self.client = client or docker.from_env(timeout=120)
         self.pause_image = (
             pause_image or os.environ.get("WORKER_AGENT_PAUSE_IMAGE") or PAUSE_IMAGE_DEFAULT
         )
+
+    def _device_ids(self, gpus) -> list[str]:
+        """Whole GPUs by UUID; a MIG instance of the lease by the UUID of the MIG device at its
+        slot (inventory.container_device_ids), read through NVML on this node."""
+        if not any(str(g).startswith("MIG-") and "/" in str(g) for g in gpus):
+            return [str(g) for g in gpus]
+        try:
+            nvml = self.nvml if self.nvml is not None else load_nvml()
+        except Exception as exc:  # no driver: the instance cannot be named, never guessed
+            raise RuntimeFailure("runtime_error", f"MIG devices need NVML: {exc}") from exc
+        try:
+            return container_device_ids(nvml, gpus)
+        except LookupError as exc:
+            raise RuntimeFailure("runtime_error", str(exc)) from exc
 
     @staticmethod
     def available() -> bool:
@@ -295,6 +312,7 @@ class DockerRuntime:
         """The container of one attempt, created (not started) with the lease's limits."""
         check_digest(assignment.image)
         limits = assignment.limits
+        device_ids = self._device_ids(limits.gpus) if limits.gpus else []  # before creating
         name = self.container_name(assignment)
         self._remove_leftover(name)
         mounts = [
@@ -340,7 +358,11 @@ class DockerRuntime:
             options["cpuset_cpus"] = limits.cpuset
         if limits.gpus:
             options["device_requests"] = [
-                DeviceRequest(driver="nvidia", device_ids=list(limits.gpus), capabilities=[["gpu"]])
+                DeviceRequest(
+                    driver="nvidia",
+                    device_ids=device_ids,
+                    capabilities=[["gpu"]],
+                )
             ]
         try:
             return self.client.containers.create(assignment.image, **options)
