@@ -75,3 +75,12 @@ def agent_parts(tmp_path, control_plane, docker_client):
     state.save_credential({"credential": control_plane.credential})
     client = ApiClient(control_plane.url, state, backoff=0.01)
     return state, client, DockerRuntime("test-node", client=docker_client)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """An attempt's directory: outputs and inputs the container's non-root user may use."""
+    for name in ("outputs", "inputs"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(0o777)
+    return tmp_path

@@ -47,14 +47,6 @@ def runtime(docker_client):
         runtime.remove(container)
 
 
-@pytest.fixture
-def workdir(tmp_path):
-    for name in ("outputs", "inputs"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name).chmod(0o777)
-    return tmp_path
-
-
 def run_to_end(runtime, container, timeout=30, start=True):
     if start:
         runtime.start(container)

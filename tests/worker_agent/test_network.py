@@ -3,7 +3,6 @@
 job shares, with no NET_ADMIN of its own). All traffic goes to HTTP servers in this test process,
 reached through the gateway of our own `computepool` bridge: it never leaves this machine."""
 
-import itertools
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +14,7 @@ from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, POOL_NETWORK, DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
-JOBS = itertools.count(int(time.time()) % 100000 * 100 + 50)
+from .test_docker_runtime import assignment as runtime_assignment
 
 
 class Hello(BaseHTTPRequestHandler):
@@ -67,27 +66,10 @@ def gateway(runtime) -> str:
     return network.attrs["IPAM"]["Config"][0]["Gateway"]
 
 
-@pytest.fixture
-def workdir(tmp_path):
-    for name in ("outputs", "inputs"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name).chmod(0o777)
-    return tmp_path
-
-
 def assignment(image, command, mode="pool", allow=(), **changes) -> Assignment:
-    job = next(JOBS)
-    data = {
-        "job": job,
-        "attempt": 1,
-        "lease": job + 3,
-        "fencing_token": "1",
-        "image": image,
-        "command": command,
-        "network_policy": {"mode": mode, "egress_allow": list(allow)},
-        "limits": {"cpu_millicores": 500, "memory_mib": 64, "pids": 64},
-    } | changes
-    return Assignment.parse(data)
+    return runtime_assignment(
+        image, command, network_policy={"mode": mode, "egress_allow": list(allow)}, **changes
+    )
 
 
 def fetch_both(gateway, ports) -> list[str]:
