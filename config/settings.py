@@ -28,6 +28,8 @@ env = environ.Env(
     REGISTRY_INSECURE_HOSTS=(list, ["127.0.0.1:5000", "localhost:5000"]),
     REGISTRY_TIMEOUT_SECONDS=(float, 5.0),
     MEDIA_ROOT=(str, str(BASE_DIR / "var" / "media")),
+    PLACEMENT_THROTTLE_RATE=(str, "600/minute"),
+    TENANT_MAX_QUEUED_JOBS=(int, 1000),
     JOB_OUTPUT_MAX_BYTES=(int, 1024**3),
 )
 if (BASE_DIR / ".env").exists():
@@ -196,6 +198,11 @@ API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
 # loopback test registry), every other one over https; each request gives up after the timeout.
 REGISTRY_INSECURE_HOSTS = env("REGISTRY_INSECURE_HOSTS")
 REGISTRY_TIMEOUT_SECONDS = env("REGISTRY_TIMEOUT_SECONDS")
+# No tenant fills the control plane (docs/security.md, Throttles): placement searches per tenant
+# (POST /compute-leases and /jobs, pools/api/throttles.py; "" turns it off), and queued jobs of a
+# tenant in a pool where it has no Quota row (Quota.max_queued_jobs otherwise).
+PLACEMENT_THROTTLE_RATE = env("PLACEMENT_THROTTLE_RATE")
+TENANT_MAX_QUEUED_JOBS = env("TENANT_MAX_QUEUED_JOBS")
 
 LOGGING = {
     "version": 1,

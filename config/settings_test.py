@@ -12,3 +12,6 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
 )
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
+# Tests of one tenant run in the same minute across the suite: the placement throttle is off,
+# except where a test sets a rate (tests/security/test_limits.py).
+PLACEMENT_THROTTLE_RATE = ""

@@ -49,6 +49,14 @@ class Job(models.Model):
     retry_policy = models.JSONField(default=default_retry_policy, blank=True)
     # "" = the control plane's artifact storage (Django's default storage)
     output_destination = models.CharField(max_length=300, blank=True)
+    # Placement (docs/scheduler.md "Labels and affinity"): the job's own labels (other jobs'
+    # anti-affinity sees them on its node), node labels it requires, workload labels it avoids,
+    # and whether its CPU and memory must come from one NUMA node. Also carried in `resources`,
+    # the request the scheduling pass reserves with.
+    labels = models.JSONField(default=dict, blank=True)
+    affinity = models.JSONField(default=dict, blank=True)
+    anti_affinity = models.JSONField(default=dict, blank=True)
+    require_numa = models.BooleanField(default=False)
     # where a running job with ports answers: {"host": …, "ports": {"8080": 32768}}
     route = models.JSONField(default=dict, blank=True)
     # retry backoff: the scheduling pass leaves a queued job alone until then

@@ -2,19 +2,56 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.services import check_ever_fits, lease_release
 from pools.actors import Actor
-from pools.models import ComputePool, PriorityClass, ResourceShape, Tenant
+from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
-from pools.statemachine import transition
+from pools.statemachine import Refusal, transition
 
 from .choices import JOB_TRANSITIONS, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
+
+
+class QueueFull(Refusal):
+    """The tenant already has its maximum of queued jobs in this pool (HTTP 429)."""
+
+    status = 429
+    code = "queue_full"
+
+
+def max_queued_jobs(tenant: Tenant, pool: ComputePool) -> int:
+    """Quota.max_queued_jobs of the tenant in the pool, else TENANT_MAX_QUEUED_JOBS."""
+    limit = (
+        Quota.objects.filter(tenant=tenant, pool=pool)
+        .values_list("max_queued_jobs", flat=True)
+        .first()
+    )
+    return settings.TENANT_MAX_QUEUED_JOBS if limit is None else limit
+
+
+def check_queue_room(tenant: Tenant, pool: ComputePool) -> None:
+    """Inside the submit's transaction: refuse a job past the tenant's cap of queued jobs in the
+    pool, so that no tenant fills the control plane. Submits of one tenant and pool take turns
+    (a transaction-scoped advisory lock on PostgreSQL), so concurrent submits never overshoot."""
+    limit = max_queued_jobs(tenant, pool)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", [f"queue:{tenant.pk}:{pool.pk}"]
+            )
+    queued = Job.objects.filter(tenant=tenant, pool=pool, state=JobState.QUEUED).count()
+    if queued >= limit:
+        raise QueueFull(
+            f"Tenant {tenant.slug} already has {queued} queued jobs in pool {pool.slug}, its "
+            f"maximum ({limit}); cancel some or wait for them to start.",
+            extra={"max_queued_jobs": limit},
+        )
 
 
 def job_submit(
@@ -39,6 +76,10 @@ def job_submit(
     retry_policy: dict | None = None,
     output_destination: str = "",
     image_platforms: list[str] | None = None,
+    labels: dict | None = None,
+    affinity: dict | None = None,
+    anti_affinity: dict | None = None,
+    require_numa: bool = False,
 ) -> Job:
     """A queued job. `image` is what the agent will run (a digest reference once the image
     is resolved), `image_requested` what the client sent (default: `image`). The data-plane
@@ -46,6 +87,19 @@ def job_submit(
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
     resources = shape.as_request() if shape else resources
+    # The placement fields travel in the request the pass reserves with (leases.snapshot's
+    # core_request reads them; the lease keeps `labels` for other jobs' anti-affinity).
+    placement = {
+        key: value
+        for key, value in (
+            ("labels", labels),
+            ("affinity", affinity),
+            ("anti_affinity", anti_affinity),
+            ("require_numa", require_numa),
+        )
+        if value
+    }
+    resources = {**resources, **placement}
     # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
     # forever: the same answer as POST /compute-leases.
     # The image's platforms count too: an amd64-only image never fits a pool of arm64 nodes.
@@ -53,6 +107,9 @@ def job_submit(
         pool=pool, tenant=tenant, request=resources, image_platforms=image_platforms or ()
     )
     with transaction.atomic():
+        # A person's submit is capped (the system's builders, demo and benchmarks are not).
+        if actor.is_person:
+            check_queue_room(tenant, pool)
         job = Job.objects.create(
             tenant=tenant,
             pool=pool,
@@ -72,6 +129,10 @@ def job_submit(
             inputs=inputs or [],
             ports=ports or [],
             output_destination=output_destination,
+            labels=labels or {},
+            affinity=affinity or {},
+            anti_affinity=anti_affinity or {},
+            require_numa=require_numa,
             **({"network_policy": network_policy} if network_policy is not None else {}),
             **({"retry_policy": retry_policy} if retry_policy is not None else {}),
         )

@@ -11,12 +11,20 @@ Conventions of the adapter (documented in docs/leases.md):
 - a GPU's sharing mode: MIG when `mig_enabled`, else its `sharing_mode` field
   (`exclusive` | `timeslice` | `mps`);
 - MIG slices in use come from the `mig_slots_used` bitmask (one slot per bit);
-- tenants are identified by their primary key as a string.
+- tenants are identified by their primary key as a string;
+- a node's price and energy class come from its labels `computepool.io/price-per-hour` (a
+  finite number ≥ 0) and `computepool.io/energy-class` (an integer 0…9 or a letter A…G, 0 = A =
+  most efficient); a value that does not parse is ignored (0), never an error;
+- a node's workload labels are the `labels` of the requests of its holding leases (a job's
+  labels, "key=value"), read in the same query as the node;
+- its NUMA nodes come from `numa_layout` (`cpus` a count or a list of ids, `memory_mib`), each
+  minus what holding leases pinned to it hold and never above the node's free capacity.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -47,6 +55,7 @@ _NODE_FIELDS = (
     "zone",
     "rack",
     "network_class",
+    "numa_layout",
     "cpu_millicores_allocatable",
     "memory_mib_allocatable",
     "scratch_mib_allocatable",
@@ -163,8 +172,77 @@ def _lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
     return tuple(sorted(ends, key=lambda x: (x.ends_at, x.lease_id)))
 
 
+PRICE_LABEL = "computepool.io/price-per-hour"
+ENERGY_LABEL = "computepool.io/energy-class"
+_PRICE_MAX = 1e6
+_ENERGY_LETTERS = "ABCDEFG"
+
+
+def label_price(labels: dict) -> float:
+    """The node's price per hour from its label; 0.0 when absent or not a finite number ≥ 0."""
+    try:
+        price = float(str(labels.get(PRICE_LABEL, "0")).strip())
+    except (TypeError, ValueError):
+        return 0.0
+    return price if math.isfinite(price) and 0 <= price <= _PRICE_MAX else 0.0
+
+
+def label_energy_class(labels: dict) -> int:
+    """The node's energy class from its label: 0…9, or A…G as 0…6; 0 when it does not parse."""
+    raw = str(labels.get(ENERGY_LABEL, "")).strip()
+    if len(raw) == 1 and raw.upper() in _ENERGY_LETTERS:
+        return _ENERGY_LETTERS.index(raw.upper())
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) <= 9 else 0
+
+
+def _label_pairs(labels) -> frozenset[str]:
+    if not isinstance(labels, dict):
+        return frozenset()
+    return frozenset(f"{k}={v}" for k, v in labels.items() if isinstance(v, str | int | float))
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _numa_views(row: dict, work, free_cpu: int, free_mem: int) -> tuple[core.NumaView, ...]:
+    """The node's NUMA layout as core views, free = size − what leases pinned there hold,
+    capped at the node's free capacity. Entries that do not parse are left out."""
+    layout = row.get("numa_layout")
+    if not isinstance(layout, list):
+        return ()
+    used: dict[int, tuple[int, int]] = {}
+    for item in work:
+        numa = _int(item.get("numa"))
+        if numa is not None and not item.get("backfill"):
+            cpu, mem = used.get(numa, (0, 0))
+            used[numa] = (cpu + (_int(item.get("cpu")) or 0), mem + (_int(item.get("mem")) or 0))
+    views, seen = [], set()
+    for entry in layout:
+        if not isinstance(entry, dict) or _int(entry.get("id")) is None or entry["id"] in seen:
+            continue
+        cpus = entry.get("cpus")
+        count = len(cpus) if isinstance(cpus, list) else _int(cpus)
+        if count is None:
+            continue
+        memory = _int(entry.get("memory_mib"))
+        cpu_used, mem_used = used.get(entry["id"], (0, 0))
+        seen.add(entry["id"])
+        views.append(
+            core.NumaView(
+                id=entry["id"],
+                free_cpu_millicores=max(0, min(free_cpu, count * 1000 - cpu_used)),
+                free_memory_mib=max(
+                    0, free_mem if memory is None else min(free_mem, memory - mem_used)
+                ),
+            )
+        )
+    return tuple(sorted(views, key=lambda v: v.id))
+
+
 def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
     labels = row["labels"] if isinstance(row["labels"], dict) else {}
+    work = [] if empty else [w for w in row.get("work") or () if isinstance(w, dict)]
     cpu, mem, scratch = (
         row["cpu_millicores_allocatable"],
         row["memory_mib_allocatable"],
@@ -182,6 +260,15 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
         state=NodeState.READY if empty else row["state"],
         reachable=empty or row["reachability"] == Reachability.REACHABLE,
         labels={str(k): str(v) for k, v in labels.items()},
+        price_per_hour=label_price(labels),
+        energy_class=label_energy_class(labels),
+        workload_labels=frozenset().union(*(_label_pairs(w.get("labels")) for w in work)),
+        numa=_numa_views(
+            row,
+            work,
+            cpu if empty else cpu - row["cpu_millicores_reserved"],
+            mem if empty else mem - row["memory_mib_reserved"],
+        ),
         arch=row["architecture"],
         os=row["os"],
         runtimes=frozenset(row["runtimes"] or ("docker",)),
@@ -196,15 +283,20 @@ def _node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.Node
 
 
 def _read(
-    pool_id: int, states: list[str], leases: bool = True, reachable_only: bool = False
+    pool_id: int,
+    states: list[str],
+    leases: bool = True,
+    reachable_only: bool = False,
+    work: bool = True,
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """Nodes with their GPUs and their holding leases' ends, in one query (both aggregated as
     JSON per node), no locks. Backfill leases hold nothing on the node ledger: not listed.
     `leases=False` leaves the lease ends out (an empty list per node): placement does not use
     them, only explanations do, and reading them costs O(live leases of the pool).
-    `reachable_only`: without the nodes that missed their heartbeats."""
+    `reachable_only`: without the nodes that missed their heartbeats. `work`: with the labels
+    and NUMA pins of the node's holding leases (off for the empty view)."""
     if connection.vendor != "postgresql":
-        return _read_portable(pool_id, states, leases, reachable_only)
+        return _read_portable(pool_id, states, leases, reachable_only, work)
     node_cols = ", ".join(f'n."{f}"' for f in _NODE_FIELDS)
     gpu_cols = ", ".join(
         f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
@@ -213,6 +305,18 @@ def _read(
         f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
         f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
         f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
+        # the work on the node that placement reads: its jobs' labels (anti-affinity) and what
+        # leases pinned to a NUMA node hold there; only leases that carry either
+        + (
+            "(SELECT COALESCE(json_agg(json_build_object('labels', l.request->'labels', "
+            "'numa', l.placement->'numa_node', 'cpu', l.cpu_millicores, "
+            "'mem', l.memory_mib, 'backfill', l.backfill_of_id IS NOT NULL) ORDER BY l.id), "
+            "'[]'::json) "
+            f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
+            "AND (l.request ? 'labels' OR jsonb_typeof(l.placement->'numa_node') = 'number')), "
+            if work
+            else "'[]'::json, "
+        )
         + (
             "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
             "'ends_at', l.expires_at, "
@@ -228,18 +332,20 @@ def _read(
         + ("AND n.reachability = %s " if reachable_only else "")
         + "ORDER BY n.name"
     )
-    params = [*([sorted(HOLDING)] if leases else []), pool_id, states]
+    params = [*([sorted(HOLDING)] if work else []), *([sorted(HOLDING)] if leases else [])]
+    params += [pool_id, states]
     params += [Reachability.REACHABLE.value] if reachable_only else []
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
     for record in raw:
-        row = dict(zip(_NODE_FIELDS, record[:-2], strict=True))
-        for key in ("labels", "runtimes", "cached_images"):
+        row = dict(zip(_NODE_FIELDS, record[:-3], strict=True))
+        for key in ("labels", "runtimes", "cached_images", "numa_layout"):
             if isinstance(row[key], str):
                 row[key] = json.loads(row[key])
-        gpus, leases = record[-2], record[-1]
+        gpus, work, leases = record[-3], record[-2], record[-1]
+        row["work"] = json.loads(work) if isinstance(work, str) else work
         gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
         row["leases"] = json.loads(leases) if isinstance(leases, str) else leases
         rows.append(row)
@@ -247,7 +353,7 @@ def _read(
 
 
 def _read_portable(
-    pool_id: int, states: list[str], leases: bool, reachable_only: bool = False
+    pool_id: int, states: list[str], leases: bool, reachable_only: bool = False, work: bool = True
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
     nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
@@ -274,9 +380,45 @@ def _read_portable(
             "gpu_allocations",
         ):
             ends[lease.pop("node_id")].append(lease | {"ends_at": lease.pop("expires_at")})
+    on_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    if work:
+        holding = Lease.objects.filter(node_id__in=ids, state__in=HOLDING).order_by("id")
+        for lease in holding.values(
+            "node_id", "request", "placement", "cpu_millicores", "memory_mib", "backfill_of_id"
+        ):
+            request = lease["request"] if isinstance(lease["request"], dict) else {}
+            placement = lease["placement"] if isinstance(lease["placement"], dict) else {}
+            numa = placement.get("numa_node")
+            if "labels" not in request and not (isinstance(numa, int) and numa is not True):
+                continue  # as the query: only leases with labels or a NUMA pin
+            on_node[lease["node_id"]].append(
+                {
+                    "labels": request.get("labels"),
+                    "numa": numa,
+                    "cpu": lease["cpu_millicores"],
+                    "mem": lease["memory_mib"],
+                    "backfill": lease["backfill_of_id"] is not None,
+                }
+            )
     for row in rows:
         row["leases"] = ends[row["id"]]
+        row["work"] = on_node[row["id"]]
     return rows, gpus_by_node
+
+
+# Scorers that read the labels of the work already on a node (not in the product's default).
+_WORK_SCORERS = frozenset({"paper_gpu_clustering"})
+
+
+def needs_work(req: core.Request, policy: core.Policy) -> bool:
+    """Whether placing `req` reads the work on the nodes (its labels, NUMA pins): only for
+    anti-affinity, a NUMA requirement, or a scorer of workload labels. Reading it costs a scan
+    of each node's holding leases, so the reserve hot path skips it otherwise."""
+    return bool(
+        req.anti_affinity
+        or req.require_numa
+        or _WORK_SCORERS.intersection(name for name, w in policy.weights.items() if w)
+    )
 
 
 def pool_snapshot(
@@ -286,6 +428,7 @@ def pool_snapshot(
     empty: bool = False,
     leases: bool = True,
     reachable_only: bool = True,
+    work: bool = True,
 ) -> Snapshot:
     """Nodes of the pool in `states` as core views: two queries, no locks.
 
@@ -300,6 +443,7 @@ def pool_snapshot(
         list(states),
         leases=leases and not empty,
         reachable_only=reachable_only and not empty,
+        work=work and not empty,
     )
     nodes, node_ids, gpu_ids = [], {}, {}
     for row in rows:
@@ -354,7 +498,18 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         node_pin=request.get("node_pin") or "",
         tenant=str(tenant_id),
         image_archs=image_archs(image_platforms),
+        # a job's placement fields (jobs.services.job_submit puts them in its request)
+        affinity=_label_dict(request.get("affinity")),
+        anti_affinity=tuple(sorted(_label_pairs(request.get("anti_affinity")))),
+        labels=tuple(sorted(_label_pairs(request.get("labels")))),
+        require_numa=request.get("require_numa") is True,
     )
+
+
+def _label_dict(labels) -> dict[str, str]:
+    if not isinstance(labels, dict):
+        return {}
+    return {str(k): str(v) for k, v in labels.items() if isinstance(v, str | int | float)}
 
 
 # Policies change rarely; a pool's current version is cached a few seconds per process so the

@@ -225,6 +225,8 @@ class Quota(models.Model):
     memory_mib = models.PositiveBigIntegerField()
     gpus = models.PositiveIntegerField(default=0)
     max_leases = models.PositiveIntegerField(default=100)
+    # POST /jobs answers 429 queue_full at this many queued jobs of the tenant in the pool
+    max_queued_jobs = models.PositiveIntegerField(default=1000)
 
     class Meta:
         constraints = [

@@ -107,6 +107,49 @@ def env_mapping(value: dict) -> None:
             )
 
 
+# A job's labels and its placement selectors (docs/scheduler.md "Labels and affinity"): maps of
+# label key to value, Kubernetes-style keys ("team", "computepool.io/gpu-class").
+LABELS_MAX_ENTRIES = 32
+LABEL_KEY_MAX_CHARS = 128
+LABEL_VALUE_MAX_CHARS = 128
+LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?", re.ASCII)
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)?", re.ASCII)
+
+
+def label_map(value) -> dict[str, str]:
+    """A job's `labels`, `affinity` or `anti_affinity`: at most LABELS_MAX_ENTRIES entries of
+    label key to string value (keys ≤ 128 characters of letters, digits, `.`, `_`, `-`, `/`,
+    starting and ending alphanumeric; values ≤ 128 characters of letters, digits, `.`, `_`,
+    `-`, possibly empty). Returns it as a plain dict."""
+    if not isinstance(value, dict):
+        raise ValidationError("A map of label key to value.")
+    if len(value) > LABELS_MAX_ENTRIES:
+        raise ValidationError(f"At most {LABELS_MAX_ENTRIES} labels.")
+    out = {}
+    for key, item in value.items():
+        if (
+            not isinstance(key, str)
+            or len(key) > LABEL_KEY_MAX_CHARS
+            or not LABEL_KEY.fullmatch(key)
+        ):
+            raise ValidationError(
+                f"{str(key)[:LABEL_KEY_MAX_CHARS]!r}: a label key has at most "
+                f"{LABEL_KEY_MAX_CHARS} letters, digits, '.', '_', '-' or '/', starting and "
+                "ending with a letter or digit."
+            )
+        if (
+            not isinstance(item, str)
+            or len(item) > LABEL_VALUE_MAX_CHARS
+            or not LABEL_VALUE.fullmatch(item)
+        ):
+            raise ValidationError(
+                f"{key}: a label value is a string of at most {LABEL_VALUE_MAX_CHARS} letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit."
+            )
+        out[key] = item
+    return out
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -56,6 +56,10 @@ class JobSerializer(serializers.ModelSerializer):
             "network_policy",
             "retry_policy",
             "output_destination",
+            "labels",
+            "affinity",
+            "anti_affinity",
+            "require_numa",
             "priority_class",
             "checkpointable",
             "max_runtime_s",
@@ -122,6 +126,24 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     network_policy = serializers.JSONField(required=False, help_text='{"mode": "none"}')
     retry_policy = serializers.JSONField(required=False)
     output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
+    # Placement (docs/scheduler.md "Labels and affinity"), label maps checked by pools.validation.
+    labels = serializers.JSONField(default=dict, help_text='This job\'s labels {"team": "a"}')
+    affinity = serializers.JSONField(default=dict, help_text="Node labels required {key: value}")
+    anti_affinity = serializers.JSONField(
+        default=dict, help_text="Avoid nodes running work with any of these labels {key: value}"
+    )
+    require_numa = serializers.BooleanField(
+        default=False, help_text="CPU and memory (and GPUs) from one NUMA node"
+    )
+
+    def validate_labels(self, value):
+        return validation.label_map(value)
+
+    def validate_affinity(self, value):
+        return validation.label_map(value)
+
+    def validate_anti_affinity(self, value):
+        return validation.label_map(value)
 
     def validate_inputs(self, value):
         return validation.job_inputs(value)

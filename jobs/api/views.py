@@ -13,10 +13,12 @@ from jobs.api.serializers import (
 )
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
+from pools.api.throttles import PlacementThrottle
 
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPerson]
+    throttle_classes = [PlacementThrottle]  # submits only: see placement_tenant
     serializer_class = JobSerializer
     filterset_fields = {
         "state": ["exact", "in"],
@@ -28,7 +30,20 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         jobs = selectors.jobs_visible_to(Actor.from_request(self.request))
         return jobs.prefetch_related("leases") if self.action == "list" else jobs
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict})
+    def placement_tenant(self, request):
+        """The tenant a submit counts against (PlacementThrottle), checked to be the requester's
+        own before anything else (the image is resolved later); None: validation refuses it."""
+        slug = request.data.get("tenant") if isinstance(request.data, dict) else None
+        if self.action != "create" or not isinstance(slug, str):
+            return None
+        try:
+            return JobSubmitSerializer(context={"request": request}).validate_tenant(slug)
+        except serializers.ValidationError:
+            return None
+
+    @extend_schema(
+        request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict, 429: dict}
+    )
     def create(self, request, *args, **kwargs):
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)

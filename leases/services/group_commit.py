@@ -131,7 +131,12 @@ def _run_batch(batch: list[Pending]) -> None:
         for pending in batch:
             view = views.get(pending.pool.pk)
             if view is None:
-                view = views[pending.pool.pk] = snap.pool_snapshot(pending.pool.pk, leases=False)
+                work = any(  # read the work on the nodes only when a request of the pool needs it
+                    snap.needs_work(p.req, p.policy) for p in batch if p.pool.pk == pending.pool.pk
+                )
+                view = views[pending.pool.pk] = snap.pool_snapshot(
+                    pending.pool.pk, leases=False, work=work
+                )
             ctx = contexts.get((pending.pool.pk, id(pending.policy)))
             if ctx is None:
                 ctx = contexts[(pending.pool.pk, id(pending.policy))] = make_context(

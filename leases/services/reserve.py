@@ -107,7 +107,7 @@ def lease_reserve(
         if outcome is group_commit.RETRY_CONFLICT:
             conflicts = first_attempt = 1
     for attempt in range(first_attempt, MAX_ATTEMPTS):
-        view = snap.pool_snapshot(pool.pk, leases=False)
+        view = snap.pool_snapshot(pool.pk, leases=False, work=snap.needs_work(req, policy))
         chosen_policy = policy
         if attempt >= 2:  # spread: pick at random among the nodes that fit
             chosen_policy = replace(policy, weights={"random": 1.0})

@@ -192,9 +192,11 @@ def test_a_mig_instance_this_node_cannot_name_is_refused_before_anything_is_crea
     attempt fails with runtime_error and leaves no container, volume or network owner."""
     runtime = DockerRuntime("test-node", client=docker_client)
     a = assignment(test_image, ["true"], limits={"gpus": ["MIG-GPU-abc/4/0"]})
-    before = {c.name for c in docker_client.containers.list(all=True)}
+    name = runtime.container_name(a)
     with pytest.raises(RuntimeFailure) as refused:
         runtime.create(a, workdir)
     assert refused.value.reason == "runtime_error"
     assert "MIG" in refused.value.message
-    assert {c.name for c in docker_client.containers.list(all=True)} == before
+    # nothing of this attempt exists (other tests' containers come and go meanwhile)
+    assert docker_client.containers.list(all=True, filters={"name": name}) == []
+    assert docker_client.volumes.list(filters={"name": f"{name}-scratch"}) == []
