@@ -148,18 +148,8 @@ def job_submit(
     return job
 
 
-def job_transition(
-    *,
-    job: Job,
-    to: str,
-    actor: Actor,
-    reason: str,
-    message: str = "",
-    now=None,
-    changes: dict | None = None,
-    data: dict | None = None,
-    check=None,
-) -> Job:
+def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -> Job:
+    """The one way a job changes state; `details`: message, now, changes, data, check."""
     return transition(
         Job,
         job.pk,
@@ -168,12 +158,8 @@ def job_transition(
         event_model=JobEvent,
         actor=actor,
         reason=reason,
-        message=message,
-        now=now or timezone.now(),
-        changes=changes,
-        data=data,
-        check=check,
         on_commit=publish_job_event,
+        **details,
     )
 
 

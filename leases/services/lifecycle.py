@@ -24,18 +24,7 @@ from .ledger import return_capacity
 S = LeaseState
 
 
-def lease_transition(
-    *,
-    lease: Lease,
-    to: str,
-    actor: Actor,
-    reason: str,
-    message: str = "",
-    now=None,
-    changes: dict | None = None,
-    check=None,
-    data: dict | None = None,
-) -> Lease:
+def lease_transition(*, lease: Lease, to: str, actor: Actor, reason: str, **details) -> Lease:
     """The one transition helper: lock, check LEASE_TRANSITIONS, save, write the event."""
     return transition(
         Lease,
@@ -45,12 +34,8 @@ def lease_transition(
         event_model=LeaseEvent,
         actor=actor,
         reason=reason,
-        message=message,
-        now=now or timezone.now(),
-        changes=changes,
-        check=check,
-        data=data,
         on_commit=publish_lease_event,
+        **details,
     )
 
 

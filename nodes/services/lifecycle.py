@@ -74,18 +74,8 @@ def node_register(
     return node
 
 
-def node_transition(
-    *,
-    node: Node,
-    to: str,
-    actor: Actor,
-    reason: str,
-    message: str = "",
-    now=None,
-    data: dict | None = None,
-    changes: dict | None = None,
-    check=None,
-) -> Node:
+def node_transition(*, node: Node, to: str, actor: Actor, reason: str, **details) -> Node:
+    """The one way a node changes state; `details`: message, now, changes, data, check."""
     return transition(
         Node,
         node.pk,
@@ -94,12 +84,8 @@ def node_transition(
         event_model=NodeEvent,
         actor=actor,
         reason=reason,
-        message=message,
-        now=now or timezone.now(),
-        data=data,
-        changes=changes,
-        check=check,
         on_commit=publish_node_event,
+        **details,
     )
 
 

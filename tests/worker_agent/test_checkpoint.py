@@ -101,9 +101,12 @@ def test_the_agent_passes_a_checkpoint_request_to_the_running_job(
         "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
     }
     control_plane.assignments = [entry]
+    # a whole agent reconciles every container labelled with its node: a name of its own keeps
+    # it away from the containers of tests running beside it
+    node = f"ckpt-{job}"
     agent = Agent(
-        Config(api=control_plane.url, state_dir=str(tmp_path / "state"), node_name="test-node"),
-        runtimes={"docker": DockerRuntime("test-node", client=docker_client)},
+        Config(api=control_plane.url, state_dir=str(tmp_path / "state"), node_name=node),
+        runtimes={"docker": DockerRuntime(node, client=docker_client)},
     )
     agent.state.save_credential({"credential": control_plane.credential})
     agent.sync()
