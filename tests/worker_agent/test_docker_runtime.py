@@ -145,6 +145,40 @@ def test_a_memory_hog_is_oom_killed(runtime, test_image, workdir):
     assert ended.exit_code == 137
 
 
+class FlagLost:
+    """The container as Docker reports it when its OOM event lost the race with the exit event
+    (cgroup v2, seen in CI): exit 137, OOMKilled false. Everything else is the real engine's."""
+
+    def __init__(self, container):
+        self.container = container
+
+    def __getattr__(self, name):
+        return getattr(self.container, name)
+
+    def reload(self):
+        self.container.reload()
+        self.container.attrs["State"]["OOMKilled"] = False
+
+
+def test_an_oom_kill_is_told_from_the_engines_event_log_when_the_flag_is_lost(
+    runtime, test_image, workdir
+):
+    hog = ["sh", "-c", "x=a; while true; do x=$x$x; done"]
+    a = assignment(test_image, hog, limits={"memory_mib": 16, "cpu_millicores": 1000})
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    ended = run_to_end(runtime, FlagLost(container), timeout=60, start=False)
+    assert (ended.reason, ended.exit_code) == ("oom_killed", 137)
+
+
+def test_a_sigkill_that_is_not_an_oom_is_an_exit_137(runtime, test_image, workdir):
+    # PID 1 cannot be sent SIGKILL from inside; its child can, and sh exits with its status.
+    killed = ["sh", "-c", "sleep 30 & kill -9 $!; wait $!"]
+    container = runtime.create(assignment(test_image, killed), workdir)
+    ended = run_to_end(runtime, container)
+    assert (ended.step, ended.reason, ended.exit_code) == ("failed", "exited_nonzero", 137)
+
+
 def test_a_stop_gives_the_grace_period_then_kills(runtime, test_image, workdir):
     container = runtime.create(assignment(test_image, ["sleep", "60"]), workdir)
     runtime.start(container)

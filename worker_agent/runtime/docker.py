@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import docker
@@ -59,6 +59,16 @@ OWNER_SUFFIX = "-net"
 TMP_TMPFS = "rw,nosuid,nodev,size=64m"
 IMAGES_MAX = 512
 LOG_BUFFER_MAX = 8 * 1024 * 1024  # unsent log text kept per run; the oldest is dropped first
+OOM_EVENT_GRACE_S = 2.0  # how long past an exit the engine's `oom` event may still arrive
+TIMESTAMP_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,6})?")
+
+
+def _moment(text: str | None) -> datetime | None:
+    """An engine timestamp (nanoseconds, Z) as an aware datetime; None when unset (0001-…)."""
+    match = TIMESTAMP_RE.match(text or "")
+    if not match or text.startswith("0001-"):
+        return None
+    return datetime.fromisoformat(match.group(1) + (match.group(2) or "")).replace(tzinfo=UTC)
 
 
 def check_digest(image: str) -> None:
@@ -402,21 +412,40 @@ class DockerRuntime:
         except NotFound:
             return Ended("failed", "runtime_error", None, "the container disappeared")
         state = container.attrs["State"]
-        if state.get("Status") in ("exited", "dead"):
-            return Ended.from_exit(int(state.get("ExitCode", -1)), oom=bool(state.get("OOMKilled")))
-        return None
+        if state.get("Status") not in ("exited", "dead"):
+            return None
+        code = int(state.get("ExitCode", -1))
+        return Ended.from_exit(code, oom=bool(state.get("OOMKilled")) or self._oom_event(container))
+
+    def _oom_event(self, container) -> bool:
+        """Whether the engine logged an `oom` event for a container killed by SIGKILL. Docker's
+        OOMKilled flag loses a race with the exit event on cgroup v2 (containerd #12714), so
+        the engine's own event log, waited on a moment past the exit, settles it."""
+        state = container.attrs["State"]
+        if state.get("ExitCode") != 137 or not (started := _moment(state.get("StartedAt"))):
+            return False
+        finished = _moment(state.get("FinishedAt")) or datetime.now(UTC)
+        until = max(datetime.now(UTC), finished + timedelta(seconds=OOM_EVENT_GRACE_S))
+        filters = {"container": container.id, "event": "oom"}
+        try:
+            events = self.client.events(
+                since=int(started.timestamp()) - 1,
+                until=int(until.timestamp()) + 1,
+                filters=filters,
+                decode=True,
+            )
+            return any(True for _ in events)
+        except (APIError, DockerException) as exc:
+            log.warning("engine events for %s not read: %s", container.name, exc)
+            return False
 
     def running(self, container) -> bool:
         return self.poll(container) is None and container.attrs["State"].get("Running", False)
 
     def elapsed(self, container) -> float:
         """Seconds since the container started (0 if unknown): max runtime survives restarts."""
-        started = container.attrs["State"].get("StartedAt") or ""
-        match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,6})?", started)
-        if not match or started.startswith("0001-"):
-            return 0.0
-        moment = datetime.fromisoformat(match.group(1) + (match.group(2) or "")).replace(tzinfo=UTC)
-        return max(0.0, (datetime.now(UTC) - moment).total_seconds())
+        started = _moment(container.attrs["State"].get("StartedAt"))
+        return max(0.0, (datetime.now(UTC) - started).total_seconds()) if started else 0.0
 
     def route(self, container, host: str) -> dict | None:
         """{"host": node address, "ports": {"8080": 32768}} once ports are published."""
