@@ -22,6 +22,8 @@ class Tenant(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=60, unique=True)
+    # Fair share: a tenant's entitlement relative to the others (dominant-resource fairness)
+    fair_share_weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01)])
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self):
@@ -195,7 +197,15 @@ class PriorityClass(models.Model):
 
     name = models.SlugField(max_length=40, unique=True)
     value = models.IntegerField(help_text="Higher runs first")
-    preemptible = models.BooleanField(default=True)
+    preemptible = models.BooleanField(
+        default=True, help_text="Its checkpointable running jobs may be preempted"
+    )
+    may_preempt = models.BooleanField(
+        default=False, help_text="Its queued jobs may preempt jobs of lower, preemptible classes"
+    )
+    max_wait_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Target: a job of this class waits at most this long"
+    )
     description = models.CharField(max_length=200, blank=True)
     allowed_tenants = models.ManyToManyField(
         Tenant, blank=True, related_name="+", help_text="Only these tenants; none: every tenant"

@@ -140,3 +140,56 @@ def tenants_at_quota(*, pool_id=None, tenant_id=None) -> dict[tuple[int, int], d
         if over:
             blocked[(quota.tenant_id, quota.pool_id)] = {"code": "quota_exceeded", "message": over}
     return blocked
+
+
+class Headroom:
+    """What one tenant may still take in one pool, for a pass that plans many jobs before it
+    writes any: `take` deducts a planned placement, or names the dimension it would exceed.
+    Read once per pass (`quota_headroom`); the apply transaction re-checks under the quota
+    row's lock, so a stale headroom can only make the pass too cautious, never over quota."""
+
+    def __init__(self, quota: Quota, used: dict):
+        self.limits = {
+            "leases": quota.max_leases,
+            "cpu_millicores": quota.cpu_millicores,
+            "memory_mib": quota.memory_mib,
+            "gpus": quota.gpus,
+        }
+        self.used = {name: float(used.get(name) or 0) for name in self.limits}
+
+    def take(self, *, cpu_millicores: int, memory_mib: int, gpus: float) -> str:
+        """ "" and deducted when it fits; otherwise the `quota_exceeded` message naming every
+        dimension it would exceed (nothing deducted)."""
+        wanted = {"leases": 1, "cpu_millicores": cpu_millicores, "memory_mib": memory_mib}
+        wanted["gpus"] = gpus
+        over = [
+            f"{name} {self.used[name] + amount:g} > {self.limits[name]:g}"
+            for name, amount in wanted.items()
+            if self.used[name] + amount > self.limits[name]
+        ]
+        if over:
+            return "Quota exceeded: " + ", ".join(over)
+        for name, amount in wanted.items():
+            self.used[name] += amount
+        return ""
+
+
+def quota_headroom(pool_id: int, tenant_ids) -> dict[int, Headroom]:
+    """tenant id → its Headroom in the pool, for the tenants that have a quota there."""
+    quotas = list(Quota.objects.filter(pool_id=pool_id, tenant_id__in=set(tenant_ids)))
+    if not quotas:
+        return {}
+    held = {
+        tenant_id: {"leases": 0, "cpu_millicores": 0, "memory_mib": 0, "gpus": 0}
+        for tenant_id in (q.tenant_id for q in quotas)
+    }
+    rows = Lease.objects.filter(
+        pool_id=pool_id, tenant_id__in=held, state__in=HOLDING, backfill_of__isnull=True
+    ).values_list("tenant_id", "cpu_millicores", "memory_mib", "gpu_allocations")
+    for tenant_id, cpu, memory, allocations in rows:
+        used = held[tenant_id]
+        used["leases"] += 1
+        used["cpu_millicores"] += cpu
+        used["memory_mib"] += memory
+        used["gpus"] += len(allocations)
+    return {q.tenant_id: Headroom(q, held[q.tenant_id]) for q in quotas}
