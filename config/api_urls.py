@@ -8,12 +8,20 @@ from jobs.api.views import JobViewSet
 from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
 from pools.api.routers import OptionalSlashRouter
-from pools.api.views import ApiTokenViewSet, PoolViewSet, ShapeViewSet, TenantViewSet, me
+from pools.api.views import (
+    ApiTokenViewSet,
+    ComputePoolViewSet,
+    PoolViewSet,
+    ShapeViewSet,
+    TenantViewSet,
+    me,
+)
 from scheduling.api.agent import AgentDrainViewSet
 
 router = OptionalSlashRouter()
 router.register("tenants", TenantViewSet, basename="tenant")
-router.register("pools", PoolViewSet, basename="pool")
+router.register("compute-pools", ComputePoolViewSet, basename="compute-pool")
+router.register("pools", PoolViewSet, basename="pool")  # alias by slug, with policy versions
 router.register("shapes", ShapeViewSet, basename="shape")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("jobs", JobViewSet, basename="job")

@@ -1,8 +1,10 @@
 from django.db.models import OuterRef, Subquery
 
 from leases.models import Lease
+from leases.services import explain_request
 from pools.images import ImageRef
 
+from .choices import JobState
 from .models import Job
 
 
@@ -29,3 +31,21 @@ def image_refusal(pool, ref: ImageRef) -> str | None:
         return None
     allowed = ", ".join(r.prefix for r in registries)
     return f"image is not from an allowed registry of pool {pool.slug} ({allowed})"
+
+
+def job_explanation(job: Job) -> dict:
+    """"Why is this pending" and "why did it land there", in one answer: a queued job's reason
+    from the last pass and what the scheduler would say now; a placed job's decision record
+    (the lease's placement: node, score breakdown, policy version)."""
+    answer = {"job": job.pk, "state": job.state, "pending_reason": job.pending_reason or None}
+    if job.state == JobState.QUEUED:
+        answer["now"] = explain_request(
+            pool=job.pool,
+            tenant=job.tenant,
+            request=job.resources,
+            image_platforms=job.image_platforms,
+        )
+        return answer
+    lease = job.leases.order_by("-created_at", "-id").first()
+    answer["placement"] = None if lease is None else {"lease": lease.pk, **lease.placement}
+    return answer

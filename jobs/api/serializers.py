@@ -16,7 +16,7 @@ class JobEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = JobEvent
-        fields = ["at", "actor", "from_state", "to_state", "reason", "message", "data"]
+        fields = ["id", "at", "actor", "from_state", "to_state", "reason", "message", "data"]
 
 
 def _newest_lease(job):

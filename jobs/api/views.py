@@ -1,3 +1,5 @@
+from urllib.parse import urlencode
+
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -14,6 +16,17 @@ from jobs.api.serializers import (
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle
+
+EVENTS_MAX = 1000
+
+
+def _query_int(request, name: str, default: int, *, minimum: int, maximum: int | None = None):
+    """An integer query parameter, or a 400 naming it."""
+    field = serializers.IntegerField(min_value=minimum, max_value=maximum)
+    try:
+        return field.run_validation(request.query_params.get(name, str(default)))
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError({name: exc.detail}) from None
 
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -33,6 +46,10 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def placement_tenant(self, request):
         """The tenant a submit counts against (PlacementThrottle), checked to be the requester's
         own before anything else (the image is resolved later); None: validation refuses it."""
+        if self.action == "explain":  # a placement search too: counted against the job's tenant
+            pk = str(self.kwargs.get("pk", ""))
+            job = self.get_queryset().filter(pk=pk).first() if pk.isdigit() else None
+            return job.tenant if job else None
         slug = request.data.get("tenant") if isinstance(request.data, dict) else None
         if self.action != "create" or not isinstance(slug, str):
             return None
@@ -58,11 +75,33 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         job = services.job_cancel(job=self.get_object(), actor=Actor.from_request(request))
         return Response(JobSerializer(job).data)
 
-    @extend_schema(responses=JobEventSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Cursor: only events after this event id"),
+            OpenApiParameter("limit", int, description=f"At most this many (1..{EVENTS_MAX})"),
+        ],
+        responses=JobEventSerializer(many=True),
+    )
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
-        events = self.get_object().events.all()
-        return Response(JobEventSerializer(events, many=True).data)
+        """The job's events, oldest first, as a list. Cursor-paginated: a page that is not the
+        last carries `Link: <…?after=ID&limit=N>; rel="next"`; a client that follows the job
+        live (the websocket) asks `?after=` the last id it saw to fetch what it missed."""
+        after = _query_int(request, "after", 0, minimum=0)
+        limit = _query_int(request, "limit", EVENTS_MAX, minimum=1, maximum=EVENTS_MAX)
+        events = list(self.get_object().events.filter(pk__gt=after).order_by("pk")[: limit + 1])
+        response = Response(JobEventSerializer(events[:limit], many=True).data)
+        if len(events) > limit:
+            query = urlencode({"after": events[limit - 1].pk, "limit": limit})
+            response["Link"] = f'<{request.build_absolute_uri(request.path)}?{query}>; rel="next"'
+        return response
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def explain(self, request, pk=None):
+        """Why the job waits (its reason from the last pass, and the scheduler's answer now), or
+        why it runs where it does (the placement's decision record)."""
+        return Response(selectors.job_explanation(self.get_object()))
 
     @extend_schema(
         parameters=[OpenApiParameter("tail", int, description="Last N lines (1..10000)")],
@@ -71,12 +110,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         """The job's log as text: its last `tail` lines (default 1000), every attempt."""
-        tail = serializers.IntegerField(min_value=1, max_value=artifacts.LOG_TAIL_MAX_LINES)
-        raw = request.query_params.get("tail", "1000")
-        try:
-            lines = tail.run_validation(raw)
-        except serializers.ValidationError as exc:
-            raise serializers.ValidationError({"tail": exc.detail}) from None
+        lines = _query_int(request, "tail", 1000, minimum=1, maximum=artifacts.LOG_TAIL_MAX_LINES)
         text = artifacts.job_log_tail(self.get_object(), lines)
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 

@@ -25,7 +25,13 @@ from .lifecycle import (
     lease_transition,
 )
 from .quota import tenants_at_quota
-from .reserve import RESERVATION_DEFAULTS, SCHEDULER_KEY_PREFIX, check_ever_fits, lease_reserve
+from .reserve import (
+    RESERVATION_DEFAULTS,
+    SCHEDULER_KEY_PREFIX,
+    check_ever_fits,
+    explain_request,
+    lease_reserve,
+)
 from .sweeps import expire_leases, expire_uncertain, release_unclaimed_reservations
 from .usage import lease_set_route, leases_record_usage, leases_renew_by_heartbeat
 
@@ -37,6 +43,7 @@ __all__ = [
     "NoCapacity",
     "Window",
     "check_ever_fits",
+    "explain_request",
     "expire_leases",
     "expire_uncertain",
     "lease_commit",

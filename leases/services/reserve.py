@@ -211,6 +211,25 @@ def check_ever_fits(*, pool, tenant, request: dict, image_platforms=()) -> None:
         raise refusal
 
 
+def explain_request(*, pool, tenant, request: dict, image_platforms=()) -> dict:
+    """What the scheduler would answer for `request` now, without reserving anything: where it
+    would go, with the score breakdown, or why not (the same reasons a reserve gives; a request
+    that can never fit says so). Read-only: one snapshot, no locks."""
+    req = snap.core_request(request, tenant.pk, image_platforms)
+    policy = snap.pool_policy(pool)
+    result = place(req, snap.pool_snapshot(pool.pk).nodes, policy)
+    if isinstance(result, core.Placement):
+        return {
+            "fits_now": True,
+            "node": result.node,
+            "score": result.score,
+            "score_breakdown": dict(result.score_breakdown),
+            "policy_version": policy.version,
+        }
+    refusal = _refusal(pool, req, policy, result, conflicts=0)
+    return {"fits_now": False, "never_fits": isinstance(refusal, NeverFits), **refusal.explanation}
+
+
 def _never_fits(pool, req, policy, conflicts: int = 0) -> NeverFits | None:
     """The one definition of "never fits": no node of the pool that is not retired, viewed
     ready and empty, could hold the request. A pool without any node yet is "not now" (409):

@@ -141,6 +141,31 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(PolicyVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
+class ComputePoolViewSet(PoolViewSet):
+    """The contract's name for pools: `/compute-pools/{id}`, where {id} is the pool's number or
+    its slug, and `/compute-pools/{id}/shapes`, the catalogue of shapes it offers. `/pools/{slug}`
+    stays as the documented alias (docs/api.md)."""
+
+    lookup_field = "pk"
+    lookup_url_kwarg = "id"
+    lookup_value_regex = r"[-\w]+"
+
+    def get_object(self):
+        value = self.kwargs["id"]
+        field = "pk" if value.isdigit() else "slug"
+        pool = get_object_or_404(self.get_queryset(), **{field: value})
+        self.check_object_permissions(self.request, pool)
+        return pool
+
+    @extend_schema(responses=ShapeSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def shapes(self, request, id=None):
+        shapes = selectors.shapes_visible_to(Actor.from_request(request))
+        return Response(ShapeSerializer(shapes.filter(pool=self.get_object()), many=True).data)
+
+    policy_versions = None  # policy versions live at /pools/{slug}/policy-versions
+
+
 class ShapeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ShapeSerializer
     permission_classes = [IsPerson]

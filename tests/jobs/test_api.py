@@ -107,3 +107,43 @@ def test_cancel_then_cancel_again_is_a_conflict(api, member, cpu_shape):
 def test_malformed_json_is_a_400(api, member, cpu_shape):
     response = api(member).post("/api/v1/jobs/", "{not json", content_type="application/json")
     assert response.status_code == 400
+
+
+def test_events_are_cursor_paginated_with_a_next_link(api, member, cpu_shape):
+    client = api(member)
+    job_id = submit(client).json()["id"]
+    client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    first = client.get(f"/api/v1/jobs/{job_id}/events", {"limit": 1})
+    assert [e["reason"] for e in first.json()] == ["submitted"]
+    next_url = first["Link"].split(";")[0].strip("<>")
+    rest = client.get(next_url)
+    assert [e["reason"] for e in rest.json()] == ["cancelled_by_user"]
+    assert "Link" not in rest
+    last_seen = rest.json()[-1]["id"]
+    assert client.get(f"/api/v1/jobs/{job_id}/events", {"after": last_seen}).json() == []
+    bad = client.get(f"/api/v1/jobs/{job_id}/events", {"after": "x", "limit": 0})
+    assert bad.status_code == 400 and set(bad.json()) >= {"after"}
+
+
+def test_explain_says_why_a_job_waits_and_what_the_scheduler_says_now(
+    api, member, outsider, cpu_shape, ready_node
+):
+    client = api(member)
+    job_id = submit(client).json()["id"]
+    body = client.get(f"/api/v1/jobs/{job_id}/explain").json()
+    assert body["job"] == job_id and body["state"] == "queued"
+    assert body["now"]["fits_now"] is True and body["now"]["node"] == ready_node.name
+    # another job holds the node's CPU: now the answer is why not, and when
+    hog = {"cpu_millicores_min": 14000, "memory_mib_min": 64}
+    held = client.post(
+        "/api/v1/compute-leases/",
+        {"tenant": "vision", "pool": "test", "resources": hog},
+        format="json",
+    )
+    assert held.status_code == 201, held.content
+    now = client.get(f"/api/v1/jobs/{job_id}/explain").json()["now"]
+    assert now["fits_now"] is False and now["never_fits"] is False
+    assert now["reasons"] == {"insufficient_cpu": 1}
+    assert now["nearest_miss"]["after_leases"] == [str(held.json()["id"])]
+    assert api(outsider).get(f"/api/v1/jobs/{job_id}/explain").status_code == 404
+    assert client.get("/api/v1/jobs/abc/explain").status_code == 404

@@ -114,3 +114,17 @@ def test_tenant_admins_manage_members_and_nobody_else_does(
     assert {"user": "member", "role": "admin"} in api(operator).get(url).json()
     bad_role = api(tenant_admin).post(url, {"user": "member", "role": "owner"}, format="json")
     assert bad_role.status_code == 400 and "role" in bad_role.json()
+
+
+def test_compute_pools_by_number_or_slug_with_their_shape_catalogue(api, member, pool, cpu_shape):
+    client = api(member)
+    listed = client.get("/api/v1/compute-pools").json()["results"]
+    assert [p["slug"] for p in listed] == [pool.slug]
+    by_number = client.get(f"/api/v1/compute-pools/{pool.pk}").json()
+    assert by_number == client.get(f"/api/v1/compute-pools/{pool.slug}/").json()
+    assert by_number["slug"] == pool.slug
+    shapes = client.get(f"/api/v1/compute-pools/{pool.pk}/shapes").json()
+    assert [s["name"] for s in shapes] == [cpu_shape.name]
+    missing = client.get("/api/v1/compute-pools/999999/shapes")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    assert APIClient().get("/api/v1/compute-pools").status_code in (401, 403)
