@@ -1,5 +1,11 @@
-"""One error shape for the whole API: {"code": ..., "detail": ...}, with the field errors beside
-them on a 400, and 409/422 with a reason code."""
+"""One error shape for every 4xx of the API (docs/api.md):
+
+    {"code": "invalid", "message": "…", "detail": "…", "errors": {"field": ["…"]}, …}
+
+`code` is the reason code a script branches on; `message` says it in words (`detail` is the
+same text, kept for clients written against the first API); `errors` holds the field errors
+(`{}` when there are none; each field's errors also stay at the top level, as before); a refusal
+adds its own facts beside them (reasons, nearest miss, …)."""
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -16,13 +22,27 @@ from pools.statemachine import Refusal
 
 def error(status_code, code, detail):
     set_rollback()
-    return Response({"code": code, "detail": detail}, status=status_code)
+    return Response(_one_shape({"code": code, "detail": detail}), status=status_code)
+
+
+def _one_shape(body: dict) -> dict:
+    message = body.get("message") if isinstance(body.get("message"), str) else None
+    message = message or str(body.get("detail") or "")
+    errors = {
+        key: value
+        for key, value in body.items()
+        if isinstance(value, list) and key not in REFUSAL_LISTS
+    }
+    return {**body, "message": message, "detail": body.get("detail", message), "errors": errors}
+
+
+REFUSAL_LISTS = frozenset({"after_leases", "reasons"})  # facts of a refusal, not field errors
 
 
 def exception_handler(exc, context):
     if isinstance(exc, Refusal):  # transitions refused, no capacity, never fits, key reused …
         set_rollback()
-        return Response(exc.body(), status=exc.status)
+        return Response(_one_shape(exc.body()), status=exc.status)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -45,7 +65,7 @@ def exception_handler(exc, context):
         exc = exceptions.PermissionDenied(*exc.args)
     response = drf_exception_handler(exc, context)
     if response is not None:
-        response.data = _with_code(response.data, exc)
+        response.data = _one_shape(_with_code(response.data, exc))
     return response
 
 

@@ -147,11 +147,10 @@ class ComputePoolViewSet(PoolViewSet):
     stays as the documented alias (docs/api.md)."""
 
     lookup_field = "pk"
-    lookup_url_kwarg = "id"
     lookup_value_regex = r"[-\w]+"
 
     def get_object(self):
-        value = self.kwargs["id"]
+        value = self.kwargs["pk"]
         field = "pk" if value.isdigit() else "slug"
         pool = get_object_or_404(self.get_queryset(), **{field: value})
         self.check_object_permissions(self.request, pool)
@@ -159,7 +158,7 @@ class ComputePoolViewSet(PoolViewSet):
 
     @extend_schema(responses=ShapeSerializer(many=True))
     @action(detail=True, methods=["get"])
-    def shapes(self, request, id=None):
+    def shapes(self, request, pk=None):
         shapes = selectors.shapes_visible_to(Actor.from_request(request))
         return Response(ShapeSerializer(shapes.filter(pool=self.get_object()), many=True).data)
 
