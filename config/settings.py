@@ -179,6 +179,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Declarative resource shapes in; leases, placements and events out.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {"ArchitectureEnum": "pools.choices.Architecture"},
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL") or REDIS_URL

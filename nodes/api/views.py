@@ -26,6 +26,7 @@ from nodes.api.serializers import (
 )
 from nodes.authentication import NodeCredentialAuthentication
 from nodes.errors import EnrollmentRefused, NodeScopeRefused
+from nodes.models import Node
 from pools.actors import Actor
 from pools.api.permissions import IsNode, IsNotNode, IsOperator
 from pools.choices import TokenScope
@@ -114,6 +115,7 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
 
     permission_classes = [IsNode]
     serializer_class = HeartbeatSerializer
+    queryset = Node.objects.none()  # never listed: every action acts on the asking node
 
     def node(self):
         return Actor.from_request(self.request).node

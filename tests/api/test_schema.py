@@ -1,0 +1,22 @@
+"""The OpenAPI 3 schema is generated without a single warning, and names the contract's paths."""
+
+from django.core.management import call_command
+
+
+def test_the_schema_has_no_warnings_and_the_contract_paths(tmp_path, db):
+    target = tmp_path / "schema.yml"
+    call_command("spectacular", "--fail-on-warn", "--validate", "--file", str(target))
+    schema = target.read_text()
+    for path in (
+        "/api/v1/compute-pools/",
+        "/api/v1/compute-pools/{id}/shapes/",
+        "/api/v1/compute-leases/",
+        "/api/v1/compute-leases/{id}/commit/",
+        "/api/v1/compute-leases/{id}/renew/",
+        "/api/v1/compute-leases/{id}/release/",
+        "/api/v1/jobs/",
+        "/api/v1/jobs/{id}/cancel/",
+        "/api/v1/jobs/{id}/events/",
+        "/api/v1/jobs/{id}/explain/",
+    ):
+        assert f"  {path}:" in schema, path
