@@ -4,17 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint format bench migrate demo services clean
+.PHONY: run test lint format bench fuzz migrate demo services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.run-deps: requirements.txt | $(BIN)/python
-	$(BIN)/pip install -q -r requirements.txt
+# `-e .`: the poolctl console script (pyproject.toml), editable so it runs this tree's code
+$(VENV)/.run-deps: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt -e .
 	touch $@
 
-$(VENV)/.test-deps: requirements.txt requirements-test.txt | $(BIN)/python
-	$(BIN)/pip install -q -r requirements-test.txt
+$(VENV)/.test-deps: requirements.txt requirements-test.txt pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-test.txt -e .
 	touch $@ $(VENV)/.run-deps
 
 migrate: $(VENV)/.run-deps
@@ -51,8 +52,17 @@ test: $(VENV)/.test-deps services lint
 bench: $(VENV)/.test-deps services
 	$(BIN)/python -m scheduling.bench.placement --quick
 	for clients in 1 16 64; do \
+		LEASE_THROTTLE_RATE=$${LEASE_THROTTLE_RATE:-100000000/minute} \
+		TOKEN_THROTTLE_RATE=$${TOKEN_THROTTLE_RATE:-100000000/minute} \
 		$(BIN)/python manage.py bench_leases --clients $$clients --seconds 10 --json || exit 1; \
 	done
+	$(BIN)/python manage.py bench_scheduler --nodes 5000 --jobs 20000 --json
+
+## fuzz: schemathesis against a live server, every operation with each role's token
+## (throwaway database computepool_fuzz; docs/api.md, Fuzzing). FUZZ_EXAMPLES cases per operation.
+FUZZ_EXAMPLES ?= 25
+fuzz: $(VENV)/.test-deps services
+	$(BIN)/python manage.py fuzz_api --examples $(FUZZ_EXAMPLES)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

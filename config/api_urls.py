@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 
 from jobs.api.agent import AgentJobsViewSet
 from jobs.api.views import JobViewSet
+from leases.api.quotas import QuotaViewSet
 from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
 from pools.api.routers import OptionalSlashRouter
@@ -26,6 +27,7 @@ router.register("shapes", ShapeViewSet, basename="shape")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("jobs", JobViewSet, basename="job")
 router.register("compute-leases", LeaseViewSet, basename="compute-lease")
+router.register("quotas", QuotaViewSet, basename="quota")  # leases/api/quotas.py
 router.register("nodes", NodeViewSet, basename="node")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
 router.register("enroll", EnrollViewSet, basename="enroll")

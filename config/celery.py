@@ -21,6 +21,10 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
     },
     "scheduling-drain-sweep": {"task": "scheduling.drain_sweep", "schedule": 30.0},
+    # queued jobs' queue class and predicted start window (scheduling/forecast.py)
+    "scheduling-forecast": {"task": "scheduling.forecast_refresh", "schedule": 30.0},
+    # pool capacity sampled for the operators' utilisation charts (scheduling/health.py)
+    "scheduling-sample-capacity": {"task": "scheduling.sample_capacity", "schedule": 60.0},
     "pools-purge-api-tokens": {"task": "pools.purge_api_tokens", "schedule": 3600.0},
     "nodes-heartbeat-sweep": {"task": "nodes.heartbeat_sweep", "schedule": 10.0},
     "nodes-inventory-reconcile": {"task": "nodes.inventory_reconcile_sweep", "schedule": 60.0},
@@ -28,6 +32,8 @@ app.conf.beat_schedule = {
     "leases-uncertain-deadline": {"task": "leases.expire_uncertain", "schedule": 30.0},
     # ended jobs' outputs and logs past their pool's output_retention_days (jobs/artifacts.py)
     "jobs-expire-artifacts": {"task": "jobs.expire_artifacts", "schedule": 86400.0},
+    # tenants' credit accounts charged for their leases since the last charge (leases/tasks.py)
+    "leases-charge-credits": {"task": "leases.charge_credits", "schedule": 300.0},
     "reservations-unclaimed": {
         "task": "leases.release_unclaimed_reservations",
         "schedule": 15.0,

@@ -204,6 +204,18 @@ REGISTRY_TIMEOUT_SECONDS = env("REGISTRY_TIMEOUT_SECONDS")
 # tenant in a pool where it has no Quota row (Quota.max_queued_jobs otherwise).
 PLACEMENT_THROTTLE_RATE = env("PLACEMENT_THROTTLE_RATE")
 TENANT_MAX_QUEUED_JOBS = env("TENANT_MAX_QUEUED_JOBS")
+# The scheduling pass (scheduling/passes.py) plans at most this many queued jobs per pass, on
+# one snapshot per pool, and applies them in one transaction per pool: 2,000 plan and apply in
+# well under the 2 s schedule on 5,000 nodes (docs/benchmarks.md, bench_scheduler).
+SCHEDULER_PASS_MAX_JOBS = env.int("SCHEDULER_PASS_MAX_JOBS", default=2000)
+# Scheduler health (scheduling/health.py): pass records and capacity samples are kept this many
+# hours for the operators' charts, then pruned.
+SCHEDULER_HEALTH_WINDOW_HOURS = env.int("SCHEDULER_HEALTH_WINDOW_HOURS", default=24)
+# Lease creation per tenant, and lease creation, job submit and explain per token (a session:
+# per person), shared by every server process through Redis in batches of permits
+# (pools/api/throttles.py SharedPermits; docs/security.md, Throttles); "" turns one off.
+LEASE_THROTTLE_RATE = env.str("LEASE_THROTTLE_RATE", default="6000/minute")
+TOKEN_THROTTLE_RATE = env.str("TOKEN_THROTTLE_RATE", default="6000/minute")
 
 LOGGING = {
     "version": 1,

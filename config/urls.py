@@ -20,4 +20,6 @@ urlpatterns = [
     path("", include("pools.urls")),
     path("", include("nodes.urls")),
     path("", include("jobs.urls")),
+    path("", include("leases.urls")),
+    path("", include("scheduling.urls")),
 ]

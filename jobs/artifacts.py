@@ -26,6 +26,7 @@ from django.db.models import Exists, F, Max, OuterRef, Sum, Window
 from django.db.models.functions import Length
 from django.utils import timezone
 
+from leases.services.quota import check_storage
 from leases.snapshot import pool_knobs
 from pools import validation
 from pools.actors import Actor
@@ -150,6 +151,8 @@ def job_output_store(*, job: Job, attempt: int, name: str, fileobj) -> JobOutput
                 replaced.delete()
                 stale = replaced.file.name
                 transaction.on_commit(lambda: storage.delete(stale))
+            # the tenant's storage quota in the pool (409 quota_exceeded, storage_mib)
+            check_storage(job.tenant_id, job.pool_id, content.count)
             output = JobOutput.objects.create(
                 job=job,
                 attempt=attempt,

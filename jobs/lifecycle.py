@@ -323,6 +323,32 @@ def job_report(
     raise ValueError(f"unknown step {step!r}")
 
 
+def job_request_checkpoint(
+    *, job: Job, actor: Actor, reason: str, message: str, now=None, data=None
+) -> Job:
+    """Ask a running checkpointable job to checkpoint (running → checkpointing): a drain at its
+    deadline and a preemption both do. The node's agent reads it in its assignment
+    (`checkpoint_requested`), signals the job, stops it after the pool's `stop_grace_s`,
+    uploads the checkpoint and reports `checkpointed`: the job is queued again and its lease
+    released. An agent that never reports loses the lease with its node, and the stranded-jobs
+    sweep makes the job `lost` or retries it (scheduling.passes.requeue_jobs_without_lease)."""
+    return job_transition(
+        job=job,
+        to=S.CHECKPOINTING,
+        actor=actor,
+        reason=reason,
+        message=message,
+        now=now,
+        data=data,
+        check=_checkpointable,
+    )
+
+
+def _checkpointable(job: Job) -> None:
+    if not job.checkpointable:  # stateful work that cannot checkpoint is never asked to
+        raise TransitionRefused("not_checkpointable", f"job {job.pk} is not checkpointable")
+
+
 def _pulling(job: Job, actor: Actor, reason, message, pull_seconds, now) -> Job:
     """An event on the job, no state change (`image_pulled` with the measured pull time)."""
     if job.state not in (S.LEASED, S.STARTING):

@@ -73,6 +73,9 @@ class Job(models.Model):
     # nearest miss). Cleared when it is placed.
     pending_reason = models.JSONField(default=dict, blank=True)
     pending_checked_at = models.DateTimeField(null=True, blank=True)
+    # While queued: its queue class and predicted start window (scheduling/forecast.py),
+    # {"queue_class", "earliest", "latest", "updated_at"}; nothing about other tenants' work.
+    forecast = models.JSONField(default=dict, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 

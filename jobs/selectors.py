@@ -34,7 +34,7 @@ def image_refusal(pool, ref: ImageRef) -> str | None:
 
 
 def job_explanation(job: Job) -> dict:
-    """"Why is this pending" and "why did it land there", in one answer: a queued job's reason
+    """ "Why is this pending" and "why did it land there", in one answer: a queued job's reason
     from the last pass and what the scheduler would say now; a placed job's decision record
     (the lease's placement: node, score breakdown, policy version)."""
     answer = {"job": job.pk, "state": job.state, "pending_reason": job.pending_reason or None}

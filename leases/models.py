@@ -16,6 +16,29 @@ def new_fencing_token() -> int:
     return secrets.randbits(62)
 
 
+MIG_COMPUTE_SLICES = 7  # a full MIG device (7g.*) has 7 compute slices
+
+
+def gpu_share(allocations) -> float:
+    """How much GPU a lease holds, in whole GPUs: an exclusive device 1, a time-slice or MPS
+    share its milli / 1000, a MIG slice its compute slices out of the device's 7 (the "g" of
+    its profile: 1g.10gb is 1/7 of a 7g.80gb, 3g.40gb 3/7; memory does not count). Quotas and
+    fair share count GPUs with this rule alone."""
+    total = 0.0
+    for allocation in allocations:
+        profile = allocation.get("mig_profile") or ""
+        if profile or allocation.get("mig_slots"):
+            g = profile.split("g.", 1)[0]
+            if g.isdigit():
+                total += min(int(g), MIG_COMPUTE_SLICES) / MIG_COMPUTE_SLICES
+            else:  # no profile recorded: its memory slices, at most the whole device
+                slices = bin(int(allocation.get("mig_slots") or 0)).count("1")
+                total += min(slices, MIG_COMPUTE_SLICES) / MIG_COMPUTE_SLICES
+        else:
+            total += allocation.get("milli", 1000) / 1000
+    return total
+
+
 class LeaseQuerySet(VisibleQuerySet):
     def holding(self):
         return self.filter(state__in=HOLDING)
@@ -109,6 +132,10 @@ class Lease(models.Model):
     @property
     def gpu_milli(self) -> int:
         return sum(a.get("milli", 0) for a in self.gpu_allocations)
+
+    @property
+    def gpu_share(self) -> float:
+        return gpu_share(self.gpu_allocations)
 
 
 class LeaseEvent(EventBase):

@@ -8,12 +8,13 @@ from django.db.models import Count, F, Q, Sum
 
 from nodes.choices import NodeState
 from nodes.models import GpuDevice, Node
-from pools.models import ResourceShape
+from pools.models import CreditAccount, Quota, ResourceShape
 from scheduling.core import evaluate, make_context
 
 from . import snapshot as snap
 from .choices import HOLDING, LeaseState
 from .models import Lease
+from .services import quota as quotas
 
 
 def leases_visible_to(actor):
@@ -225,3 +226,47 @@ def pool_capacity(pool) -> dict:
                 for dim in dims:
                     totals[flag][dim] += allocatable[dim]
     return {"pool": pool.slug, "nodes": nodes, "totals": totals}
+
+
+# --- quotas and credit, as people see them -----------------------------------------------------
+
+
+def quota_rows(actor, now, pairs_limit: int | None = None) -> list[dict]:
+    """Each (tenant, pool) with a quota or a credit account the actor sees, in (tenant, pool)
+    slug order: the period, each dimension's limit (None: unlimited) and what is used of it
+    now (the ledger's own count), and the credit balance (None: not credit-limited). The one
+    read behind `GET /api/v1/quotas/` and the console's quota bars."""
+    limits = {
+        (q.tenant.slug, q.pool.slug): q
+        for q in Quota.objects.visible_to(actor).select_related("tenant", "pool")
+    }
+    accounts = {
+        (a.tenant.slug, a.pool.slug): a
+        for a in CreditAccount.objects.visible_to(actor).select_related("tenant", "pool")
+    }
+    keys = sorted(set(limits) | set(accounts))[:pairs_limit]
+    owners = {key: limits.get(key) or accounts[key] for key in keys}
+    ids = {key: (owner.tenant_id, owner.pool_id) for key, owner in owners.items()}
+    used = quotas.usage({ids[key]: limits.get(key) for key in keys}, now, every=True)
+    rows = []
+    for key in keys:
+        quota, account, owner = limits.get(key), accounts.get(key), owners[key]
+        days = quota.period_days if quota else 30
+        start, end = quotas.quota_period(days, now)
+        caps = quotas.quota_limits(quota)
+        rows.append(
+            {
+                "tenant": owner.tenant,
+                "pool": owner.pool,
+                "period_days": days,
+                "period_start": start,
+                "period_end": end,
+                "dimensions": {
+                    name: {"limit": caps[name], "used": round(used[ids[key]][name], 4)}
+                    for name in quotas.DIMENSIONS
+                },
+                "account": account,
+                "balance": account.balance if account else None,
+            }
+        )
+    return rows

@@ -8,6 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from leases import services
+from leases.services import credits
 
 UNCERTAIN_DEADLINE = timedelta(minutes=10)
 
@@ -33,3 +34,10 @@ def expire_uncertain(now=None, deadline_s=None) -> int:
 @shared_task(name="leases.release_unclaimed_reservations")
 def release_unclaimed_reservations(now=None) -> int:
     return services.release_unclaimed_reservations(now=parse_now(now))
+
+
+@shared_task(name="leases.charge_credits")
+def charge_credits(now=None) -> int:
+    """Charges tenants' credit accounts for their leases since the last charge
+    (leases/services/credits.py): idempotent, safe on several workers."""
+    return credits.charge_credits(now=parse_now(now))

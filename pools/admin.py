@@ -1,5 +1,7 @@
 """Policy admins edit the catalogue here. Policy versions are immutable: edit = new version."""
 
+from decimal import Decimal
+
 from django import forms
 from django.contrib import admin
 
@@ -8,6 +10,8 @@ from .actors import Actor
 from .models import (
     AllowedRegistry,
     ComputePool,
+    CreditAccount,
+    CreditCharge,
     Membership,
     PoolTrustedKey,
     PriorityClass,
@@ -74,8 +78,95 @@ class PriorityClassAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "pool", "cpu_millicores", "memory_mib", "gpus", "max_leases"]
+    list_display = [
+        "tenant",
+        "pool",
+        "cpu_millicores",
+        "memory_mib",
+        "gpus",
+        "max_leases",
+        "gpu_hours_per_period",
+        "egress_mib",
+        "period_days",
+        "storage_mib",
+    ]
     list_filter = ["pool"]
+
+
+class CreditAccountForm(forms.ModelForm):
+    """The balance changes only with a ledger row: a policy admin adds a top-up, never edits
+    the balance."""
+
+    top_up = forms.DecimalField(
+        required=False, min_value=Decimal("0.0001"), max_digits=18, decimal_places=4
+    )
+    top_up_note = forms.CharField(required=False, max_length=150)
+
+    class Meta:
+        model = CreditAccount
+        fields = ["tenant", "pool"]
+
+
+class CreditChargeInline(admin.TabularInline):
+    model = CreditCharge
+    extra = 0
+    can_delete = False
+    fields = [
+        "created_at",
+        "kind",
+        "amount",
+        "balance_after",
+        "lease_id",
+        "period_start",
+        "period_end",
+        "priority_class",
+        "note",
+    ]
+    readonly_fields = fields
+    ordering = ["-created_at", "-id"]
+    max_num = 0
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(CreditAccount)
+class CreditAccountAdmin(admin.ModelAdmin):
+    form = CreditAccountForm
+    list_display = ["tenant", "pool", "balance", "updated_at"]
+    list_filter = ["pool"]
+    readonly_fields = ["balance", "created_at", "updated_at"]
+    inlines = [CreditChargeInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*self.readonly_fields, "tenant", "pool"] if obj else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        amount = form.cleaned_data.get("top_up")
+        if amount:
+            by = Actor.from_request(request).label
+            obj.top_up(amount, by=by, note=form.cleaned_data.get("top_up_note") or "")
+
+
+@admin.register(CreditCharge)
+class CreditChargeAdmin(admin.ModelAdmin):
+    """The ledger: read-only, append-only (charges by the charger, top-ups on the account)."""
+
+    list_display = ["created_at", "account", "kind", "amount", "balance_after", "lease_id"]
+    list_filter = ["kind", "account__pool"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in CreditCharge._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(AllowedRegistry)

@@ -43,6 +43,7 @@ class Reason(models.TextChoices):
     # jobs
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"
+    PLAN_CONFLICT = "plan_conflict", "Its planned node was taken by another writer; next pass"
     CAPACITY_VANISHED = "capacity_vanished", "Capacity vanished before start"
     IMAGE_INVALID = "image_invalid", "Image invalid: unreadable, missing or wrong architecture"
     IMAGE_NOT_ALLOWED = "image_not_allowed", "Image not from an allowed registry of the pool"
@@ -58,6 +59,7 @@ class Reason(models.TextChoices):
     OOM_KILLED = "oom_killed", "Killed for exceeding its memory limit"
     CANCELLED_BY_USER = "cancelled_by_user", "Cancelled by user"
     PREEMPTED = "preempted", "Preempted for priority"
+    PREEMPTING = "preempting", "Preempting lower-priority work; waits for its checkpoints"
     NODE_LOST = "node_lost", "Node lost"
     LEASE_EXPIRED = "lease_expired", "Its lease expired"
     REQUEUED = "requeued", "Returned to the queue"

@@ -34,6 +34,8 @@ POLICY_MODELS = (
     "resourceshape",
     "priorityclass",
     "quota",
+    "creditaccount",
+    "creditcharge",
     "schedulingpolicy",
     "schedulingpolicyversion",
     "allowedregistry",

@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 
 from pools.choices import DrainPolicy
 from scheduling.core import policy_problems
+from scheduling.core.queue import QUEUE_KNOBS
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -393,6 +394,30 @@ def _agent_seconds(value) -> str | None:
     return None
 
 
+def _protection_seconds(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "an integer number of seconds"
+    if not 0 <= value <= AGENT_TIMEOUT_MAX_S:
+        return f"between 0 and {AGENT_TIMEOUT_MAX_S} s"
+    return None
+
+
+CREDIT_RATE_KEYS = frozenset({"cpu_core_hour", "memory_gib_hour", "gpu_hour", "consumed_factor"})
+
+
+def _credit_rates(value) -> str | None:
+    """{class name or "default": {rate name: a non-negative number}} (leases/services/credits)."""
+    what = f'a map of priority class (or "default") to rates among {sorted(CREDIT_RATE_KEYS)}'
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        return what
+    for rates in value.values():
+        for key, rate in rates.items():
+            number = isinstance(rate, int | float) and not isinstance(rate, bool)
+            if key not in CREDIT_RATE_KEYS or not number or not 0 <= rate <= 1e9:
+                return what + ", each a number from 0 to 1e9"
+    return None
+
+
 # knob name → check returning what the value must be, or None when it is valid.
 KNOBS = {
     "reservation_max_horizon_s": _reservation_seconds,
@@ -404,6 +429,11 @@ KNOBS = {
     "startup_timeout_s": _agent_seconds,
     "stop_grace_s": _agent_seconds,
     "output_retention_days": _retention_days,
+    # preemption (scheduling/core/preemption.py): fresh work is protected this long
+    "preemption_min_runtime_s": _protection_seconds,
+    "credit_rates": _credit_rates,
+    # the queue's order and gate (scheduling/core/queue.py: the checks live with the defaults)
+    **QUEUE_KNOBS,
 }
 
 

@@ -1,15 +1,22 @@
-"""Console pages for a person's own API tokens."""
+"""Console pages of pools: a person's own API tokens, and a tenant admin's members."""
 
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.shortcuts import get_object_or_404, render
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from . import selectors, services
 from .actors import Actor
+from .api.serializers import MembershipSerializer
+from .choices import TenantRole
 from .forms import ApiTokenForm
+from .models import Membership
+
+MEMBERS_PAGE_SIZE = 50
 
 
 @login_required
@@ -41,3 +48,48 @@ def token_revoke(request, pk):
     token = get_object_or_404(selectors.tokens_visible_to(Actor.from_request(request)), pk=pk)
     services.api_token_revoke(token=token)
     return render(request, "console/_token_row.html", {"token": token})
+
+
+@login_required
+def members_page(request):
+    """The members of the tenants this person administers; adding one by username answers the
+    same whether or not the name may join (services.member_add: no enumeration)."""
+    actor = Actor.from_request(request)
+    admin_of = [t for t in selectors.tenants_visible_to(actor) if actor.is_tenant_admin(t.pk)]
+    errors = {}
+    if request.method == "POST":
+        tenant = next((t for t in admin_of if t.slug == request.POST.get("tenant")), None)
+        if tenant is None:  # not a tenant of theirs to administer: as if it did not exist
+            raise Http404("No tenant you administer has this slug.")
+        body = MembershipSerializer(
+            data={"user": request.POST.get("username", ""), **_role(request)}
+        )
+        if body.is_valid():
+            services.member_add(
+                tenant=tenant,
+                username=body.validated_data["user"],
+                role=body.validated_data["role"],
+            )
+            return redirect(f"{request.path}?added=1")
+        errors = {field: " ".join(map(str, messages)) for field, messages in body.errors.items()}
+    memberships = (
+        Membership.objects.filter(tenant__in=admin_of)
+        .select_related("user", "tenant")
+        .order_by("tenant__slug", "user__username")
+    )
+    page = Paginator(memberships, MEMBERS_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "admin_of": admin_of,
+        "page": page,
+        "memberships": page.object_list,
+        "roles": TenantRole.choices,
+        "errors": errors,
+        "values": request.POST,
+        "added": request.GET.get("added") == "1",
+    }
+    return render(request, "console/members.html", context)
+
+
+def _role(request) -> dict:
+    role = request.POST.get("role")
+    return {"role": role} if role else {}

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.choices import ACTIVE, JobState
+from jobs.lifecycle import job_request_checkpoint
 from jobs.models import Job
 from jobs.services import job_transition
 from leases.choices import HOLDING
@@ -73,14 +74,11 @@ def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[
                 outcome["left_running"].append(job.pk)
                 continue
             to, what, bucket, end_leases = step
-            job_transition(
-                job=job,
-                to=to,
-                actor=actor,
-                reason=Reason.DRAIN_DEADLINE,
-                message=f"{why}: {what}",
-                now=now,
-            )
+            details = {"reason": Reason.DRAIN_DEADLINE, "message": f"{why}: {what}", "now": now}
+            if to == JobState.CHECKPOINTING:
+                job_request_checkpoint(job=job, actor=actor, **details)
+            else:
+                job_transition(job=job, to=to, actor=actor, **details)
             if end_leases:
                 end_job_leases(node, job, actor=actor, now=now)
             outcome[bucket].append(job.pk)

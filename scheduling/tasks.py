@@ -2,10 +2,16 @@
 safe to run on several workers at once (per-job transactions with SKIP LOCKED). One bad job
 never fails a task: the pass records it on that job and goes on."""
 
+import logging
+
 from celery import shared_task
 
+from jobs.choices import JobState
+from jobs.models import Job
 from leases.tasks import parse_now
-from scheduling import drain, passes
+from scheduling import drain, forecast, health, passes
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="scheduling.pass")
@@ -22,3 +28,26 @@ def requeue_stranded_jobs(now=None) -> list[int]:
 @shared_task(name="scheduling.drain_sweep")
 def drain_sweep(now=None) -> dict[str, list[int]]:
     return drain.node_drain_sweep(now=parse_now(now))
+
+
+@shared_task(name="scheduling.forecast_refresh")
+def forecast_refresh(now=None) -> dict[int, int]:
+    """Each pool's queued jobs get their queue class and predicted start window (one pool's
+    failure is logged and the others go on)."""
+    now = parse_now(now)
+    refreshed = {}
+    for pool_id in (
+        Job.objects.filter(state=JobState.QUEUED).values_list("pool_id", flat=True).distinct()
+    ):
+        try:
+            refreshed[pool_id] = forecast.refresh(pool_id, now)
+        except Exception:
+            logger.exception("forecast of pool %s failed", pool_id)
+    return refreshed
+
+
+@shared_task(name="scheduling.sample_capacity")
+def sample_capacity() -> int:
+    """Each pool's capacity sampled for the operators' utilisation charts (one pool's failure
+    is recorded on its sample and the others go on)."""
+    return health.sample_capacity()

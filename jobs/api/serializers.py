@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from jobs.choices import JobState
 from jobs.images import admit_image
 from jobs.lifecycle import gpu_isolation
 from jobs.models import Job, JobEvent, JobOutput
@@ -30,10 +31,14 @@ def _newest_lease(job):
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    shape = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    priority_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # null when the job has none: said in the schema (fuzzing found the mismatch)
+    shape = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    priority_class = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
     usage = serializers.SerializerMethodField()
     gpu_isolation = serializers.SerializerMethodField()
+    forecast = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -73,6 +78,7 @@ class JobSerializer(serializers.ModelSerializer):
             "created_at",
             "pending_reason",
             "pending_checked_at",
+            "forecast",
         ]
 
     # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the
@@ -81,6 +87,10 @@ class JobSerializer(serializers.ModelSerializer):
     def get_gpu_isolation(self, job) -> str:
         """exclusive | mig | shared-not-isolated (time-slice/MPS) | none (no GPUs)."""
         return gpu_isolation(job.resources)
+
+    def get_forecast(self, job) -> dict:
+        """While queued: {"queue_class", "earliest", "latest"} (scheduling/forecast.py)."""
+        return job.forecast if job.state == JobState.QUEUED else {}
 
     def get_usage(self, job) -> dict:
         """Peak and average use of the job's newest lease (recorded from heartbeats)."""

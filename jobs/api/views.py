@@ -15,7 +15,7 @@ from jobs.api.serializers import (
 )
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
-from pools.api.throttles import PlacementThrottle
+from pools.api.throttles import PlacementThrottle, TokenThrottle
 
 EVENTS_MAX = 1000
 
@@ -31,7 +31,8 @@ def _query_int(request, name: str, default: int, *, minimum: int, maximum: int |
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPerson]
-    throttle_classes = [PlacementThrottle]  # submits only: see placement_tenant
+    # submit and explain only: per token (TokenThrottle), per tenant (see placement_tenant)
+    throttle_classes = [TokenThrottle, PlacementThrottle]
     serializer_class = JobSerializer
     filterset_fields = {
         "state": ["exact", "in"],
@@ -82,7 +83,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         ],
         responses=JobEventSerializer(many=True),
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a list; its cursor: Link
     def events(self, request, pk=None):
         """The job's events, oldest first, as a list. Cursor-paginated: a page that is not the
         last carries `Link: <…?after=ID&limit=N>; rel="next"`; a client that follows the job
@@ -115,7 +116,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses=JobOutputSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list
     def outputs(self, request, pk=None):
         """The files the newest attempt wrote to /outputs: name, size, sha256."""
         outputs = artifacts.job_outputs(self.get_object())

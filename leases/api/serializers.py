@@ -183,6 +183,8 @@ class LeaseCreateSerializer(KnownFieldsOnly, serializers.Serializer):
     def validate_tenant(self, slug):
         actor = Actor.from_request(self.context["request"])
         tenant = Tenant.objects.visible_to(actor).filter(slug=slug).first()
+        if tenant is not None and not (actor.is_operator or tenant.pk in actor.tenant_roles):
+            tenant = None  # seeing a tenant (policy admins see all) is not reserving for it
         if tenant is None:
             # The same answer for "does not exist" and "not yours": tenants stay invisible.
             raise serializers.ValidationError("No tenant of yours has this slug.")
@@ -228,11 +230,18 @@ class RenewSerializer(FencedSerializer):
     duration_s = serializers.IntegerField(min_value=1, max_value=MAX_DURATION_S, required=False)
 
 
-class ReleaseSerializer(serializers.Serializer):
+class NodeFencedSerializer(serializers.Serializer):
+    """A node's agent proves which lease it updates with its fencing token (leases/api/views.py
+    requires it of nodes); a person or an operator may leave it out."""
+
+    fencing_token = serializers.IntegerField(required=False)
+
+
+class ReleaseSerializer(NodeFencedSerializer):
     message = serializers.CharField(max_length=500, required=False, default="")
 
 
-class UsageSerializer(serializers.Serializer):
+class UsageSerializer(NodeFencedSerializer):
     """The columns' range here; what the lease and its node allow is checked by
     `services.lease_report_usage` (field errors as well)."""
 

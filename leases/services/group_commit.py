@@ -196,7 +196,7 @@ def _run_batch(batch: list[Pending]) -> None:
                                 tenant,
                                 lease.cpu_millicores,
                                 lease.memory_mib,
-                                len(lease.gpu_allocations),
+                                lease.gpu_share,
                             )
                         with transaction.atomic():
                             ledger.insert_taking_node_capacity(lease, event)

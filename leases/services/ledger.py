@@ -16,7 +16,7 @@ means another writer took the capacity first: `Conflict`, and the caller re-plan
 from __future__ import annotations
 
 import orjson
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.lookups import Exact
 
@@ -41,8 +41,12 @@ def postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
-def gpu_allocations(placement: core.Placement, view: snap.Snapshot, node_id: int) -> list[dict]:
-    node = view.node(placement.node)
+def gpu_allocations(
+    placement: core.Placement, view: snap.Snapshot, node_id: int, node: core.NodeView | None = None
+) -> list[dict]:
+    """The lease's GPU rows; `node`: the placement's node view when the caller has it (finding
+    it by name in the snapshot is a scan)."""
+    node = node or view.node(placement.node)
     by_index = {g.index: g for g in node.gpus}
     out = []
     for share in placement.devices:
@@ -64,8 +68,8 @@ def gpu_allocations(placement: core.Placement, view: snap.Snapshot, node_id: int
     return sorted(out, key=lambda a: a["gpu"])
 
 
-def _placement_record(placement: core.Placement) -> dict:
-    return {
+def _placement_record(placement: core.Placement, decision: dict | None = None) -> dict:
+    record = {
         "node": placement.node,
         "score": placement.score,
         "score_breakdown": dict(placement.score_breakdown),
@@ -77,6 +81,9 @@ def _placement_record(placement: core.Placement) -> dict:
         # the NUMA node CPU and memory come from when the request pinned one: the agent's cpuset
         "numa_node": placement.numa_node,
     }
+    if decision is not None:  # how the scheduling pass chose (scheduling.core.batch)
+        record["decision"] = decision
+    return record
 
 
 def build_reserved(
@@ -95,9 +102,11 @@ def build_reserved(
     now,
     attempts,
     backfill_of: Lease | None = None,
+    decision: dict | None = None,
 ) -> tuple[Lease, LeaseEvent]:
-    """The new lease (reserved) and its `reserved` event, not saved yet."""
-    record = {**_placement_record(placement), "attempts": attempts}
+    """The new lease (reserved) and its `reserved` event, not saved yet. `decision`: the
+    pass's decision record, kept in the lease's placement."""
+    record = {**_placement_record(placement, decision), "attempts": attempts}
     message = f"reserved on {placement.node}"
     data = {"node": placement.node, "score": placement.score}
     if window:
@@ -190,23 +199,24 @@ def _insert_fields(model, *, without: str = "") -> list:
     return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != without]
 
 
-_GROUP_INSERT_SQL: list[str] = []
+_INSERT_SQL: dict[bool, str] = {}
 
 
-def _group_insert_sql() -> str:
-    """The statement of `insert_group_taking_node_capacity`, built once from the models.
+def _insert_sql(guarded: bool = True) -> str:
+    """The statement of `insert_group_taking_node_capacity` (`guarded`) and `insert_many`,
+    built once from the models.
 
     The rows travel as ONE json parameter ([{"l": lease row, "e": event row}, ...]) and
     json_populate_record types each column from the table itself, so the statement text is the
     same for every batch size (psycopg and PostgreSQL parse it once) and no per-value quoting
-    happens in Python."""
-    if not _GROUP_INSERT_SQL:
+    happens in Python. Guarded: inserted only when the node UPDATE for their sum matched."""
+    if guarded not in _INSERT_SQL:
         q = connection.ops.quote_name
         lease_cols = [q(f.column) for f in _insert_fields(Lease)]
         event_cols = [q(f.column) for f in _insert_fields(LeaseEvent, without="lease_id")]
         lease_t, event_t = Lease._meta.db_table, LeaseEvent._meta.db_table
-        _GROUP_INSERT_SQL.append(
-            f"WITH taken AS (UPDATE {Node._meta.db_table} SET "
+        taken = (
+            f"taken AS (UPDATE {Node._meta.db_table} SET "
             "cpu_millicores_reserved = cpu_millicores_reserved + %(cpu)s, "
             "memory_mib_reserved = memory_mib_reserved + %(mem)s, "
             "scratch_mib_reserved = scratch_mib_reserved + %(scratch)s "
@@ -214,8 +224,11 @@ def _group_insert_sql() -> str:
             "AND cpu_millicores_reserved <= cpu_millicores_allocatable - %(cpu)s "
             "AND memory_mib_reserved <= memory_mib_allocatable - %(mem)s "
             "AND scratch_mib_reserved <= scratch_mib_allocatable - %(scratch)s RETURNING id), "
+        )
+        _INSERT_SQL[guarded] = (
+            f"WITH {taken if guarded else ''}"
             f"src AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('{lease_t}', 'id')) "
-            "AS id, d.o, d.doc FROM taken, "
+            f"AS id, d.o, d.doc FROM {'taken, ' if guarded else ''}"
             "json_array_elements(CAST(%(rows)s AS json)) WITH ORDINALITY AS d(doc, o)), "
             f"ins AS (INSERT INTO {lease_t} (id, {', '.join(lease_cols)}) "
             f"SELECT src.id, {', '.join('r.' + c for c in lease_cols)} FROM src, "
@@ -225,13 +238,10 @@ def _group_insert_sql() -> str:
             f"json_populate_record(NULL::{event_t}, src.doc -> 'e') AS r) "
             "SELECT id FROM src ORDER BY o"
         )
-    return _GROUP_INSERT_SQL[0]
+    return _INSERT_SQL[guarded]
 
 
-def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> bool:
-    """Leases on ONE node (their GPUs are taken afterwards) in one statement: one guarded node
-    UPDATE for their sum, then the leases and their events, inserted only when it matched.
-    False (nothing written) when the node no longer has room for all of them."""
+def _rows_json(pairs: list[tuple[Lease, LeaseEvent]]) -> str:
     lease_fields = _insert_fields(Lease)
     event_fields = _insert_fields(LeaseEvent, without="lease_id")
     rows = [
@@ -241,6 +251,23 @@ def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> 
         }
         for lease, event in pairs
     ]
+    # orjson writes datetimes as RFC 3339 with their microseconds (DjangoJSONEncoder would
+    # cut them to milliseconds) and is ~5x faster than json.dumps here
+    return orjson.dumps(rows).decode()
+
+
+def _saved(pairs: list[tuple[Lease, LeaseEvent]], ids: list[int]) -> None:
+    for (lease, event), pk in zip(pairs, ids, strict=True):
+        lease.pk = pk
+        lease._state.adding = False
+        lease._state.db = "default"
+        event.lease_id = pk
+
+
+def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> bool:
+    """Leases on ONE node (their GPUs are taken afterwards) in one statement: one guarded node
+    UPDATE for their sum, then the leases and their events, inserted only when it matched.
+    False (nothing written) when the node no longer has room for all of them."""
     params = {
         "cpu": sum(lease.cpu_millicores for lease, _ in pairs),
         "mem": sum(lease.memory_mib for lease, _ in pairs),
@@ -248,21 +275,135 @@ def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> 
         "node": pairs[0][0].node_id,
         "ready": NodeState.READY.value,
         "reachable": Reachability.REACHABLE.value,
-        # orjson writes datetimes as RFC 3339 with their microseconds (DjangoJSONEncoder would
-        # cut them to milliseconds) and is ~5x faster than json.dumps here
-        "rows": orjson.dumps(rows).decode(),
+        "rows": _rows_json(pairs),
     }
     with connection.cursor() as cursor:
-        cursor.execute(_group_insert_sql(), params)
+        cursor.execute(_insert_sql(), params)
         ids = [row[0] for row in cursor.fetchall()]
     if len(ids) != len(pairs):
         return False
-    for (lease, event), pk in zip(pairs, ids, strict=True):
-        lease.pk = pk
-        lease._state.adding = False
-        lease._state.db = "default"
-        event.lease_id = pk
+    _saved(pairs, ids)
     return True
+
+
+def insert_many(pairs: list[tuple[Lease, LeaseEvent]]) -> None:
+    """Leases and their events on any nodes, in one statement, after `take_capacity_many` took
+    their capacity in the same transaction."""
+    if not pairs:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(guarded=False), {"rows": _rows_json(pairs)})
+        _saved(pairs, [row[0] for row in cursor.fetchall()])
+
+
+class _Partial(Exception):
+    """Some nodes' parts did not take: roll the attempt back and retry without them."""
+
+    def __init__(self, failed: set[int]):
+        super().__init__(f"{len(failed)} nodes conflicted")
+        self.failed = failed
+
+
+def take_capacity_many(leases: list[Lease], *, allow_mixing: bool) -> set[int]:
+    """Guarded writes for many new leases at once (a scheduling pass's plan), per node all or
+    nothing: returns the ids of the nodes whose leases took their capacity; for the others
+    nothing is written (another writer took the capacity first, or the node is no longer
+    ready and reachable), and their leases must not be inserted.
+
+    The node rows, then the GPU rows, are locked in id order first (the lock order of every
+    path); then one guarded UPDATE takes every node's sum and one takes every GPU's part, with
+    the guards of `insert_taking_node_capacity` and `take_gpus`. A node whose node or GPU guard
+    fails is dropped: the attempt rolls back to its savepoint and is redone without it."""
+    nodes: dict[int, list[int]] = {}
+    gpus: dict[int, dict] = {}
+    for lease in leases:
+        total = nodes.setdefault(lease.node_id, [0, 0, 0])
+        total[0] += lease.cpu_millicores
+        total[1] += lease.memory_mib
+        total[2] += lease.scratch_mib
+        for alloc in lease.gpu_allocations:
+            part = gpus.setdefault(
+                alloc["gpu"],
+                {"id": alloc["gpu"], "node": lease.node_id, "milli": 0, "mask": 0, "whole": False},
+            )
+            part["mask"] |= alloc["mig_slots"]
+            if not alloc["mig_slots"]:
+                part["milli"] += alloc["milli"]
+                part["whole"] = part["whole"] or alloc["milli"] >= 1000
+                if alloc["milli"] < 1000 and not allow_mixing:
+                    part["tenant"] = lease.tenant_id  # a share sets who holds the device
+    if not nodes:
+        return set()
+    with connection.cursor() as cursor:  # lock order: nodes, then GPUs, each by id
+        cursor.execute(
+            f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+            [sorted(nodes)],
+        )
+        if gpus:
+            cursor.execute(
+                f"SELECT id FROM {GpuDevice._meta.db_table} WHERE id = ANY(%s) "
+                "ORDER BY id FOR UPDATE",
+                [sorted(gpus)],
+            )
+    candidates = set(nodes)
+    while candidates:
+        try:
+            with transaction.atomic():
+                failed = _take_many(
+                    {n: nodes[n] for n in candidates},
+                    [g for g in gpus.values() if g["node"] in candidates],
+                )
+                if failed:
+                    raise _Partial(failed)
+            return candidates
+        except _Partial as partial:
+            candidates -= partial.failed
+    return candidates
+
+
+def _take_many(nodes: dict[int, list[int]], gpus: list[dict]) -> set[int]:
+    """One guarded UPDATE for the nodes' sums and one for the GPUs' parts; the ids of the nodes
+    where any row did not take."""
+    rows = [{"id": n, "cpu": c, "mem": m, "scratch": s} for n, (c, m, s) in nodes.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Node._meta.db_table} n SET "
+            "cpu_millicores_reserved = n.cpu_millicores_reserved + d.cpu, "
+            "memory_mib_reserved = n.memory_mib_reserved + d.mem, "
+            "scratch_mib_reserved = n.scratch_mib_reserved + d.scratch "
+            "FROM json_to_recordset(CAST(%s AS json)) "
+            "AS d(id bigint, cpu integer, mem integer, scratch integer) "
+            "WHERE n.id = d.id AND n.state = %s AND n.reachability = %s "
+            "AND n.cpu_millicores_reserved <= n.cpu_millicores_allocatable - d.cpu "
+            "AND n.memory_mib_reserved <= n.memory_mib_allocatable - d.mem "
+            "AND n.scratch_mib_reserved <= n.scratch_mib_allocatable - d.scratch RETURNING n.id",
+            [orjson.dumps(rows).decode(), NodeState.READY.value, Reachability.REACHABLE.value],
+        )
+        failed = set(nodes) - {row[0] for row in cursor.fetchall()}
+        if not gpus:
+            return failed
+        # a MIG slice: its memory slices free; a whole device: nothing on it; a share: room,
+        # and (tenants not mixing) nobody else's share on it
+        cursor.execute(
+            f"UPDATE {GpuDevice._meta.db_table} g SET "
+            "milli_reserved = g.milli_reserved + d.milli, "
+            "mig_slots_used = g.mig_slots_used + d.mask, "
+            "share_tenant_id = COALESCE(d.tenant, g.share_tenant_id) "
+            "FROM json_to_recordset(CAST(%s AS json)) "
+            "AS d(id bigint, node bigint, milli integer, mask integer, whole boolean, "
+            "tenant bigint) "
+            "WHERE g.id = d.id AND g.node_id = d.node AND g.healthy AND ("
+            "(d.mask > 0 AND g.mig_enabled AND g.mig_slots_used & d.mask = 0) "
+            "OR (d.mask = 0 AND d.whole AND g.milli_reserved = 0 AND NOT g.mig_enabled "
+            "AND g.mig_slots_used = 0) "
+            "OR (d.mask = 0 AND NOT d.whole AND NOT g.mig_enabled "
+            "AND g.milli_reserved <= 1000 - d.milli "
+            "AND (d.tenant IS NULL OR g.share_tenant_id IS NULL OR g.share_tenant_id = d.tenant))"
+            ") RETURNING g.id",
+            [orjson.dumps(gpus).decode()],
+        )
+        took = {row[0] for row in cursor.fetchall()}
+    return failed | {g["node"] for g in gpus if g["id"] not in took}
 
 
 def take_gpus(lease: Lease, *, allow_mixing: bool) -> None:

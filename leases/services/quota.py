@@ -1,33 +1,78 @@
-"""Quotas: a tenant's cap on what it holds in a pool, checked under the quota row's lock in the
-reserve's transaction.
+"""Quotas and credit: a tenant's caps in a pool, checked under the quota row's lock in the
+reserve's transaction, and read once per pass by the scheduler (`quota_headroom`,
+`tenants_at_quota`).
 
-Whether a (tenant, pool) HAS a quota row is configuration: cached per process for a few
-seconds (a quota created or deleted takes effect within QUOTA_CACHE_SECONDS in other
-processes, at once in this one). Usage against an existing quota is always checked under the
-quota row's lock (`check_quota`), never cached.
+Dimensions (docs/leases.md): held now — `leases`, `cpu_millicores`, `memory_mib`, `gpus` (a
+GPU by its real share, `leases.models.gpu_share`) — refuse what would go over; accrued — per
+period `gpu_hours` (only a request with GPUs), `egress_mib`, and `storage_mib` of the jobs'
+outputs — refuse new work once used up, and what runs goes on. Every refusal names its
+dimension (`QuotaRefused`). A credit account at or below zero refuses new work
+(`credit_exhausted`); running work is not touched.
+
+Whether a (tenant, pool) HAS a quota row or a credit account is configuration: cached per
+process for a few seconds (a quota or account created or deleted takes effect within
+QUOTA_CACHE_SECONDS in other processes, at once in this one). Usage against an existing quota
+is always checked under the quota row's lock (`check_quota`), never cached.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
+from django.db.models.fields.json import KT
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
+from django.utils import timezone
 
 from leases.choices import HOLDING
-from leases.models import Lease
-from pools.models import Quota
+from leases.models import Lease, gpu_share
+from pools.models import CreditAccount, Quota, Tenant
 from pools.statemachine import TransitionRefused
 
 QUOTA_CACHE_SECONDS = 5.0
-_has_quota: dict[tuple[int, int], tuple[float, bool]] = {}
+# pair → (when read, has a quota row, has a credit account)
+_limited: dict[tuple[int, int], tuple[float, bool, bool]] = {}
+MIB = 1024 * 1024
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+GPU_EPSILON = 1e-9  # seven 1/7 shares add up to 0.999…: compare GPUs with this slack
+
+HELD = ("leases", "cpu_millicores", "memory_mib", "gpus")
+ACCRUED = ("gpu_hours", "egress_mib", "storage_mib")
+DIMENSIONS = HELD + ACCRUED
+
+
+class QuotaRefused(TransitionRefused):
+    """`quota_exceeded`, naming the first dimension it exceeds; the API body carries
+    `dimension` beside `code` and `detail`."""
+
+    def __init__(self, dimension: str, message: str):
+        super().__init__("quota_exceeded", message)
+        self.dimension = dimension
+        self.extra = {"dimension": dimension}
+
+
+class CreditExhausted(TransitionRefused):
+    def __init__(self, message: str):
+        super().__init__("credit_exhausted", message)
+
+
+def explanation(refusal: TransitionRefused) -> dict:
+    """A refusal as a job's pending_reason: {"code", "message"} and, for a quota, "dimension"."""
+    return {"code": refusal.code, "message": refusal.message, **refusal.extra}
 
 
 @receiver([post_save, post_delete], sender=Quota)
 def _forget_quotas(sender, instance, **kwargs):
-    _has_quota.clear()
+    _limited.clear()
+
+
+@receiver([post_save, post_delete], sender=CreditAccount)
+def _forget_accounts(sender, instance, created=True, **kwargs):
+    if created:  # a balance change (every charge) leaves the cache alone
+        _limited.clear()
 
 
 def lock_quotas(pairs: set[tuple[int, int]]) -> None:
@@ -40,105 +85,264 @@ def lock_quotas(pairs: set[tuple[int, int]]) -> None:
         )
 
 
-def pairs_with_quota(pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """The (tenant id, pool id) pairs that have a quota row (cached as described above)."""
+def _limits_of(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[bool, bool]]:
+    """pair → (has a quota row, has a credit account), cached as described above."""
     now = time.monotonic()
-    known = {pair: _has_quota.get(pair) for pair in pairs}
+    known = {pair: _limited.get(pair) for pair in pairs}
     if all(hit is not None and now - hit[0] < QUOTA_CACHE_SECONDS for hit in known.values()):
-        return {pair for pair, hit in known.items() if hit[1]}
+        return {pair: hit[1:] for pair, hit in known.items()}
     tenants, pools = zip(*pairs, strict=True)
+    args = [list(set(tenants)), list(set(pools))]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT tenant_id, pool_id FROM {Quota._meta.db_table} "
+            f"SELECT tenant_id, pool_id, 1 FROM {Quota._meta.db_table} "
+            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s) UNION ALL "
+            f"SELECT tenant_id, pool_id, 2 FROM {CreditAccount._meta.db_table} "
             "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s)",
-            [list(set(tenants)), list(set(pools))],
+            args + args,
         )
-        found = {tuple(row) for row in cursor.fetchall()} & pairs
-    if len(_has_quota) > 10_000:
-        _has_quota.clear()
-    for pair in pairs:
-        _has_quota[pair] = (now, pair in found)
+        rows = cursor.fetchall()
+    if len(_limited) > 10_000:
+        _limited.clear()
+    found = {pair: (False, False) for pair in pairs}
+    for tenant_id, pool_id, kind in rows:
+        if (tenant_id, pool_id) in found:
+            has_quota, has_account = found[(tenant_id, pool_id)]
+            found[(tenant_id, pool_id)] = (has_quota or kind == 1, has_account or kind == 2)
+    for pair, flags in found.items():
+        _limited[pair] = (now, *flags)
     return found
 
 
-def check_quota(pool, tenant, cpu: int, memory: int, gpus: int) -> None:
-    """Inside the apply transaction; the quota row lock serialises a tenant's reserves."""
+def pairs_with_quota(pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The (tenant id, pool id) pairs that `check_quota` must see: with a quota row or a credit
+    account (cached as described above)."""
+    return {pair for pair, flags in _limits_of(pairs).items() if any(flags)}
+
+
+# --- what a tenant uses -----------------------------------------------------------------------
+
+
+def quota_period(period_days: int, now) -> tuple[datetime, datetime]:
+    """The current period of a quota: consecutive `period_days` counted from 1970-01-01 UTC."""
+    length = timedelta(days=max(1, period_days))
+    start = EPOCH + ((now - EPOCH) // length) * length
+    return start, start + length
+
+
+def quota_limits(quota: Quota | None) -> dict:
+    if quota is None:
+        return dict.fromkeys(DIMENSIONS)
+    return {
+        "leases": quota.max_leases,
+        "cpu_millicores": quota.cpu_millicores,
+        "memory_mib": quota.memory_mib,
+        "gpus": quota.gpus,
+        "gpu_hours": quota.gpu_hours_per_period,
+        "egress_mib": quota.egress_mib,
+        "storage_mib": quota.storage_mib,
+    }
+
+
+def _held_hours(row: dict, start, now) -> float:
+    """Hours of [start, now] the lease held its capacity (from its reserve to its end)."""
+    end = row["ended_at"] or (row["state_changed_at"] if row["state"] not in HOLDING else now)
+    seconds = (min(end, now) - max(row["created_at"], start)).total_seconds()
+    return max(0.0, seconds) / 3600
+
+
+def usage(quotas: dict[tuple[int, int], Quota | None], now=None, *, every=False) -> dict:
+    """(tenant id, pool id) → what the tenant uses of each dimension in the pool: held now
+    (leases, CPU, memory, GPU shares of its holding leases, backfill aside: it borrows another
+    lease's capacity), accrued in the quota's current period (GPU-hours held, egress measured
+    by the agent, `net_tx_bytes`), and the jobs' stored outputs. An accrued dimension is read
+    only where the quota limits it, unless `every` (for the quotas API)."""
+    now = now or timezone.now()
+    used = {pair: dict.fromkeys(DIMENSIONS, 0.0) for pair in quotas}
+    if not quotas:
+        return used
+    tenants, pools = {t for t, _ in quotas}, {p for _, p in quotas}
+    holding = Lease.objects.filter(
+        state__in=HOLDING, backfill_of__isnull=True, tenant_id__in=tenants, pool_id__in=pools
+    ).order_by()
+    for row in holding.values("tenant_id", "pool_id").annotate(
+        n=Count("id"), cpu=Sum("cpu_millicores"), memory=Sum("memory_mib")
+    ):
+        if (pair := (row["tenant_id"], row["pool_id"])) in used:
+            used[pair].update(leases=row["n"], cpu_millicores=row["cpu"], memory_mib=row["memory"])
+    gpu_rows = holding.exclude(gpu_allocations=[]).values_list(
+        "tenant_id", "pool_id", "gpu_allocations"
+    )
+    for tenant_id, pool_id, allocations in gpu_rows:
+        if (pair := (tenant_id, pool_id)) in used:
+            used[pair]["gpus"] += gpu_share(allocations)
+
+    def wanted(dimension):
+        return {
+            p for p, q in quotas.items() if every or (q and quota_limits(q)[dimension] is not None)
+        }
+
+    periods = {
+        pair: quota_period(quota.period_days if quota else 30, now)[0]
+        for pair, quota in quotas.items()
+    }
+    if timed := wanted("gpu_hours") | wanted("egress_mib"):
+        overlapping = Lease.objects.filter(
+            tenant_id__in={t for t, _ in timed},
+            pool_id__in={p for _, p in timed},
+            created_at__lt=now,
+        ).filter(Q(ended_at__isnull=True) | Q(ended_at__gt=min(periods[p] for p in timed)))
+        rows = overlapping.order_by().values(
+            "tenant_id",
+            "pool_id",
+            "state",
+            "state_changed_at",
+            "created_at",
+            "ended_at",
+            "gpu_allocations",
+            "backfill_of_id",
+            tx=KT("usage_peak__net_tx_bytes"),
+        )
+        for row in rows:
+            pair = (row["tenant_id"], row["pool_id"])
+            if pair not in timed:
+                continue
+            hours = _held_hours(row, periods[pair], now)
+            if not hours and (row["ended_at"] or now) <= periods[pair]:
+                continue  # ended before this period began
+            if row["gpu_allocations"] and row["backfill_of_id"] is None:
+                used[pair]["gpu_hours"] += gpu_share(row["gpu_allocations"]) * hours
+            used[pair]["egress_mib"] += int(row["tx"] or 0) / MIB
+    for pool_id in {p for _, p in wanted("storage_mib")}:
+        tenant_ids = {t for t, p in wanted("storage_mib") if p == pool_id}
+        for tenant_id, size in stored_bytes(pool_id, tenant_ids).items():
+            used[(tenant_id, pool_id)]["storage_mib"] = size / MIB
+    return used
+
+
+def stored_bytes(pool_id: int, tenant_ids) -> dict[int, int]:
+    """tenant id → bytes of its jobs' outputs in the pool (`JobOutput.size`, read through the
+    tenant's `jobs` relation: the ledger imports nothing of jobs, docs/architecture.md)."""
+    stored = Tenant.objects.filter(pk__in=set(tenant_ids)).annotate(
+        stored=Sum("jobs__outputs__size", filter=Q(jobs__pool_id=pool_id))
+    )
+    return {tenant_id: size or 0 for tenant_id, size in stored.values_list("pk", "stored")}
+
+
+def check_storage(tenant_id: int, pool_id: int, size: int) -> None:
+    """At an output's upload, inside its transaction: refuses (`storage_mib`) an output of
+    `size` bytes that would take the tenant's stored outputs in the pool past its quota. Under
+    the quota row's lock, so two uploads cannot both squeeze into the last megabytes."""
+    quota = (
+        Quota.objects.select_for_update()
+        .filter(tenant_id=tenant_id, pool_id=pool_id, storage_mib__isnull=False)
+        .values_list("storage_mib", flat=True)
+        .first()
+    )
+    if quota is None:
+        return
+    after = (stored_bytes(pool_id, [tenant_id])[tenant_id] + size) / MIB
+    if after > quota:
+        raise QuotaRefused("storage_mib", f"Quota exceeded: storage_mib {after:.4g} > {quota}")
+
+
+def _balances(pairs) -> dict[tuple[int, int], object]:
+    tenants, pools = {t for t, _ in pairs}, {p for _, p in pairs}
+    rows = CreditAccount.objects.filter(tenant_id__in=tenants, pool_id__in=pools)
+    found = {(t, p): b for t, p, b in rows.values_list("tenant_id", "pool_id", "balance")}
+    return {pair: found[pair] for pair in pairs if pair in found}
+
+
+# --- refusing --------------------------------------------------------------------------------
+
+
+def refusal(limits: dict, used: dict, wanted: dict) -> tuple[str, str]:
+    """(dimension, message) of the first dimension one more lease of `wanted` would exceed —
+    held: what it would hold over the limit; accrued: nothing left this period — or ("", "")."""
+    over = []
+    for name in HELD:
+        limit = limits[name]
+        if limit is not None and used[name] + wanted[name] > limit + GPU_EPSILON:
+            over.append((name, f"{name} {used[name] + wanted[name]:g} > {limit:g}"))
+    for name in ACCRUED:
+        limit = limits[name]
+        if limit is None or (name == "gpu_hours" and not wanted["gpus"]):
+            continue
+        if used[name] >= limit:
+            period = "" if name == "storage_mib" else " this period"
+            over.append((name, f"{name} {used[name]:.4g} of {limit:g} used{period}"))
+    if not over:
+        return "", ""
+    return over[0][0], "Quota exceeded: " + ", ".join(message for _, message in over)
+
+
+def credit_refusal(balance) -> str:
+    if balance is None or balance > 0:
+        return ""
+    return (
+        f"Credit exhausted: balance {balance:.2f} in this pool; running work goes on, new work "
+        "waits for a top-up."
+    )
+
+
+def check_quota(pool, tenant, cpu: int, memory: int, gpus: float, *, now=None) -> None:
+    """Inside the apply transaction; the quota row lock serialises a tenant's reserves. `gpus`:
+    the GPU share of the placement (`gpu_share` of its allocations)."""
     # Plain SQL (the ORM's query compilation was a measurable share of a reserve's CPU).
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    fields = [f.name for f in Quota._meta.concrete_fields if f.name not in ("id", "tenant", "pool")]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT max_leases, cpu_millicores, memory_mib, gpus FROM {Quota._meta.db_table} "
-            "WHERE tenant_id = %s AND pool_id = %s" + lock,
-            [tenant.pk, pool.pk],
+            f"SELECT {', '.join(fields)}, (SELECT balance FROM {CreditAccount._meta.db_table} "
+            "WHERE tenant_id = %s AND pool_id = %s) "
+            f"FROM {Quota._meta.db_table} WHERE tenant_id = %s AND pool_id = %s" + lock,
+            [tenant.pk, pool.pk, tenant.pk, pool.pk],
         )
         row = cursor.fetchone()
     if row is None:
+        if _limits_of({(tenant.pk, pool.pk)})[(tenant.pk, pool.pk)][1]:
+            balance = _balances({(tenant.pk, pool.pk)}).get((tenant.pk, pool.pk))
+            if message := credit_refusal(balance):
+                raise CreditExhausted(message)
         return
-    quota = Quota(max_leases=row[0], cpu_millicores=row[1], memory_mib=row[2], gpus=row[3])
-    held = list(
-        Lease.objects.filter(
-            tenant=tenant, pool=pool, state__in=HOLDING, backfill_of__isnull=True
-        ).values_list("cpu_millicores", "memory_mib", "gpu_allocations")
-    )
-    over = _over_quota(
-        quota,
-        leases=len(held) + 1,
-        cpu=sum(r[0] for r in held) + cpu,
-        memory=sum(r[1] for r in held) + memory,
-        gpus=sum(len(r[2]) for r in held) + gpus,
-    )
-    if over:
-        raise TransitionRefused("quota_exceeded", over)
+    quota = Quota(tenant=tenant, pool=pool, **dict(zip(fields, row[:-1], strict=True)))
+    if message := credit_refusal(row[-1]):
+        raise CreditExhausted(message)
+    used = usage({(tenant.pk, pool.pk): quota}, now)[(tenant.pk, pool.pk)]
+    wanted = {"leases": 1, "cpu_millicores": cpu, "memory_mib": memory, "gpus": gpus}
+    dimension, message = refusal(quota_limits(quota), used, wanted)
+    if dimension:
+        raise QuotaRefused(dimension, message)
 
 
-def _over_quota(quota: Quota, *, leases: int, cpu: int, memory: int, gpus: int) -> str:
-    """What the tenant would hold with one more lease, where it exceeds the quota ("" if not)."""
-    limits = (
-        ("leases", leases, quota.max_leases),
-        ("cpu_millicores", cpu, quota.cpu_millicores),
-        ("memory_mib", memory, quota.memory_mib),
-        ("gpus", gpus, quota.gpus),
-    )
-    over = [f"{name} {used} > {limit}" for name, used, limit in limits if used > limit]
-    return "Quota exceeded: " + ", ".join(over) if over else ""
-
-
-def tenants_at_quota(*, pool_id=None, tenant_id=None) -> dict[tuple[int, int], dict]:
-    """(tenant id, pool id) → the `quota_exceeded` explanation, for every quota without room for
-    even the smallest lease (one more, of 1 millicore and 1 MiB and no GPU: every request asks
-    at least that). The scheduling pass skips their queued jobs without a placement attempt."""
-    quotas = Quota.objects.all()
+def tenants_at_quota(*, pool_id=None, tenant_id=None, now=None) -> dict[tuple[int, int], dict]:
+    """(tenant id, pool id) → the explanation, for every tenant that can start nothing in the
+    pool: no credit left (`credit_exhausted`), or no room in its quota for even the smallest
+    lease (one more, of 1 millicore and 1 MiB and no GPU: every request asks at least that),
+    or its egress or storage used up (`quota_exceeded` with the dimension). The scheduling pass
+    skips their queued jobs without a placement attempt."""
+    scope = {}
     if pool_id is not None:
-        quotas = quotas.filter(pool_id=pool_id)
+        scope["pool_id"] = pool_id
     if tenant_id is not None:
-        quotas = quotas.filter(tenant_id=tenant_id)
-    quotas = list(quotas)
-    if not quotas:
-        return {}
-    held = {
-        (row["tenant_id"], row["pool_id"]): row
-        for row in Lease.objects.filter(
-            state__in=HOLDING,
-            backfill_of__isnull=True,
-            tenant_id__in={q.tenant_id for q in quotas},
-            pool_id__in={q.pool_id for q in quotas},
+        scope["tenant_id"] = tenant_id
+    quotas = {(q.tenant_id, q.pool_id): q for q in Quota.objects.filter(**scope)}
+    balances = {
+        (t, p): b
+        for t, p, b in CreditAccount.objects.filter(**scope).values_list(
+            "tenant_id", "pool_id", "balance"
         )
-        .order_by()
-        .values("tenant_id", "pool_id")
-        .annotate(leases=Count("id"), cpu=Sum("cpu_millicores"), memory=Sum("memory_mib"))
     }
     blocked = {}
-    for quota in quotas:
-        used = held.get((quota.tenant_id, quota.pool_id), {})
-        over = _over_quota(
-            quota,
-            leases=used.get("leases", 0) + 1,
-            cpu=(used.get("cpu") or 0) + 1,
-            memory=(used.get("memory") or 0) + 1,
-            gpus=0,
-        )
-        if over:
-            blocked[(quota.tenant_id, quota.pool_id)] = {"code": "quota_exceeded", "message": over}
+    for pair, balance in balances.items():
+        if message := credit_refusal(balance):
+            blocked[pair] = {"code": "credit_exhausted", "message": message}
+    quotas = {pair: q for pair, q in quotas.items() if pair not in blocked}
+    smallest = {"leases": 1, "cpu_millicores": 1, "memory_mib": 1, "gpus": 0}
+    for pair, used in usage(quotas, now).items():
+        dimension, message = refusal(quota_limits(quotas[pair]), used, smallest)
+        if dimension:
+            blocked[pair] = {"code": "quota_exceeded", "dimension": dimension, "message": message}
     return blocked
 
 
@@ -148,48 +352,47 @@ class Headroom:
     Read once per pass (`quota_headroom`); the apply transaction re-checks under the quota
     row's lock, so a stale headroom can only make the pass too cautious, never over quota."""
 
-    def __init__(self, quota: Quota, used: dict):
-        self.limits = {
-            "leases": quota.max_leases,
-            "cpu_millicores": quota.cpu_millicores,
-            "memory_mib": quota.memory_mib,
-            "gpus": quota.gpus,
-        }
-        self.used = {name: float(used.get(name) or 0) for name in self.limits}
+    def __init__(self, quota: Quota | None, used: dict, balance=None):
+        self.limits = quota_limits(quota)
+        self.used = {name: float(used.get(name) or 0) for name in DIMENSIONS}
+        self.balance = balance
+        self.refused = ("", "")  # (code, dimension) of the last refusal of `take`
 
     def take(self, *, cpu_millicores: int, memory_mib: int, gpus: float) -> str:
-        """ "" and deducted when it fits; otherwise the `quota_exceeded` message naming every
-        dimension it would exceed (nothing deducted)."""
+        """ "" and deducted when it fits; otherwise the refusal message: no credit, or
+        `quota_exceeded` naming every dimension it would exceed (nothing deducted). `gpus`: the
+        placement's GPU share (`leases.models.gpu_share`)."""
+        if message := credit_refusal(self.balance):
+            self.refused = ("credit_exhausted", "")
+            return message
         wanted = {"leases": 1, "cpu_millicores": cpu_millicores, "memory_mib": memory_mib}
         wanted["gpus"] = gpus
-        over = [
-            f"{name} {self.used[name] + amount:g} > {self.limits[name]:g}"
-            for name, amount in wanted.items()
-            if self.used[name] + amount > self.limits[name]
-        ]
-        if over:
-            return "Quota exceeded: " + ", ".join(over)
+        dimension, message = refusal(self.limits, self.used, wanted)
+        if dimension:
+            self.refused = ("quota_exceeded", dimension)
+            return message
         for name, amount in wanted.items():
             self.used[name] += amount
         return ""
 
+    def explanation(self, message: str) -> dict:
+        """The last refusal of `take` as a job's pending_reason."""
+        code, dimension = self.refused
+        reason = {"code": code or "quota_exceeded", "message": message}
+        if dimension:
+            reason["dimension"] = dimension
+        return reason
 
-def quota_headroom(pool_id: int, tenant_ids) -> dict[int, Headroom]:
-    """tenant id → its Headroom in the pool, for the tenants that have a quota there."""
-    quotas = list(Quota.objects.filter(pool_id=pool_id, tenant_id__in=set(tenant_ids)))
-    if not quotas:
-        return {}
-    held = {
-        tenant_id: {"leases": 0, "cpu_millicores": 0, "memory_mib": 0, "gpus": 0}
-        for tenant_id in (q.tenant_id for q in quotas)
+
+def quota_headroom(pool_id: int, tenant_ids, now=None) -> dict[int, Headroom]:
+    """tenant id → its Headroom in the pool, for the tenants that have a quota or a credit
+    account there."""
+    tenant_ids = set(tenant_ids)
+    quotas = {
+        (q.tenant_id, pool_id): q
+        for q in Quota.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids)
     }
-    rows = Lease.objects.filter(
-        pool_id=pool_id, tenant_id__in=held, state__in=HOLDING, backfill_of__isnull=True
-    ).values_list("tenant_id", "cpu_millicores", "memory_mib", "gpu_allocations")
-    for tenant_id, cpu, memory, allocations in rows:
-        used = held[tenant_id]
-        used["leases"] += 1
-        used["cpu_millicores"] += cpu
-        used["memory_mib"] += memory
-        used["gpus"] += len(allocations)
-    return {q.tenant_id: Headroom(q, held[q.tenant_id]) for q in quotas}
+    balances = _balances({(t, pool_id) for t in tenant_ids})
+    pairs = set(quotas) | set(balances)
+    used = usage({pair: quotas.get(pair) for pair in pairs}, now)
+    return {pair[0]: Headroom(quotas.get(pair), used[pair], balances.get(pair)) for pair in pairs}

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from leases import snapshot as snap
 from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity, explanation_dict
-from leases.models import Lease
+from leases.models import Lease, gpu_share
 from leases.window import Window, as_timedelta, request_digest
 from nodes.choices import NodeState
 from pools.actors import Actor
@@ -72,7 +72,8 @@ def lease_reserve(
     """Atomically select a node, reserve capacity on it and return the lease.
 
     Raises NoCapacity (409) when nothing fits now, NeverFits (422) when nothing ever could,
-    TransitionRefused("quota_exceeded" | "reservation_*") when policy refuses.
+    TransitionRefused("quota_exceeded" (with its dimension) | "credit_exhausted" |
+    "reservation_*") when policy refuses.
     """
     now = now or timezone.now()
     duration = as_timedelta(duration)
@@ -178,7 +179,14 @@ def _apply_reserve(
     node_id = view.node_ids[placement.node]
     allocations = ledger.gpu_allocations(placement, view, node_id)
     with transaction.atomic():
-        check_quota(pool, tenant, placement.cpu_millicores, placement.memory_mib, len(allocations))
+        check_quota(
+            pool,
+            tenant,
+            placement.cpu_millicores,
+            placement.memory_mib,
+            gpu_share(allocations),
+            now=now,
+        )
         lease, event = ledger.build_reserved(
             pool=pool,
             tenant=tenant,

@@ -27,6 +27,9 @@ from nodes.models import GpuDevice
 # here as strings: the ledger sits below jobs and imports nothing of it (docs/architecture.md).
 RENEWING_JOB_STATES = ("starting", "running", "checkpointing")
 MEASURES = ("cpu_millicores", "memory_mib", "gpu_milli", "gpu_memory_mib")
+# Bytes the job's container sent (a counter since it started, so its latest value is its
+# total): kept in usage_peak only, for the egress quota (leases.services.quota).
+EGRESS = "net_tx_bytes"
 
 
 def heartbeat_leases(node, workloads: list[dict]):
@@ -66,6 +69,7 @@ def _sample(lease: Lease, usage: dict) -> dict:
         "memory_mib": int(usage.get("memory_mib") or 0),
         "gpu_milli": round(float(usage.get("gpu_utilization_percent") or 0) * 10 * devices),
         "gpu_memory_mib": int(usage.get("gpu_memory_mib") or 0),
+        EGRESS: int(usage.get(EGRESS) or 0),
     }
 
 
@@ -87,11 +91,14 @@ def _limits(lease: Lease) -> dict[str, tuple[int, str]]:
 
 def usage_problems(lease: Lease, usage: dict) -> dict[str, str]:
     sample = _sample(lease, usage)
-    return {
+    problems = {
         name: f"Must be between 0 and {limit} ({what})."
         for name, (limit, what) in _limits(lease).items()
         if not 0 <= sample[name] <= limit
     }
+    if sample[EGRESS] < 0:
+        problems[EGRESS] = "Must be at least 0."
+    return problems
 
 
 def leases_record_usage(*, node, workloads: list[dict], now=None) -> list[int]:
@@ -134,6 +141,7 @@ def _accumulate(lease: Lease, sample: dict, now) -> None:
         peak[name] = max(int(peak.get(name, 0)), value)
         previous = float(average.get(name, 0.0))
         average[name] = round(previous + (value - previous) / n, 2)
+    peak[EGRESS] = max(int(peak.get(EGRESS, 0)), sample[EGRESS])  # a counter: never back
     lease.used_cpu_millicores = sample["cpu_millicores"]
     lease.used_memory_mib = sample["memory_mib"]
     lease.used_gpu_milli = sample["gpu_milli"]

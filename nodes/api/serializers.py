@@ -185,7 +185,25 @@ class InventoryOpenApi(OpenApiSerializerExtension):
     target_class = InventorySerializer
 
     def map_serializer(self, auto_schema, direction):
-        return {key: value for key, value in INVENTORY_SCHEMA.items() if not key.startswith("$")}
+        return as_openapi_30({k: v for k, v in INVENTORY_SCHEMA.items() if not k.startswith("$")})
+
+
+def as_openapi_30(schema):
+    """JSON Schema 2020-12 as OpenAPI 3.0 says it: `"type": [T, "null"]` → `nullable`, `const`
+    → a one-value `enum`."""
+    if isinstance(schema, list):
+        return [as_openapi_30(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = {key: as_openapi_30(value) for key, value in schema.items()}
+    if "const" in converted:  # 3.0 has no const: a one-value enum says the same
+        converted["enum"] = [converted.pop("const")]
+    kinds = schema.get("type")
+    if isinstance(kinds, list) and "null" in kinds:
+        rest = [kind for kind in kinds if kind != "null"]
+        converted["type"] = rest[0] if len(rest) == 1 else rest
+        converted["nullable"] = True
+    return converted
 
 
 def error_tree(errors) -> dict | list:
@@ -262,6 +280,7 @@ class WorkloadUsageSerializer(serializers.Serializer):
     memory_mib = bounded_int(0, INT_COLUMN_MAX, required=False)
     gpu_utilization_percent = NumberField(min_value=0, max_value=100, required=False)
     gpu_memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB * GPUS_MAX, required=False)
+    net_tx_bytes = bounded_int(0, COUNTER_MAX, required=False)  # egress, counted by quotas
 
 
 class WorkloadSerializer(serializers.Serializer):

@@ -155,7 +155,7 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
         )
 
     @extend_schema(responses=ProbeSerializer(many=True))
-    @action(detail=False, methods=["get"])
+    @action(detail=False, methods=["get"], pagination_class=None)  # a plain list
     def probes(self, request):
         probes = self.node().probes.filter(state="requested")
         return Response(ProbeSerializer(probes, many=True).data)
@@ -204,7 +204,7 @@ class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):
         return serializer.validated_data
 
     @extend_schema(responses=NodeEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list
     def events(self, request, pk=None):
         return Response(NodeEventSerializer(self.get_object().events.all(), many=True).data)
 

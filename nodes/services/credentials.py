@@ -71,8 +71,11 @@ def node_credential_rotate(
     return new, secret
 
 
-def node_credential_reissue(*, node: Node, actor: Actor, now=None) -> tuple[NodeCredential, str]:
-    """Operator rotation: a new credential, shown once; current ones keep a short overlap."""
+def node_credential_reissue(
+    *, node: Node, actor: Actor, message: str = "", now=None
+) -> tuple[NodeCredential, str]:
+    """Operator rotation: a new credential, shown once; current ones keep a short overlap.
+    `message`: the operator's reason, recorded on the event."""
     now = now or timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
@@ -87,7 +90,7 @@ def node_credential_reissue(*, node: Node, actor: Actor, now=None) -> tuple[Node
             node,
             actor=actor,
             reason=Reason.CREDENTIAL_ROTATED,
-            message=f"new credential {new.prefix}… issued by an operator",
+            message=message or f"new credential {new.prefix}… issued by an operator",
             now=now,
             data={"new": new.prefix},
         )

@@ -157,7 +157,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 
 class PolicyVersionSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
+    created_by = serializers.StringRelatedField(allow_null=True)  # null: made by the system
 
     class Meta:
         model = SchedulingPolicyVersion
@@ -167,3 +167,18 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
     def validate(self, attrs):
         validation.policy_version(attrs.get("weights", {}), attrs.get("knobs", {}))
         return attrs
+
+
+class QuotaSerializer(serializers.Serializer):
+    """A tenant's quota and credit in one pool with what it uses of each dimension (the quotas
+    endpoint, leases/api/quotas.py, fills it): `dimensions` maps each dimension to
+    {"limit": number or null (unlimited), "used": number}; `balance` is null without a credit
+    account (not credit-limited)."""
+
+    tenant = serializers.CharField()
+    pool = serializers.CharField()
+    period_days = serializers.IntegerField()
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    dimensions = serializers.DictField(child=serializers.DictField())
+    balance = serializers.DecimalField(max_digits=18, decimal_places=4, allow_null=True)

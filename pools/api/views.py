@@ -56,7 +56,7 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         request=MembershipSerializer,
         responses={200: MembershipSerializer(many=True), 202: dict},
     )
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list
     def members(self, request, slug=None):
         """Tenant admins (and operators) manage who belongs to their tenant, and with what role.
 
@@ -78,7 +78,7 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(MembershipSerializer(memberships, many=True).data)
 
     @extend_schema(request=TenantSecretSerializer, responses=TenantSecretSerializer(many=True))
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list
     def secrets(self, request, slug=None):
         """The tenant's secrets, by name: members list them, admins create or replace one
         (POST {name, value}). Values are never returned, to anyone."""
@@ -123,6 +123,7 @@ class PoolViewSet(viewsets.ReadOnlyModelViewSet):
         methods=["get", "post"],
         url_path="policy-versions",
         permission_classes=[IsPolicyAdminOrReadOnly],
+        pagination_class=None,  # a plain list
     )
     def policy_versions(self, request, slug=None):
         pool = self.get_object()
@@ -157,7 +158,7 @@ class ComputePoolViewSet(PoolViewSet):
         return pool
 
     @extend_schema(responses=ShapeSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list
     def shapes(self, request, pk=None):
         shapes = selectors.shapes_visible_to(Actor.from_request(request))
         return Response(ShapeSerializer(shapes.filter(pool=self.get_object()), many=True).data)
@@ -201,5 +202,5 @@ class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
-        token = get_object_or_404(self.get_queryset(), pk=pk)
-        return Response(ApiTokenSerializer(services.api_token_revoke(token=token)).data)
+        # get_object: a pk that is no number is a 404 (found by fuzzing: it was a 500)
+        return Response(ApiTokenSerializer(services.api_token_revoke(token=self.get_object())).data)

@@ -20,6 +20,9 @@ API (all snapshot and decision types are frozen dataclasses in ``types``):
   fit (``Placement.grants``), and nodes that grant more preferences win first.
 * ``place_gang(request, nodes, policy, ctx=None) -> GangPlacement | Explanation`` — all
   ``request.replicas`` replicas or none, by ``request.gang`` topology.
+* ``batch.plan(requests, nodes, policy, ctx=None, admit=None) -> (outcomes, nodes)`` — many
+  requests in order on one snapshot, with ``place``'s decisions, each with a decision record
+  (the scheduling pass).
 * ``apply_placement(node, placement) -> NodeView``, ``release(node, placement) -> NodeView``,
   ``apply_to_nodes(nodes, placement) -> list[NodeView]`` — capacity bookkeeping.
 * ``make_context(nodes, policy, peers=(), rng=None) -> ScoreContext`` — build once per pass and
@@ -39,7 +42,7 @@ pass context), ``devices`` (device eligibility), ``evaluation`` (one request on 
 The trace replay and the FGD paper's policies are ``scheduling.replay``'s.
 """
 
-from . import plugins
+from . import batch, plugins
 from .bookkeeping import apply_placement, apply_to_nodes, release
 from .context import make_context
 from .evaluation import evaluate
@@ -79,6 +82,7 @@ __all__ = [
     "Request",
     "apply_placement",
     "apply_to_nodes",
+    "batch",
     "evaluate",
     "make_context",
     "place",

@@ -81,7 +81,7 @@ _WAITABLE = frozenset(
 )
 
 
-def _without_leases(node: NodeView, leases) -> NodeView:
+def without_leases(node: NodeView, leases) -> NodeView:
     """The node once ``leases`` have ended and given their capacity back."""
     freed_milli: dict[int, int] = {}
     freed_slots: dict[int, int] = {}
@@ -130,13 +130,13 @@ def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):
         if count < len(ordered) and ordered[count].ends_at == ordered[count - 1].ends_at:
             continue  # leases ending at the same moment free their capacity together
         ended = ordered[:count]
-        if isinstance(evaluate(req, _without_leases(node, ended), ctx), str):
+        if isinstance(evaluate(req, without_leases(node, ended), ctx), str):
             continue
         # Name only the leases that matter: drop earlier ones the request does not need.
         needed = list(ended)
         for lease in ended[:-1]:
             trial = [x for x in needed if x is not lease]
-            if not isinstance(evaluate(req, _without_leases(node, trial), ctx), str):
+            if not isinstance(evaluate(req, without_leases(node, trial), ctx), str):
                 needed = trial
         return ended[-1].ends_at, tuple(needed)
     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields, replace
+from operator import attrgetter
 
 from . import reasons as r
 from .bookkeeping import apply_placement
@@ -91,6 +92,24 @@ def _request_key(req: Request) -> tuple:
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(Request) if f.name != "name")
+_EVALUATED_FIELDS = tuple(n for n in _REQUEST_FIELDS if n not in ("labels", "tenant"))
+_evaluated = attrgetter(*_EVALUATED_FIELDS)
+_MAPPINGS = tuple(
+    i for i, f in enumerate(_EVALUATED_FIELDS) if f in ("affinity", "preferred_affinity")
+)
+
+
+def evaluation_key(req: Request, policy: Policy) -> tuple:
+    """Requests with equal keys evaluate alike on every node (``evaluate``): the request key
+    without the request's own labels (they only mark the node it lands on) and, unless it asks
+    for a non-isolated share of a GPU where tenants may not mix, without its tenant (which only
+    the tenant-mixing rule of shared devices reads)."""
+    values = list(_evaluated(req))
+    for i in _MAPPINGS:
+        values[i] = tuple(sorted(values[i].items()))
+    shares = req.sharing not in (EXCLUSIVE, MIG) and req.gpu_milli < 1000 and req.wants_gpu
+    values.append(req.tenant if shares and not policy.allow_tenant_mixing else "")
+    return tuple(values)
 
 
 class _neg_name(str):

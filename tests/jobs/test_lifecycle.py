@@ -73,6 +73,11 @@ def test_time_slice_shares_never_mix_tenants_by_default(
     assert waiting["state"] == "queued"
     assert waiting["pending_reason"]["reasons"] == {"tenant_mixing_refused": 1}
     same_tenant = submit(api(member), TIMESLICE)
+    # the other tenant's job is ahead (fair share) and waits for this device: the tenant's own
+    # second share would delay it (backfill), so it waits until that job is gone
+    assert scheduling_pass().placed == []
+    assert shown(api(member), same_tenant)["pending_reason"]["code"] == "backfill_would_delay_head"
+    assert api(outsider).post(f"/api/v1/jobs/{second['id']}/cancel").status_code == 200
     assert scheduling_pass().placed == [same_tenant["id"]]  # the tenant's own share fits
 
 

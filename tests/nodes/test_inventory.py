@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from config.builders import gpu_inventory
 from nodes import services
-from nodes.api.serializers import error_tree
+from nodes.api.serializers import as_openapi_30, error_tree
 from nodes.choices import GpuHealth, NodeState
 from nodes.health_rules import gpu_health_evaluate
 from nodes.inventory import GPU_FIELDS, normalize_inventory
@@ -116,7 +116,11 @@ def test_error_tree_nests_paths_like_drf_field_errors():
 
 def test_the_api_documents_the_inventory_with_the_schema(client, db):
     schema = yaml.safe_load(client.get("/api/schema/").content)
-    documented = schema["components"]["schemas"]["Inventory"]
-    assert documented["properties"] == INVENTORY_SCHEMA["properties"]
+    documented = schema["components"]["schemas"]["Inventory"]["properties"]
+    # the agent's JSON Schema, in OpenAPI 3.0's words (nullable, a one-value enum for const)
+    expected = as_openapi_30(INVENTORY_SCHEMA["properties"])
+    assert documented.pop("schema_version") == {"$ref": "#/components/schemas/SchemaVersionEnum"}
+    assert schema["components"]["schemas"]["SchemaVersionEnum"]["enum"] == [1]
+    assert documented == {k: v for k, v in expected.items() if k != "schema_version"}
     body = schema["paths"]["/api/v1/agent/inventory/"]["post"]["requestBody"]["content"]
     assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/Inventory"}

@@ -24,10 +24,10 @@ from jobs.services import job_cancel
 from leases.choices import HOLDING, LeaseState
 from leases.models import Lease, LeaseEvent
 from leases.selectors import ledger_problems
+from leases.services import ledger
 from pools.actors import Actor
 from pools.choices import TokenScope
 from pools.statemachine import TransitionRefused
-from scheduling import passes
 from scheduling.passes import scheduling_pass
 from tests.clients import client_for
 
@@ -161,7 +161,8 @@ def test_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(wo
         reserved.set()
         wait_until_someone_waits_on_a_lock()
 
-    monkeypatch.setattr(passes, "lease_reserve", hold_after(passes.lease_reserve, signal_and_wait))
+    # the pass holds the job's row lock while it writes the leases of its plan
+    monkeypatch.setattr(ledger, "insert_many", hold_after(ledger.insert_many, signal_and_wait))
 
     def cancel():
         assert reserved.wait(10)

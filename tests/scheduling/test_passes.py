@@ -7,15 +7,29 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from config.builders import build_node, build_pool, build_tenant, submit_job
+from config.builders import (
+    build_node,
+    build_person,
+    build_pool,
+    build_tenant,
+    cpu_request,
+    gpu_request,
+    submit_job,
+    submit_jobs,
+)
 from jobs.choices import JobState
 from jobs.models import Job
+from jobs.services import job_cancel
 from leases import selectors
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import expire_leases
-from pools.models import PriorityClass
+from leases.services import expire_leases, lease_reserve, ledger
+from pools.actors import Actor
+from pools.models import PriorityClass, Quota
+from pools.services import policy_version_publish
+from scheduling import passes
+from scheduling.bench.scheduler import jobs_without_one_lease, overcommitted_nodes
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
 
@@ -106,3 +120,197 @@ def test_concurrent_passes_never_place_a_job_twice_nor_overcommit():
     assert Job.objects.filter(state=JobState.QUEUED).count() == 8
     assert selectors.overcommitted_nodes(pool) == 0
     assert ledger_problems(pool) == []
+
+
+# --- the batch pass: plan on one snapshot, apply in one transaction ---------------------------
+
+
+def mixed_fleet(pool):
+    """Two CPU nodes, an exclusive-GPU node, a MIG node and a time-sliced node."""
+    build_node(pool, "cpu-1", cpu=8000, memory=16384)
+    build_node(pool, "cpu-2", cpu=8000, memory=16384)
+    build_node(pool, "gpu-1", cpu=16000, memory=65536, gpus=[{}, {}])
+    build_node(pool, "mig-1", cpu=16000, memory=65536, gpus=[{"mig_enabled": True}])
+    build_node(pool, "ts-1", cpu=16000, memory=65536, gpus=[{"sharing_mode": "timeslice"}])
+
+
+def mixed_queue(pool, tenants, count):
+    shapes = [
+        cpu_request(cpu=1000, memory=1024),
+        gpu_request("exclusive", count=1, cpu=2000, memory=4096),
+        gpu_request("mig", count=1, mig_profile="1g.10gb", cpu=1000, memory=1024),
+        gpu_request("timeslice", count=1, milli=250, cpu=1000, memory=1024),
+    ]
+    return submit_jobs(
+        pool,
+        [
+            {"tenant": tenants[i % len(tenants)], "name": f"j{i}", "resources": shapes[i % 4]}
+            for i in range(count)
+        ],
+    )
+
+
+def test_every_placement_keeps_its_decision_record(lpool, ltenant):
+    mixed_fleet(lpool)
+    job = submit_job(lpool, ltenant, "small")
+    assert scheduling_pass().placed == [job.pk]
+    decision = Lease.objects.get(job=job).placement["decision"]
+    assert decision["chosen"] == Lease.objects.get(job=job).placement["node"]
+    assert decision["policy_version"] == 1 and decision["nodes"] == 5
+    assert decision["rejected"] == {}
+    assert 1 <= len(decision["candidates"]) <= 3
+    assert decision["candidates"][0]["node"] == decision["chosen"]
+    assert "node_in_use" in decision["candidates"][0]["breakdown"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_passes_racing_on_postgresql_never_double_book():
+    pool = build_pool("race", exact_capacity=True)
+    tenants = [build_tenant(f"race-{i}") for i in range(3)]
+    mixed_fleet(pool)
+    jobs = mixed_queue(pool, tenants, 120)  # more than fits
+    barrier = threading.Barrier(3)
+    results = []
+
+    def run_pass():
+        try:
+            barrier.wait()
+            results.append(scheduling_pass(pool_id=pool.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run_pass) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    placed = [job_id for result in results for job_id in result.placed]
+    assert placed and len(placed) == len(set(placed))  # no job placed by two passes
+    assert overcommitted_nodes(pool) == 0  # counted from the leases, not the ledger
+    assert jobs_without_one_lease(pool) == 0
+    assert ledger_problems(pool) == []
+    leased = Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.LEASED)
+    assert sorted(leased.values_list("id", flat=True)) == sorted(placed)
+
+
+def test_a_node_taken_before_the_plan_applies_leaves_its_jobs_queued_with_plan_conflict(
+    lpool, ltenant, monkeypatch
+):
+    build_node(lpool, "n1", cpu=2000, memory=4096)
+    build_node(lpool, "n2", cpu=2000, memory=4096)
+    first = submit_job(lpool, ltenant, "first", cpu=2000)
+    second = submit_job(lpool, ltenant, "second", cpu=2000)
+    real_apply = passes._apply
+
+    def lease_api_takes_n1_first(pool, plan, *args):
+        # the lease API (another writer) fills n1 between the pass's snapshot and its apply
+        lease_reserve(
+            pool=pool,
+            tenant=ltenant,
+            request=cpu_request(cpu=2000, memory=1024, node_pin="n1"),
+            actor=Actor.system("elsewhere"),
+            duration=timedelta(minutes=5),
+        )
+        return real_apply(pool, plan, *args)
+
+    monkeypatch.setattr(passes, "_apply", lease_api_takes_n1_first)
+    result = scheduling_pass()
+
+    on_n1 = next(j for j in (first, second) if j.pk not in result.placed)
+    assert len(result.placed) == 1 and result.pending == {on_n1.pk: "plan_conflict"}
+    on_n1.refresh_from_db()
+    assert on_n1.state == JobState.QUEUED
+    assert on_n1.pending_reason["code"] == "plan_conflict"
+    assert "n1" in on_n1.pending_reason["message"]
+    assert not Lease.objects.filter(job=on_n1).exists()
+    assert ledger_problems(lpool) == [] and selectors.overcommitted_nodes(lpool) == 0
+
+
+def test_a_tenant_over_quota_waits_and_the_others_are_placed(lpool, ltenant, ltenant2):
+    build_node(lpool, "n1", cpu=16000, memory=65536)
+    Quota.objects.create(tenant=ltenant, pool=lpool, cpu_millicores=2000, memory_mib=10**6)
+    mine = [submit_job(lpool, ltenant, f"a{i}", cpu=1000) for i in range(3)]
+    theirs = submit_job(lpool, ltenant2, "b", cpu=1000)
+    result = scheduling_pass()
+    assert sorted(result.placed) == sorted([mine[0].pk, mine[1].pk, theirs.pk])
+    waiting = Job.objects.get(pk=mine[2].pk)
+    assert waiting.pending_reason["code"] == "quota_exceeded"
+    assert "cpu_millicores" in waiting.pending_reason["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(monkeypatch):
+    """The batch pass has locked the job and inserted its lease; the cancel waits on the job's
+    row lock and, once the pass commits, cancels the leased job and releases the lease."""
+    from tests.scheduling.test_cancel_race import (
+        assert_cancelled_cleanly,
+        hold_after,
+        race,
+        wait_until_someone_waits_on_a_lock,
+    )
+
+    pool = build_pool("race", exact_capacity=True)
+    node = build_node(pool, "n1", cpu=8000, memory=16384)
+    tenant = build_tenant("racer", name="Racer")
+    person = build_person("rita", tenant=tenant)
+    job = submit_job(pool, tenant)
+    inserted = threading.Event()
+
+    def signal_and_wait():
+        inserted.set()
+        wait_until_someone_waits_on_a_lock()
+
+    monkeypatch.setattr(ledger, "insert_many", hold_after(ledger.insert_many, signal_and_wait))
+
+    def cancel():
+        assert inserted.wait(10)
+        return job_cancel(job=job, actor=Actor.for_user(person))
+
+    placing, cancelled = race(lambda: scheduling_pass(pool_id=pool.pk), cancel)
+    assert not isinstance(cancelled, Exception), cancelled
+    assert placing.placed == [job.pk]
+    assert assert_cancelled_cleanly(job, pool, node) == ["queued", "leased", "cancelled"]
+
+
+# --- the queue's order and gate, on the product path -----------------------------------------
+
+
+def publish_knobs(pool, **knobs):
+    current = pool.scheduling_policy.versions.order_by("-number").first()
+    policy_version_publish(
+        policy=pool.scheduling_policy, weights=current.weights, knobs=knobs, actor=Actor.system("t")
+    )
+
+
+def test_fair_share_puts_the_tenant_that_holds_less_first(lpool, ltenant, ltenant2):
+    build_node(lpool, "n1", cpu=4000, memory=8192)
+    held = submit_job(lpool, ltenant, "held", cpu=2000)
+    assert scheduling_pass().placed == [held.pk]
+    # the same priority; the first tenant's job is older, but it already holds half the pool
+    again = submit_job(lpool, ltenant, "again", cpu=2000)
+    newcomer = submit_job(lpool, ltenant2, "newcomer", cpu=2000)
+    assert scheduling_pass().placed == [newcomer.pk]
+    again.refresh_from_db()
+    assert again.pending_reason["reasons"] == {"insufficient_cpu": 1}
+
+
+def test_a_pool_keeps_a_share_for_short_jobs_when_its_policy_says_so(lpool, ltenant):
+    build_node(lpool, "n1", cpu=4000, memory=8192)
+    publish_knobs(lpool, short_job_share=0.5, short_job_max_runtime_s=600)
+    long = submit_job(lpool, ltenant, "long", cpu=3000, max_runtime_s=3600)
+    short = submit_job(lpool, ltenant, "short", cpu=3000, max_runtime_s=300)
+    assert scheduling_pass().placed == [short.pk]
+    long.refresh_from_db()
+    assert long.pending_reason["code"] == "short_share_reserved"
+    assert "short jobs" in long.pending_reason["message"]
+
+
+def test_a_job_over_quota_waits_with_the_dimension_named(lpool, ltenant):
+    build_node(lpool, "n1", cpu=4000, memory=8192)
+    Quota.objects.create(tenant=ltenant, pool=lpool, cpu_millicores=1500, memory_mib=10**6)
+    first = submit_job(lpool, ltenant, "first", cpu=1000)
+    second = submit_job(lpool, ltenant, "second", cpu=1000)
+    assert scheduling_pass().placed == [first.pk]
+    second.refresh_from_db()
+    assert second.pending_reason["code"] == "quota_exceeded"
+    assert second.pending_reason["dimension"] == "cpu_millicores"

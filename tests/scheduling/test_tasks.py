@@ -21,6 +21,8 @@ def test_beat_schedule_names_registered_tasks():
         "scheduling.pass",
         "scheduling.requeue_stranded_jobs",
         "scheduling.drain_sweep",
+        "scheduling.forecast_refresh",
+        "scheduling.sample_capacity",
     }
     assert names <= set(app.tasks)
 

@@ -300,7 +300,10 @@ def test_console_drain_form_takes_up_to_thirty_days(agent, operator):
     url = f"/console/nodes/{agent.node.pk}/drain"
     before = timezone.now()
     assert (
-        client.post(url, {"deadline_minutes": "43200"}, HTTP_HX_REQUEST="true").status_code == 200
+        client.post(
+            url, {"deadline_minutes": "43200", "reason": "maintenance"}, HTTP_HX_REQUEST="true"
+        ).status_code
+        == 200
     )
     node = Node.objects.get(pk=agent.node.pk)
     assert node.state == NodeState.DRAINING

@@ -171,6 +171,12 @@ def test_job_strings_and_env_at_their_limits_are_accepted(api, member, pool):
         ({"weights": {"bin_pack": 1}, "knobs": {"reservation_max_horizon_s": 10**12}}, "knobs"),
         ({"weights": {"bin_pack": 1}, "knobs": {"drain_noncheckpointable": "maybe"}}, "knobs"),
         ({"weights": {"bin_pack": 1}, "knobs": {"no_such_knob": 1}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"preemption_min_runtime_s": -1}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"credit_rates": {"default": {"gpu": 1}}}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"credit_rates": {"x": {"gpu_hour": -2}}}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"credit_rates": [1]}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"short_job_share": 1.5}}, "knobs"),
+        ({"weights": {"bin_pack": 1}, "knobs": {"fair_share_half_life_s": "1h"}}, "knobs"),
         ({"weights": {"bin_pack": 1}, "knobs": [1, 2]}, "knobs"),
         ({"weights": {"no_such_scorer": 1}}, "weights"),
         ({"weights": {"bin_pack": "1"}}, "weights"),
@@ -196,7 +202,14 @@ def test_valid_knobs_and_weights_publish_and_reservations_still_work(
     url = "/api/v1/pools/test/policy-versions/"
     body = {
         "weights": {"bin_pack": 1, "fragmentation": 0.5, "paper_fgd": 1e6},
-        "knobs": {"reservation_max_horizon_s": 86400, "drain_noncheckpointable": "wait"},
+        "knobs": {
+            "reservation_max_horizon_s": 86400,
+            "drain_noncheckpointable": "wait",
+            "preemption_min_runtime_s": 0,
+            "fair_share_half_life_s": 7200,
+            "short_job_share": 0.2,
+            "credit_rates": {"default": {"gpu_hour": 20, "consumed_factor": 0.5}},
+        },
     }
     response = api(policy_admin).post(url, body, format="json")
     assert response.status_code == 201, response.json()

@@ -483,7 +483,9 @@ class DockerRuntime:
         return LogFollower(stream)
 
     def usage(self, container) -> dict:
-        """CPU (millicores over the last interval) and memory (MiB, without page cache)."""
+        """CPU (millicores over the last interval), memory (MiB, without page cache) and the
+        bytes its network interfaces sent since it started (`net_tx_bytes`, for the egress
+        quota; a job without a network reports 0)."""
         try:
             stats = container.stats(stream=False)
         except (DockerException, ValueError):
@@ -500,6 +502,10 @@ class DockerRuntime:
         return {
             "cpu_millicores": int(used / system * cpus * 1000) if system > 0 and used > 0 else 0,
             "memory_mib": max(0, memory.get("usage", 0) - cache) // (1024 * 1024),
+            "net_tx_bytes": sum(
+                int(interface.get("tx_bytes") or 0)
+                for interface in (stats.get("networks") or {}).values()
+            ),
         }
 
     def find(self) -> list[Found]:

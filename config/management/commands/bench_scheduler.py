@@ -1,0 +1,68 @@
+"""python manage.py bench_scheduler --nodes N --jobs M [--tenants T] [--seed S] [--json]
+
+Builds, in a throwaway PostgreSQL database (created and migrated as Django's test runner does,
+dropped at the end), N heterogeneous nodes and M queued jobs of mixed shapes and tenants with
+config.builders, runs ONE full scheduling pass and prints its figures; the fleet, the queue and
+the measurement are scheduling/bench/scheduler.py's. Over SQLite it re-runs itself over
+DATABASE_URL, or postgres://postgres@127.0.0.1:5432/computepool.
+"""
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import connection
+
+from config.builders import build_fleet, build_pool, build_tenant, submit_jobs
+from pools.models import PriorityClass
+from scheduling.bench.scheduler import fleet_specs, job_specs, measure
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/computepool"
+
+
+class Command(BaseCommand):
+    help = "Benchmark one scheduling pass in a throwaway database (one JSON object with --json)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--nodes", type=int, default=5000)
+        parser.add_argument("--jobs", type=int, default=20000)
+        parser.add_argument("--tenants", type=int, default=20)
+        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **opts):
+        if connection.vendor != "postgresql":
+            url = os.environ.get("DATABASE_URL") or ""
+            env = {**os.environ, "DATABASE_URL": url if "postgres" in url else DEFAULT_URL}
+            sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+        database = settings.DATABASES["default"]
+        original = database["NAME"]
+        database.setdefault("TEST", {})["NAME"] = f"bench_scheduler_{secrets.token_hex(4)}"
+        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        try:
+            result = self.run_once(opts)
+        finally:
+            connection.creation.destroy_test_db(original, verbosity=0)
+        if opts["json"]:
+            self.stdout.write(json.dumps(result))
+        else:
+            for key, value in result.items():
+                self.stdout.write(f"{key:>22}: {value}")
+
+    def run_once(self, opts) -> dict:
+        started = time.perf_counter()
+        pool = build_pool("bench", registry=None)
+        tenants = [build_tenant(f"tenant-{i:02d}") for i in range(opts["tenants"])]
+        priorities = [
+            PriorityClass.objects.create(name=f"bench-{value}", value=value)
+            for value in (100, 500, 1000)
+        ]
+        build_fleet(pool, fleet_specs(opts["nodes"], opts["seed"]))
+        submit_jobs(pool, job_specs(opts["jobs"], tenants, opts["seed"], priorities))
+        built = time.perf_counter() - started
+        return {"seed": opts["seed"], "build_s": round(built, 1), **measure(pool)}

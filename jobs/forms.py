@@ -1,0 +1,105 @@
+"""The console's submit form, translated into the API's body: the console validates a job with
+the API's own JobSubmitSerializer (one validator), so this module only turns form text (a
+command line, one URL per line, `KEY=value` lines, comma lists) into the JSON the API takes,
+and the serializer's nested errors back into one message per form field."""
+
+from __future__ import annotations
+
+import shlex
+
+from pools import validation
+
+# Custom shape fields offered by the form (the rest of a shape keeps its defaults).
+RESOURCE_FIELDS = (
+    "cpu_millicores_min",
+    "cpu_millicores_preferred",
+    "memory_mib_min",
+    "memory_mib_preferred",
+    "gpu_count",
+    "gpu_sharing_class",
+    "gpu_milli",
+    "gpu_models",
+    "scratch_mib",
+)
+RETRY_REASONS = validation.RETRY_REASONS
+
+
+def _split(text: str) -> list[str]:
+    return [item for item in text.replace(",", " ").split() if item]
+
+
+def _pairs(text: str, field: str, errors: dict) -> dict:
+    """`KEY=value` lines as a mapping; a line without `=` is the field's error."""
+    pairs = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            errors[field] = f"Line {number}: write KEY=value."
+            return {}
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def submit_body(post) -> tuple[dict, dict]:
+    """(the API's submit body, errors of the text itself keyed by form field)."""
+    errors: dict[str, str] = {}
+    body = {key: post.get(key, "") for key in ("tenant", "pool", "name", "image")}
+    body["output_destination"] = post.get("output_destination", "")
+    body["max_runtime_s"] = post.get("max_runtime_s") or 3600
+    body["checkpointable"] = post.get("checkpointable") == "on"
+    if post.get("priority_class"):
+        body["priority_class"] = post["priority_class"]
+    if post.get("shape_mode", "catalogue") == "catalogue":
+        body["shape"] = post.get("shape", "")
+    else:
+        resources = {}
+        for field in RESOURCE_FIELDS:
+            value = post.get(field, "").strip()
+            if value:
+                resources[field] = _split(value) if field == "gpu_models" else value
+        body["resources"] = resources
+    try:
+        body["command"] = shlex.split(post.get("command", ""))
+    except ValueError as exc:  # an unclosed quote
+        errors["command"] = f"Not a command line: {exc}."
+    body["inputs"] = [line.strip() for line in post.get("inputs", "").splitlines() if line.strip()]
+    ports = _split(post.get("ports", ""))
+    if all(port.isdigit() for port in ports):
+        body["ports"] = [int(port) for port in ports]
+    else:
+        errors["ports"] = "Port numbers, separated by commas or spaces."
+    body["env"] = _pairs(post.get("env", ""), "env", errors)
+    body["secrets"] = _pairs(post.get("secrets", ""), "secrets", errors)
+    network = {"mode": post.get("network_mode") or "none"}
+    if egress := _split(post.get("egress_allow", "")):
+        network["egress_allow"] = egress
+    body["network_policy"] = network
+    retry = {"retry_on": post.getlist("retry_on")}
+    for key in ("max_attempts", "backoff_s"):
+        value = post.get(f"retry_{key}", "").strip()
+        if value:
+            if not value.isdigit():
+                errors[f"retry_{key}"] = "A whole number."
+                continue
+            retry[key] = int(value)
+    body["retry_policy"] = retry
+    return body, errors
+
+
+def field_errors(detail) -> dict[str, str]:
+    """The serializer's errors as {form field: message}: an inline shape's fields by their own
+    names, a network or retry policy at its first field, the rest under "form"."""
+    where = {
+        "network_policy": "network_mode",
+        "retry_policy": "retry_max_attempts",
+        "non_field_errors": "form",
+    }
+    errors = {}
+    for field, messages in detail.items():
+        if isinstance(messages, dict):  # resources: {field: [messages]}
+            errors.update(field_errors(messages))
+            continue
+        errors[where.get(field, field)] = " ".join(str(m) for m in messages)
+    return errors

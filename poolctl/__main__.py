@@ -1,0 +1,5 @@
+import sys
+
+from poolctl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""A job manifest: the body of `POST /api/v1/jobs` (same field names) as a YAML or JSON file,
+and the flags of `poolctl submit` that set or override its fields."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from poolctl.config import UsageError
+
+
+def read(path: str) -> dict:
+    """The manifest at `path` ("-": standard input). JSON when it ends in .json, YAML
+    otherwise (YAML reads JSON too)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path} is not valid {_kind(path)}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: a manifest is a mapping of job fields, e.g. name: train")
+    return data
+
+
+def _kind(path: str) -> str:
+    return "JSON" if path.endswith(".json") else "YAML"
+
+
+def pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    """KEY=VALUE flags (`--env A=1 --env B=2`) as a mapping."""
+    result = {}
+    for value in values or []:
+        key, sep, item = value.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} takes KEY=VALUE, not {value!r}")
+        result[key] = item
+    return result
+
+
+RESOURCE_FLAGS = {  # flag attribute → inline resource field
+    "cpu": "cpu_millicores_min",
+    "memory": "memory_mib_min",
+    "scratch": "scratch_mib",
+    "gpus": "gpu_count",
+    "gpu_sharing": "gpu_sharing_class",
+    "gpu_milli": "gpu_milli",
+    "mig_profile": "mig_profile",
+}
+
+
+def resources_from(args) -> dict:
+    resources = {
+        field: getattr(args, attr)
+        for attr, field in RESOURCE_FLAGS.items()
+        if getattr(args, attr, None) is not None
+    }
+    if args.gpu_model:
+        resources["gpu_models"] = list(args.gpu_model)
+    if resources.get("gpu_count") and "gpu_sharing_class" not in resources:
+        resources["gpu_sharing_class"] = "exclusive"  # the one class that needs no share
+    return resources
+
+
+def merge(body: dict, args) -> dict:
+    """The manifest's body with the flags given on the command line over it. A shape flag
+    replaces inline resources and the other way round (the API takes exactly one)."""
+    body = dict(body)
+    for attr, field in (
+        ("tenant", "tenant"),
+        ("pool", "pool"),
+        ("name", "name"),
+        ("image", "image"),
+        ("priority_class", "priority_class"),
+        ("max_runtime", "max_runtime_s"),
+    ):
+        if getattr(args, attr, None) is not None:
+            body[field] = getattr(args, attr)
+    if args.command:
+        body["command"] = list(args.command)
+    for attr, field, flag in (("env", "env", "--env"), ("label", "labels", "--label")):
+        extra = pairs(getattr(args, attr), flag)
+        if extra:
+            body[field] = {**(body.get(field) or {}), **extra}
+    if args.checkpointable:
+        body["checkpointable"] = True
+    resources = resources_from(args)
+    if args.shape:
+        body["shape"] = args.shape
+        body.pop("resources", None)
+    elif resources:
+        body["resources"] = {**(body.get("resources") or {}), **resources}
+        body.pop("shape", None)
+    return body

@@ -1,0 +1,186 @@
+"""The scheduling-pass benchmark: one full pass over a large queue on a large, mixed fleet.
+
+`manage.py bench_scheduler --nodes N --jobs M` (config/management/commands) makes a throwaway
+PostgreSQL database, builds the pool with config.builders from `fleet_specs` and `job_specs`
+(seeded: the same arguments build the same fleet and queue), then calls `measure`, which runs
+ONE pass of every queued job and reads the outcome back from the database.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, defaultdict
+
+from django.db import connection
+from django.utils import timezone
+
+from jobs.choices import JobState
+from jobs.models import Job
+from leases.choices import HOLDING
+from leases.models import Lease
+from nodes.models import GpuDevice, Node
+from scheduling.passes import PassResult, pool_pass
+
+IMAGE = "127.0.0.1:5000/computepool/bench@sha256:" + "b" * 64
+ZONES = (("eu-west", "eu-west-a"), ("eu-west", "eu-west-b"), ("us-east", "us-east-a"))
+ZONES += (("us-east", "us-east-b"),)
+DRIVER = {"driver_version": "550.54.15", "cuda_version": "12.4"}
+
+# Node kinds, by share of the fleet: (name, share, cpu, memory MiB, GPUs)
+A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "interconnect_group": "nvl0"}
+H100_MIG = {"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "mig_enabled": True}
+L4 = {"model": "NVIDIA L4", "memory_mib": 23034, "interconnect_group": ""}
+T4_SHARED = {"model": "Tesla T4", "memory_mib": 15360, "sharing_mode": "timeslice"}
+NODE_KINDS = (
+    ("cpu", 0.40, 64_000, 262_144, ()),
+    ("ram", 0.15, 32_000, 1_048_576, ()),
+    ("a100", 0.15, 128_000, 1_048_576, (A100,) * 8),
+    ("h100mig", 0.10, 128_000, 1_048_576, (H100_MIG,) * 8),
+    ("l4", 0.12, 48_000, 196_608, (L4,) * 4),
+    ("t4", 0.08, 32_000, 131_072, (T4_SHARED,) * 4),
+)
+
+# Job shapes, by share of the queue: (share, request fields)
+_CPU = {"gpu_sharing_class": "none", "gpu_count": 0}
+JOB_SHAPES = (
+    (0.25, {"cpu_millicores_min": 2000, "memory_mib_min": 4096, **_CPU}),
+    (0.15, {"cpu_millicores_min": 8000, "memory_mib_min": 32768, **_CPU}),
+    (0.08, {"cpu_millicores_min": 4000, "memory_mib_min": 262144, **_CPU}),
+    (0.04, {"cpu_millicores_min": 2000, "memory_mib_min": 8192, "zones": ["eu-west-a"], **_CPU}),
+    (0.12, {"cpu_millicores_min": 8000, "memory_mib_min": 65536, "gpu_sharing_class": "exclusive",
+            "gpu_count": 1}),
+    (0.04, {"cpu_millicores_min": 32000, "memory_mib_min": 262144,
+            "gpu_sharing_class": "exclusive", "gpu_count": 4, "gpu_memory_mib_min": 40960}),
+    (0.08, {"cpu_millicores_min": 4000, "memory_mib_min": 16384, "gpu_sharing_class": "mig",
+            "gpu_count": 1, "mig_profile": "1g.10gb"}),
+    (0.04, {"cpu_millicores_min": 8000, "memory_mib_min": 65536, "gpu_sharing_class": "mig",
+            "gpu_count": 1, "mig_profile": "3g.40gb"}),
+    (0.12, {"cpu_millicores_min": 2000, "memory_mib_min": 8192,
+            "gpu_sharing_class": "timeslice", "gpu_count": 1, "gpu_milli": 250}),
+    (0.08, {"cpu_millicores_min": 8000, "memory_mib_min": 32768,
+            "gpu_sharing_class": "exclusive", "gpu_count": 1, "gpu_models": ["NVIDIA L4"]}),
+)  # fmt: skip
+
+
+def fleet_specs(count: int, seed: int = 1) -> list[dict]:
+    """`count` node specs for config.builders.build_fleet: the kinds of NODE_KINDS in their
+    shares, spread over ZONES and racks."""
+    rng = random.Random(seed)
+    specs = []
+    for i in range(count):
+        kind, _, cpu, memory, gpus = rng.choices(NODE_KINDS, [k[1] for k in NODE_KINDS])[0]
+        region, zone = ZONES[i % len(ZONES)]
+        devices = [{**g, **DRIVER, "numa_node": j // 4} for j, g in enumerate(gpus)]
+        specs.append(
+            {
+                "name": f"{kind}-{i:05d}",
+                "cpu": cpu,
+                "memory": memory,
+                "scratch": 1_000_000,
+                "gpus": devices,
+                "region": region,
+                "zone": zone,
+                "rack": f"{zone}-r{i % 40:02d}",
+            }
+        )
+    return specs
+
+
+def job_specs(count: int, tenants: list, seed: int = 1, priorities=()) -> list[dict]:
+    """`count` job specs for config.builders.submit_jobs: shapes of JOB_SHAPES in their shares,
+    tenants and priority classes (`priorities`, may be empty) drawn at random."""
+    rng = random.Random(seed + 1)
+    specs = []
+    for i in range(count):
+        _, request = rng.choices(JOB_SHAPES, [shape[0] for shape in JOB_SHAPES])[0]
+        spec = {
+            "tenant": rng.choice(tenants),
+            "name": f"bench-{i}",
+            "resources": dict(request),
+            "image": IMAGE,
+            "image_platforms": ["linux/amd64"],
+        }
+        if priorities:
+            spec["priority_class"] = rng.choice(priorities)
+        specs.append(spec)
+    return specs
+
+
+def measure(pool) -> dict:
+    """ONE pass of every queued job of `pool`, timed by phase; then what the database holds."""
+    job_ids = list(
+        Job.objects.filter(pool=pool, state=JobState.QUEUED)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    timings: dict[str, float] = {}
+    result = PassResult()
+    started = time.perf_counter()
+    pool_pass(pool.pk, job_ids, timezone.now(), result, timings=timings)
+    total = time.perf_counter() - started
+    unplaced = Counter(
+        (reason or {}).get("code", "none")
+        for reason in Job.objects.filter(pool=pool, state=JobState.QUEUED).values_list(
+            "pending_reason", flat=True
+        )
+    )
+    return {
+        "nodes": Node.objects.filter(pool=pool).count(),
+        "jobs": len(job_ids),
+        "placed": len(result.placed),
+        "placements_per_s": round(len(result.placed) / total, 1),
+        "pass_s": round(total, 3),
+        "snapshot_s": round(timings.get("snapshot_s", 0.0), 3),
+        "plan_s": round(timings.get("plan_s", 0.0), 3),
+        "apply_s": round(timings.get("apply_s", 0.0), 3),
+        "unplaced_by_reason": dict(unplaced.most_common()),
+        "overcommitted_nodes": overcommitted_nodes(pool),
+        "jobs_without_one_lease": jobs_without_one_lease(pool),
+    }
+
+
+def overcommitted_nodes(pool) -> int:
+    """Nodes where the holding leases (not the ledger columns) hold more than allocatable: CPU,
+    memory, scratch, a GPU's milli, or overlapping MIG memory slices."""
+    held: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+    gpu_milli: dict[int, int] = defaultdict(int)
+    gpu_slots: dict[int, int] = defaultdict(int)
+    over = set()
+    rows = Lease.objects.filter(pool=pool, state__in=HOLDING, backfill_of__isnull=True).values_list(
+        "node_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+    )
+    for node_id, cpu, memory, scratch, allocations in rows:
+        total = held[node_id]
+        total[0] += cpu
+        total[1] += memory
+        total[2] += scratch
+        for alloc in allocations:
+            if alloc.get("mig_slots"):
+                if gpu_slots[alloc["gpu"]] & alloc["mig_slots"]:
+                    over.add(node_id)
+                gpu_slots[alloc["gpu"]] |= alloc["mig_slots"]
+            else:
+                gpu_milli[alloc["gpu"]] += alloc["milli"]
+    allocatable = Node.objects.filter(pk__in=held).values_list(
+        "id", "cpu_millicores_allocatable", "memory_mib_allocatable", "scratch_mib_allocatable"
+    )
+    for node_id, *limits in allocatable:
+        if any(h > limit for h, limit in zip(held[node_id], limits, strict=True)):
+            over.add(node_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, node_id FROM {GpuDevice._meta.db_table} WHERE id = ANY(%s)",
+            [[gpu for gpu, milli in gpu_milli.items() if milli > 1000]],
+        )
+        over |= {node_id for _, node_id in cursor.fetchall()}
+    return len(over)
+
+
+def jobs_without_one_lease(pool) -> int:
+    """Leased jobs that do not hold exactly one lease (0 when nothing was placed twice)."""
+    leased = Job.objects.filter(pool=pool, state=JobState.LEASED).values_list("id", flat=True)
+    counts = Counter(
+        Lease.objects.filter(job_id__in=leased, state__in=HOLDING).values_list("job_id", flat=True)
+    )
+    return sum(1 for job_id in leased if counts[job_id] != 1)

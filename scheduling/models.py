@@ -1,0 +1,76 @@
+from django.db import models
+
+from pools.choices import PlatformRole
+from pools.visibility import Visibility, VisibleQuerySet
+
+
+class TenantUsage(models.Model):
+    """Fair share's memory of a tenant's past use of a pool (scheduling/fairshare.py): resource-
+    seconds held, every second weighted by 2^-(its age / the pool's half-life), as of
+    `updated_at` (decay it to read it now). Written only by `fairshare.charge`."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant", seen_by=(PlatformRole.POLICY_ADMIN,))
+
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
+    cpu_millicore_s = models.FloatField(default=0.0)
+    memory_mib_s = models.FloatField(default=0.0)
+    gpu_s = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField()
+    # the latest charge's failure on this row ("" once a charge succeeds): the others went on
+    charge_error = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "pool"], name="one_usage_per_tenant_pool")
+        ]
+
+    def __str__(self):
+        return f"usage of tenant {self.tenant_id} in pool {self.pool_id}"
+
+    @property
+    def usage_s(self) -> tuple[float, float, float]:
+        return (self.cpu_millicore_s, self.memory_mib_s, self.gpu_s)
+
+
+class PassRecord(models.Model):
+    """One scheduling pass over one pool, for the operators' scheduler-health page
+    (scheduling/health.py `record_pass`); rows older than SCHEDULER_HEALTH_WINDOW are pruned."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
+
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
+    started_at = models.DateTimeField()
+    duration_s = models.FloatField()
+    considered = models.PositiveIntegerField(default=0)  # queued jobs in the pass's window
+    placed = models.PositiveIntegerField(default=0)
+    conflicts = models.PositiveIntegerField(default=0)  # plan_conflict: a node taken meanwhile
+    errors = models.PositiveIntegerField(default=0)  # scheduling_error on a job
+
+    class Meta:
+        indexes = [models.Index(fields=["pool", "started_at"])]
+
+    def __str__(self):
+        return f"pass of pool {self.pool_id} at {self.started_at:%H:%M:%S}"
+
+
+class CapacitySample(models.Model):
+    """A pool's capacity totals at one moment (leases.selectors.pool_capacity: allocatable,
+    reserved = requested, used = measured, …), taken by `health.sample_capacity` for the
+    utilisation-over-time charts; `error` says why a sample could not be taken."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
+
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    totals = models.JSONField(default=dict, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["pool", "at"])]
+
+    def __str__(self):
+        return f"capacity of pool {self.pool_id} at {self.at:%H:%M:%S}"

@@ -1,0 +1,67 @@
+// Live updates for console pages (no framework): an element with data-live-socket="/ws/…/"
+// follows that websocket. Every event, and every (re)connection, fires "live-event" on <body>;
+// htmx elements listening for it (hx-trigger="live-event from:body") fetch what changed. A
+// dropped socket reconnects with backoff, and since a reconnection fires "live-event" too, a
+// timeline fetches the events it missed: it asks for those after its last one (?after=<id>).
+(function () {
+  "use strict";
+
+  function fire() {
+    document.body.dispatchEvent(new CustomEvent("live-event"));
+  }
+
+  function follow(element) {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const url = `${scheme}://${location.host}${element.dataset.liveSocket}`;
+    const status = element.querySelector("[data-live-status]");
+    let delay = 500;
+
+    function show(state, text) {
+      element.dataset.liveState = state;
+      if (status) status.textContent = text;
+    }
+
+    function connect() {
+      const socket = new WebSocket(url);
+      socket.onopen = () => {
+        delay = 500;
+        show("open", "Live");
+        fire(); // whatever happened while we were away
+      };
+      socket.onmessage = fire;
+      socket.onclose = (event) => {
+        if (event.code === 4401 || event.code === 4403) {
+          show("refused", "Live updates are not available for this page.");
+          return;
+        }
+        show("reconnecting", "Connection lost; reconnecting…");
+        setTimeout(connect, delay);
+        delay = Math.min(delay * 2, 5000);
+      };
+    }
+    connect();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    document.querySelectorAll("[data-live-socket]").forEach(follow);
+
+    // A list with data-cursor asks only for entries after its last one.
+    document.body.addEventListener("htmx:configRequest", (event) => {
+      const list = event.detail.elt;
+      if (list.dataset && "cursor" in list.dataset) {
+        const items = list.querySelectorAll("[data-event]");
+        event.detail.parameters.after = items.length ? items[items.length - 1].dataset.event : 0;
+      }
+    });
+    // Two fetches that crossed may bring the same entry: keep the first.
+    document.body.addEventListener("htmx:afterSwap", (event) => {
+      const list = event.detail.target;
+      if (!list.dataset || !("cursor" in list.dataset)) return;
+      const seen = new Set();
+      list.querySelectorAll("[data-event]").forEach((item) => {
+        if (seen.has(item.dataset.event)) item.remove();
+        else seen.add(item.dataset.event);
+      });
+    });
+  });
+})();

@@ -1,0 +1,206 @@
+"""The operators' console end to end, in headless Chromium, against the whole stack
+(tests/e2e/conftest.py: a real agent's node, jobs run in containers on the real Docker engine).
+
+The console is served over ASGI by daphne in its own process (websockets need it), beside the
+stack's WSGI server that the agent talks to: both use the test database and the same Redis
+channel layer, so a node's transition reaches the browser's socket. An operator drains the
+agent's node with a deadline and a reason on its page, and the node list in another tab shows
+it draining without a reload; a dropped socket reconnects and fetches the change it missed.
+Screenshots of each operations page go to test-artifacts/ (gitignored)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import partial
+
+import pytest
+from channels.testing.live import make_application, set_database_connection
+from daphne.testing import DaphneProcess
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.db import connection, connections
+from playwright.sync_api import expect
+
+from config.builders import build_person
+from leases.models import Lease
+from nodes import services as node_services
+from nodes.models import NodeEvent
+from pools.actors import Actor
+from pools.choices import PlatformRole
+from scheduling import health
+from tests.browser import chromium_page, sign_in
+
+from .conftest import ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.browser]
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def console(stack, django_db_blocker):
+    """The console's URL: daphne serving config.asgi's routes (HTTP, static, websockets)."""
+    with django_db_blocker.unblock():
+        build_person("e2e-olga", platform_role=PlatformRole.OPERATOR)
+        connections.close_all()  # the forked server must not share this process's connection
+    server = DaphneProcess(
+        "127.0.0.1",
+        partial(make_application, static_wrapper=ASGIStaticFilesHandler),
+        setup=set_database_connection,
+    )
+    server.start()
+    if not server.ready.wait(30):
+        pytest.fail("daphne did not start")
+    yield f"http://127.0.0.1:{server.port.value}"
+    server.terminate()
+    server.join()
+
+
+@pytest.fixture
+def page(console):
+    with chromium_page() as page:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.on("dialog", lambda dialog: dialog.accept())  # every action's confirmation
+        sign_in(page, console, "e2e-olga", "pw-e2e-olga")
+        yield page
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def elsewhere(service, **kwargs):
+    """Run a service where a request would: Playwright's event loop owns the test's thread."""
+
+    def run():
+        try:
+            service(**kwargs)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def wait_live(page):
+    expect(page.locator("body")).to_have_attribute("data-ops-live", "open")
+
+
+def test_an_operator_drains_a_node_and_the_list_shows_it_live(stack, console, page):
+    node = stack.node()
+    routes, server_down = [], {"now": False}
+
+    def route(socket):
+        routes.append(socket)
+        if not server_down["now"]:
+            socket.connect_to_server()
+        # else: the page believes it is connected, and nothing ever arrives (a silent drop)
+
+    page.route_web_socket(re.compile(r"/ws/nodes/$"), route)
+    page.goto(f"{console}/console/nodes?pool={stack.pool.slug}")
+    wait_live(page)
+    page.evaluate("window.notReloaded = true")
+    row = page.locator(f"tr[data-node='{node.name}']")
+    expect(row.locator(".state")).to_have_text("Ready")
+
+    # the node's page, in another tab: drain with a deadline and a reason, confirmed
+    detail = page.context.browser.new_page()  # a second window, signed in on its own
+    detail.set_default_timeout(15_000)
+    detail.set_viewport_size({"width": 1280, "height": 900})
+    detail.on("dialog", lambda dialog: dialog.accept())
+    sign_in(detail, console, "e2e-olga", "pw-e2e-olga")
+    detail.goto(f"{console}/console/nodes/{node.pk}")
+    wait_live(detail)
+    expect(detail.locator("h1")).to_contain_text(stack.agent.node_name)
+    expect(detail.locator("#node-summary")).to_contain_text("Agent version")
+    detail.get_by_label("Deadline, minutes from now").fill("45")
+    detail.locator("#drain-reason").fill("kernel 6.8 upgrade")
+    detail.get_by_role("button", name="Drain").click()
+    expect(detail.locator("#node-summary [data-node-state]")).to_have_text("Draining")
+    expect(detail.get_by_role("button", name="Cancel drain")).to_be_visible()
+    expect(detail.locator("#node-events")).to_contain_text("kernel 6.8 upgrade")
+
+    # the list heard it over its socket: the row changed, the page was not reloaded
+    expect(row.locator(".state")).to_contain_text("Draining")
+    expect(row.locator(".state")).to_contain_text("deadline")
+    expect(row.locator(".why")).to_contain_text("drain_requested: kernel 6.8 upgrade")
+    assert page.evaluate("window.notReloaded") is True
+    screenshot(page, "ops-nodes")
+    screenshot(detail, "ops-node")
+    event = NodeEvent.objects.filter(node=node).latest("id")
+    assert (event.reason, event.message, event.actor_label) == (
+        "drain_requested",
+        "kernel 6.8 upgrade",
+        "user:e2e-olga",
+    )
+    assert event.data["deadline"] is not None
+
+    # a silent drop: the cancel's event never reaches the page …
+    server_down["now"] = True
+    routes[-1].close()
+    wait_live(page)
+    operator = Actor.for_user(event.actor_user)
+    elsewhere(node_services.node_drain_cancel, node=node, actor=operator, message="postponed")
+    page.wait_for_timeout(1000)
+    expect(row.locator(".state")).to_contain_text("Draining")  # missed, so far
+    # … until the dead connection is noticed: it reconnects and fetches the table
+    server_down["now"] = False
+    routes[-1].close()
+    expect(row.locator(".state")).to_have_text("Ready")
+    expect(row.locator(".why")).to_contain_text("drain_cancelled: postponed")
+    assert page.evaluate("window.notReloaded") is True
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page, "ops-nodes-390")
+    detail.set_viewport_size({"width": 390, "height": 844})
+    screenshot(detail, "ops-node-390")
+
+
+def test_the_operations_pages(stack, console, page):
+    job_id = stack.submit("ops-ran", ["sh", "-c", "echo hi"]).json()["id"]
+    stack.drive(job_id, "succeeded")
+    lease = Lease.objects.get(job_id=job_id)
+    elsewhere(health.sample_capacity)  # the passes that placed the job recorded themselves
+
+    page.goto(f"{console}/console/ops/capacity?dim=cpu_millicores")
+    expect(page.get_by_role("heading", name="By pool — CPU (millicores)")).to_be_visible()
+    expect(page.locator(f"tr[data-group='{stack.pool.slug}']")).to_be_visible()
+    expect(page.locator("section[aria-labelledby=h-trend]")).to_contain_text("requested peak")
+    screenshot(page, "ops-capacity")
+
+    page.goto(f"{console}/console/ops/queue?pool={stack.pool.slug}")
+    expect(
+        page.get_by_role("heading", name=f"Queue and fairness — {stack.pool.slug}")
+    ).to_be_visible()
+    screenshot(page, "ops-queue")
+
+    page.goto(f"{console}/console/ops/health?pool={stack.pool.slug}")
+    expect(page.locator("main")).to_contain_text(re.compile(r"\d+ passes placed 1 jobs"))
+    screenshot(page, "ops-health")
+
+    page.goto(f"{console}/console/ops/jobs/{job_id}/decision")
+    expect(page.get_by_role("heading", name=f"Placement of lease {lease.pk}")).to_be_visible()
+    expect(page.locator("main")).to_contain_text(stack.agent.node_name)
+    screenshot(page, "ops-decision")
+
+    # an enrollment token: created in the form, its secret shown once, then revoked
+    page.goto(f"{console}/console/nodes/tokens")
+    page.get_by_label("Name (optional)").fill("rack-9")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("[data-secret]").inner_text()
+    assert secret.startswith("cpe_")
+    screenshot(page, "ops-tokens")
+    page.goto(f"{console}/console/nodes/tokens")
+    expect(page.locator("main")).not_to_contain_text(secret)
+    token_row = page.locator("tr", has_text="rack-9")
+    token_row.get_by_role("button", name=re.compile("Revoke")).click()
+    expect(page.locator("tr", has_text="rack-9").locator(".token-status")).to_contain_text(
+        "Revoked"
+    )
+
+    # keyboard: the skip link comes first, then the console's navigation
+    page.goto(f"{console}/console/nodes")
+    page.keyboard.press("Tab")
+    expect(page.locator(":focus")).to_have_text("Skip to content")

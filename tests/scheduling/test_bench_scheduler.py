@@ -1,0 +1,112 @@
+"""The scheduling-pass benchmark: its fleet and queue, its figures, its throwaway database, and
+the bulk builders it seeds with (the same rows the services write one at a time)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+from django.conf import settings
+
+from config.builders import build_fleet, build_node, build_tenant, submit_job, submit_jobs
+from jobs.models import Job
+from nodes.models import GpuDevice, Node, NodeEvent
+from scheduling.bench.scheduler import fleet_specs, job_specs, measure
+
+NODE_FIELDS = (
+    "state",
+    "reachability",
+    "cpu_millicores_allocatable",
+    "memory_mib_allocatable",
+    "scratch_mib_allocatable",
+    "cpu_millicores_raw",
+    "inventory",
+)
+
+
+def test_build_fleet_writes_what_build_node_writes(pool):
+    gpus = [{}, {"sharing_mode": "timeslice"}]
+    one = build_node(pool, "one", cpu=8000, memory=16384, scratch=100, gpus=gpus)
+    (bulk,) = build_fleet(pool, [{"name": "bulk", "cpu": 8000, "memory": 16384, "scratch": 100,
+                                   "gpus": gpus}])  # fmt: skip
+    rows = Node.objects.filter(pk__in=[one.pk, bulk.pk]).values(*NODE_FIELDS)
+    inventory = [dict(r, inventory={**r["inventory"], "gpus": None}) for r in rows]
+    assert inventory[0] == inventory[1]
+    devices = [
+        list(GpuDevice.objects.filter(node=n).order_by("index").values("model", "sharing_mode"))
+        for n in (one, bulk)
+    ]
+    assert devices[0] == devices[1]
+    events = [
+        list(NodeEvent.objects.filter(node=n).order_by("id").values_list("to_state", "reason"))
+        for n in (one, bulk)
+    ]
+    assert events[0] == events[1]
+
+
+def test_submit_jobs_writes_what_submit_job_writes(pool, tenant):
+    build_node(pool, "n1")
+    one = submit_job(pool, tenant, "one", cpu=500, memory=256)
+    (bulk,) = submit_jobs(pool, [{"tenant": tenant, "name": "bulk", "resources": one.resources}])
+    fields = ("state", "resources", "image", "image_requested", "tenant_id", "pool_id")
+    rows = list(Job.objects.filter(pk__in=[one.pk, bulk.pk]).order_by("id").values(*fields))
+    assert rows[0] == rows[1]
+    assert [list(j.events.values_list("to_state", "reason")) for j in (one, bulk)] == [
+        [("queued", "submitted")]
+    ] * 2
+
+
+def test_one_measured_pass_places_without_overcommitting(pool):
+    tenants = [build_tenant(f"bench-{i}") for i in range(3)]
+    build_fleet(pool, fleet_specs(40, seed=3))
+    submit_jobs(pool, job_specs(300, tenants, seed=3))
+    figures = measure(pool)
+    assert figures["nodes"] == 40 and figures["jobs"] == 300
+    assert figures["placed"] + sum(figures["unplaced_by_reason"].values()) == 300
+    assert figures["placed"] > 100 and figures["placements_per_s"] > 0
+    assert set(figures["unplaced_by_reason"]) <= {"no_capacity"}
+    assert figures["overcommitted_nodes"] == 0 and figures["jobs_without_one_lease"] == 0
+    for phase in ("snapshot_s", "plan_s", "apply_s"):
+        assert 0 < figures[phase] <= figures["pass_s"]
+
+
+def test_the_fleet_and_queue_are_mixed_and_seeded():
+    specs = fleet_specs(400, seed=5)
+    assert specs == fleet_specs(400, seed=5)
+    kinds = {spec["name"].split("-")[0] for spec in specs}
+    assert kinds == {"cpu", "ram", "a100", "h100mig", "l4", "t4"}
+    assert len({spec["zone"] for spec in specs}) == 4
+    assert any(g.get("mig_enabled") for spec in specs for g in spec["gpus"])
+    jobs = job_specs(400, ["a", "b"], seed=5)
+    classes = {job["resources"]["gpu_sharing_class"] for job in jobs}
+    assert classes == {"none", "exclusive", "mig", "timeslice"}
+
+
+def _bench_databases() -> set[str]:
+    db = settings.DATABASES["default"]
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname="postgres"
+    ) as conn:
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'bench_scheduler_%'"
+        )
+        return {row[0] for row in rows}
+
+
+def test_the_command_prints_its_figures_and_drops_its_database():
+    before = _bench_databases()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "bench_scheduler", "--nodes", "20", "--jobs", "60", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=settings.BASE_DIR,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("placements_per_s", "snapshot_s", "plan_s", "apply_s", "placed"):
+        assert key in figures
+    assert figures["overcommitted_nodes"] == 0 and "unplaced_by_reason" in figures
+    assert _bench_databases() == before
