@@ -79,9 +79,20 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
+    # POST /jobs with `Idempotency-Key`: a retry with the same key and body gets this job back
+    idempotency_key = models.CharField(max_length=100, blank=True, default="")
+    idempotency_digest = models.CharField(max_length=64, blank=True, default="")
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["pool", "state", "created_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="one_job_per_tenant_idempotency_key",
+            )
+        ]
 
     def __str__(self):
         return f"job {self.pk} {self.name}"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from leases.choices import HOLDING
+from leases.explain import IdempotencyKeyReused
 from leases.services import check_ever_fits, lease_release
 from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
@@ -80,12 +81,20 @@ def job_submit(
     affinity: dict | None = None,
     anti_affinity: dict | None = None,
     require_numa: bool = False,
+    idempotency_key: str = "",
+    idempotency_digest: str = "",
 ) -> Job:
     """A queued job. `image` is what the agent will run (a digest reference once the image
     is resolved), `image_requested` what the client sent (default: `image`). The data-plane
-    fields arrive validated (pools.validation); None keeps the model's defaults."""
+    fields arrive validated (pools.validation); None keeps the model's defaults.
+
+    With `idempotency_key`, a second submit of the tenant with the same key returns the first
+    job (nothing new is queued) when it asked the same (`idempotency_digest`), and is refused
+    422 `idempotency_key_reused` otherwise — also when two such submits race."""
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
+    if idempotency_key and (earlier := _keyed_job(tenant, idempotency_key, idempotency_digest)):
+        return earlier
     resources = shape.as_request() if shape else resources
     # The placement fields travel in the request the pass reserves with (leases.snapshot's
     # core_request reads them; the lease keeps `labels` for other jobs' anti-affinity).
@@ -106,46 +115,63 @@ def job_submit(
     check_ever_fits(
         pool=pool, tenant=tenant, request=resources, image_platforms=image_platforms or ()
     )
-    with transaction.atomic():
-        # A person's submit is capped (the system's builders, demo and benchmarks are not).
-        if actor.is_person:
-            check_queue_room(tenant, pool)
-        job = Job.objects.create(
-            tenant=tenant,
-            pool=pool,
-            name=name,
-            image=image,
-            shape=shape,
-            resources=resources,
-            command=command or [],
-            env=env or {},
-            priority_class=priority_class,
-            checkpointable=checkpointable,
-            max_runtime_s=max_runtime_s,
-            submitted_by=actor.user,
-            image_requested=image_requested or image,
-            image_platforms=image_platforms or [],
-            secrets=secrets or {},
-            inputs=inputs or [],
-            ports=ports or [],
-            output_destination=output_destination,
-            labels=labels or {},
-            affinity=affinity or {},
-            anti_affinity=anti_affinity or {},
-            require_numa=require_numa,
-            **({"network_policy": network_policy} if network_policy is not None else {}),
-            **({"retry_policy": retry_policy} if retry_policy is not None else {}),
-        )
-        event = JobEvent.record(
-            job,
-            actor=actor,
-            from_state="",
-            to_state=JobState.QUEUED,
-            reason=Reason.SUBMITTED,
-            message=f"submitted to pool {pool.slug}",
-        )
-        transaction.on_commit(lambda: publish_job_event(job, event))
+    try:
+        with transaction.atomic():
+            # A person's submit is capped (the system's builders, demo and benchmarks are not).
+            if actor.is_person:
+                check_queue_room(tenant, pool)
+            job = Job.objects.create(
+                tenant=tenant,
+                pool=pool,
+                name=name,
+                image=image,
+                shape=shape,
+                resources=resources,
+                command=command or [],
+                env=env or {},
+                priority_class=priority_class,
+                checkpointable=checkpointable,
+                max_runtime_s=max_runtime_s,
+                submitted_by=actor.user,
+                image_requested=image_requested or image,
+                image_platforms=image_platforms or [],
+                secrets=secrets or {},
+                inputs=inputs or [],
+                ports=ports or [],
+                output_destination=output_destination,
+                labels=labels or {},
+                affinity=affinity or {},
+                anti_affinity=anti_affinity or {},
+                require_numa=require_numa,
+                idempotency_key=idempotency_key,
+                idempotency_digest=idempotency_digest,
+                **({"network_policy": network_policy} if network_policy is not None else {}),
+                **({"retry_policy": retry_policy} if retry_policy is not None else {}),
+            )
+            event = JobEvent.record(
+                job,
+                actor=actor,
+                from_state="",
+                to_state=JobState.QUEUED,
+                reason=Reason.SUBMITTED,
+                message=f"submitted to pool {pool.slug}",
+            )
+            transaction.on_commit(lambda: publish_job_event(job, event))
+    except IntegrityError:  # a racing submit with the same key committed first
+        if idempotency_key and (earlier := _keyed_job(tenant, idempotency_key, idempotency_digest)):
+            return earlier
+        raise
     return job
+
+
+def _keyed_job(tenant: Tenant, key: str, digest: str) -> Job | None:
+    earlier = Job.objects.filter(tenant=tenant, idempotency_key=key).first()
+    if earlier is not None and earlier.idempotency_digest != digest:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {key!r} was used for job {earlier.pk}, which asked for something "
+            "else; use a new key for a new job."
+        )
+    return earlier
 
 
 def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -> Job:

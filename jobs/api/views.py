@@ -1,5 +1,7 @@
+from hashlib import sha256
 from urllib.parse import urlencode
 
+import orjson
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -13,6 +15,7 @@ from jobs.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
+from leases.api.serializers import idempotency_key
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
@@ -63,9 +66,16 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         request=JobSubmitSerializer, responses={201: JobSerializer, 422: dict, 429: dict}
     )
     def create(self, request, *args, **kwargs):
+        """Submit a job. With an `Idempotency-Key` header, a retry with the same key and the
+        same body gets the first job back (201, nothing new queued); the same key with another
+        body is 422 `idempotency_key_reused`."""
+        key = idempotency_key(request)
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        if key:
+            digest = orjson.dumps(request.data, option=orjson.OPT_SORT_KEYS)
+            data |= {"idempotency_key": key, "idempotency_digest": sha256(digest).hexdigest()}
         # a shape that never fits raises NeverFits: the same 422 body as POST /compute-leases
         job = services.job_submit(actor=Actor.from_request(request), **data)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
