@@ -19,8 +19,10 @@ from .types import DEFAULT_FILTERS, Policy
 MAX_WEIGHT = 1e12
 
 # The product default (see docs/scheduler.md): FGD's fragmentation gradient on its 0..100
-# integer scale, measured against the whole request mix including memory; ties broken towards
-# nodes already running work, then towards the tightest node unless its GPU model is one that
+# integer scale, with the fragmentation coupled to the memory a node has left (``memory_fgd``:
+# GPUs without the memory to run typical requests on them are fragments) and measured against
+# FGD's typical requests, each with the mean memory of its requests; ties broken towards nodes
+# already running work, then towards the tightest node unless its GPU model is one that
 # model-pinned requests depend on, then by node name. The weights make the order
 # lexicographic. Preference scorers (locality, affinity, warm image, replica spread) come first
 # when a request expresses them; they are 0 otherwise, as in the trace replay.
@@ -32,13 +34,15 @@ DEFAULT_POLICY = Policy(
         "locality": 1e9,
         "failure_domain_spread": 1e9,
         "warm_image": 1e8,
-        "paper_fgd": 1e6,
+        "memory_fgd": 1e6,
         "node_in_use": 1e3,
         "best_fit_unpinned": 1.0,
     },
     filters=DEFAULT_FILTERS,
     gpu_choice="fragmentation",
-    truncated=("paper_fgd", "node_in_use", "best_fit_unpinned"),
+    # paper_fgd (the previous default's term) stays truncated: a pool whose stored version
+    # still names it is built from these fields too, and places exactly as it did.
+    truncated=("memory_fgd", "paper_fgd", "node_in_use", "best_fit_unpinned"),
 )
 
 

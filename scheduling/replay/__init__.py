@@ -2,7 +2,8 @@
 paper's policies it compares the product default with.
 
 See ``../shared/benchmarks/openb/PROTOCOL.md``. ``trace`` reads the CSVs and orders arrivals
-and nodes, ``policies`` names the policies, ``run`` replays and reports. This package may use
+and nodes, ``variants`` resamples a trace into mixes that are not given, ``policies`` names the
+policies, ``run`` replays and reports. This package may use
 numpy; the core it drives does not.
 
 Node order: ties go to the smallest node name, but the paper's simulator renames every node
@@ -26,15 +27,18 @@ from .trace import (
     read_pods,
     typical_workload,
 )
+from .variants import VARIANTS, make_variant
 
 __all__ = [
     "PAPER_POLICIES",
     "POLICY_NAMES",
+    "VARIANTS",
     "Pod",
     "RunResult",
     "build_arrivals",
     "curve_from_events",
     "for_trace",
+    "make_variant",
     "node_order",
     "parse_seeds",
     "pod_request",

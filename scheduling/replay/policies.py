@@ -45,8 +45,8 @@ POLICY_NAMES = ("default", *PAPER_POLICIES)
 
 # How a policy's typical workload is measured from a trace (``typical_workload`` options): the
 # product's every shape with memory, the paper's the shapes covering 95 % without memory.
-DEFAULT_WORKLOAD = {"with_memory": True, "coverage": 1.0}
-PAPER_WORKLOAD = {"with_memory": False, "coverage": 0.95}
+DEFAULT_WORKLOAD = {"memory": "mean", "coverage": 0.95}
+PAPER_WORKLOAD = {"memory": "none", "coverage": 0.95}
 
 
 def policy_for(name: str, trace_pods: list[Pod] | None = None, seed: int = 0) -> Policy:

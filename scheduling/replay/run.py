@@ -4,8 +4,10 @@ report over seeds.
 
 Speed comes from caching, not from a second implementation:
 
-* static filters are evaluated once per (pod shape, node signature);
-* the evaluation of each (pod shape, node) is cached and recomputed only for nodes whose
+* the evaluation of a pod shape on a node is kept per node signature (everything but the
+  name), so identical nodes, and a node that comes back to a state seen before, are evaluated
+  once per shape;
+* the evaluation of each (pod shape, node) is cached and looked up again only for nodes whose
   capacity changed since that shape was last scored;
 * pods never depart in this protocol, so capacity only shrinks and a node that cannot fit a
   shape never will again: it is not re-evaluated.
@@ -26,6 +28,7 @@ from scheduling.core.types import NodeView, Policy, Request
 
 from .policies import for_trace, policy_for
 from .trace import Pod, build_arrivals, node_order, pod_request, read_nodes, read_pods
+from .variants import make_variant
 
 CURVE_MAX = 130
 
@@ -35,6 +38,7 @@ class _ShapeCache:
     request: Request
     scores: np.ndarray
     results: list
+    by_signature: dict  # node signature -> evaluation of this shape
     log_position: int = 0
 
 
@@ -56,22 +60,24 @@ def replay_run(
     seed: int,
     tune: float = 1.3,
     progress: Callable[[int], None] | None = None,
+    workload: dict | None = None,
 ) -> RunResult:
     """One replay: one trace, one policy (a name of ``POLICY_NAMES``, or a ``Policy`` such as
-    a pool's), one seed. The policy's workload is measured from the trace."""
+    a pool's), one seed. The policy's workload is measured from the trace (a ``Policy``'s as
+    the product measures it, or with ``typical_workload`` options ``workload``)."""
     started = time.perf_counter()
     capacity = sum(1000 * len(n.gpus) for n in nodes)
     arrivals = build_arrivals(pods, seed, tune, capacity)
     if isinstance(policy, str):
         policy = policy_for(policy, pods, seed)
     else:
-        policy = for_trace(policy, pods, seed)
+        policy = for_trace(policy, pods, seed, workload)
     nodes = node_order(nodes, seed)
+    signatures = [_signature(n) for n in nodes]
     ctx = make_context(nodes, policy, rng=Random(seed + 7919))
     pick_random = "random" in policy.weights
     caches: dict[tuple, _ShapeCache] = {}
     change_log: list[int] = []
-    count = len(nodes)
     allocated = 0
     arrived = 0
     failed = 0
@@ -80,10 +86,10 @@ def replay_run(
     for step, pod in enumerate(arrivals):
         cache = caches.get(pod.shape_key)
         if cache is None:
-            cache = _new_cache(pod, nodes, ctx, count)
+            cache = _new_cache(pod, nodes, signatures, ctx)
             caches[pod.shape_key] = cache
         else:
-            _refresh(cache, nodes, ctx, change_log)
+            _refresh(cache, nodes, signatures, ctx, change_log)
         cache.log_position = len(change_log)
         scores = cache.scores
         if pick_random:
@@ -99,6 +105,7 @@ def replay_run(
         else:
             placement = to_placement(cache.request, nodes[chosen], cache.results[chosen], policy)
             nodes[chosen] = apply_placement(nodes[chosen], placement)
+            signatures[chosen] = _signature(nodes[chosen])
             change_log.append(chosen)
             allocated += sum(d.milli for d in placement.devices)
         arrived += pod.demand
@@ -116,27 +123,30 @@ def replay_run(
     )
 
 
-def _signature(node: NodeView) -> tuple:
+def _signature(node: NodeView) -> str:
     """Everything a replay node can differ in besides its name (``read_nodes`` sets the rest
     to defaults and ``apply_placement`` changes only these), so equal signatures evaluate
-    equally. Many nodes are still untouched copies of a few machine types."""
-    return (
-        node.cpu_millicores,
-        node.memory_mib,
-        node.free_cpu_millicores,
-        node.free_memory_mib,
-        node.workload_labels,
-        tuple((g.model, g.free_milli, g.tenants) for g in node.gpus),
+    equally. Many nodes are still untouched copies of a few machine types. A string, because
+    a string keeps its hash: each signature is looked up once per pod shape."""
+    return repr(
+        (
+            node.cpu_millicores,
+            node.memory_mib,
+            node.free_cpu_millicores,
+            node.free_memory_mib,
+            sorted(node.workload_labels),
+            [(g.model, g.free_milli, g.tenants) for g in node.gpus],
+        )
     )
 
 
-def _new_cache(pod: Pod, nodes, ctx, count: int) -> _ShapeCache:
+def _new_cache(pod: Pod, nodes, signatures, ctx) -> _ShapeCache:
     request = pod_request(pod)
-    scores = np.full(count, -np.inf)
-    results: list = [None] * count
-    seen: dict[tuple, object] = {}
+    scores = np.full(len(nodes), -np.inf)
+    results: list = [None] * len(nodes)
+    seen: dict[str, object] = {}
     for i, node in enumerate(nodes):
-        key = _signature(node)
+        key = signatures[i]
         result = seen.get(key)
         if result is None:
             result = evaluate(request, node, ctx)
@@ -144,15 +154,19 @@ def _new_cache(pod: Pod, nodes, ctx, count: int) -> _ShapeCache:
         if not isinstance(result, str):
             scores[i] = result[0]
             results[i] = result
-    return _ShapeCache(request, scores, results)
+    return _ShapeCache(request, scores, results, seen)
 
 
-def _refresh(cache: _ShapeCache, nodes, ctx, change_log: list[int]) -> None:
-    scores, results = cache.scores, cache.results
+def _refresh(cache: _ShapeCache, nodes, signatures, ctx, change_log: list[int]) -> None:
+    scores, results, seen = cache.scores, cache.results, cache.by_signature
     for i in set(change_log[cache.log_position :]):
         if results[i] is None:  # never fitted; capacity only shrinks in a replay
             continue
-        result = evaluate(cache.request, nodes[i], ctx, static_checked=True)
+        key = signatures[i]
+        result = seen.get(key)
+        if result is None:
+            result = evaluate(cache.request, nodes[i], ctx, static_checked=True)
+            seen[key] = result
         if isinstance(result, str):
             scores[i] = -np.inf
             results[i] = None
@@ -228,15 +242,18 @@ def replay(
     tune: float = 1.3,
     progress: Callable[[int], None] | None = None,
     on_run: Callable[[RunResult], None] | None = None,
+    variant: str = "",
 ) -> dict:
     """Replay ``pods_path`` on ``nodes_path`` once per seed; returns the ``summarize`` report
-    (its ``policy`` is the name, or the ``Policy``'s name)."""
+    (its ``policy`` is the name, or the ``Policy``'s name). ``variant``: replay each seed's
+    resample of the trace (``variants.VARIANTS``) instead of the trace itself."""
     nodes = read_nodes(nodes_path)
     pods = read_pods(pods_path)
     runs = []
     for seed in seeds:
-        runs.append(replay_run(nodes, pods, policy, seed, tune, progress))
+        trace_pods = make_variant(pods, variant, seed) if variant else pods
+        runs.append(replay_run(nodes, trace_pods, policy, seed, tune, progress))
         if on_run:
             on_run(runs[-1])
-    trace = pods_path.rsplit("/", 1)[-1].removesuffix(".csv")
+    trace = pods_path.rsplit("/", 1)[-1].removesuffix(".csv") + (f"+{variant}" if variant else "")
     return summarize(trace, policy if isinstance(policy, str) else policy.name, runs)

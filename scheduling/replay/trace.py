@@ -76,24 +76,25 @@ def pod_request(pod: Pod) -> Request:
     )
 
 
-def typical_workload(
-    pods: list[Pod], with_memory: bool = False, coverage: float = 0.95
-) -> Workload:
+def typical_workload(pods: list[Pod], memory: str = "none", coverage: float = 0.95) -> Workload:
     """FGD's typical pods: shapes covering ``coverage`` of the original trace (before tuning).
 
-    The paper uses 95% and ignores memory; the product default uses every shape, with memory.
+    ``memory``: "none" ignores it (the paper), "exact" makes it part of the shape, "mean" gives
+    each shape the mean memory of its pods (the product default, ``Workload.with_mean_memory``).
     """
-    counts = Counter(
+    shapes = [
         Shape(
             p.cpu_milli,
             p.gpu_milli,
             p.num_gpu,
             frozenset(m for m in p.gpu_spec.split("|") if m),
-            p.memory_mib if with_memory else 0,
+            0 if memory == "none" else p.memory_mib,
         )
         for p in pods
-    )
-    return Workload.from_counts(counts, coverage)
+    ]
+    if memory == "mean":
+        return Workload.with_mean_memory(shapes, coverage)
+    return Workload.from_counts(Counter(shapes), coverage)
 
 
 def node_order(nodes: list[NodeView], seed: int) -> list[NodeView]:

@@ -25,11 +25,16 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
 import requests
+from channels.testing.live import make_application, set_database_connection
+from daphne.testing import DaphneProcess
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
@@ -267,3 +272,34 @@ def _database(django_db_blocker, stack):
     with django_db_blocker.unblock():
         stack.ensure_agent()
         yield
+
+
+# --- the console in a browser (tests/e2e/test_console.py, test_operator_console.py) -----------
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def console(stack, django_db_blocker):
+    """The console's URL: daphne serving config.asgi's routes (HTTP, static, websockets) in its
+    own process, beside the stack's WSGI server the agent talks to; both use the test database
+    and the same Redis channel layer, so what the agent reports reaches the browser's socket."""
+    with django_db_blocker.unblock():
+        connections.close_all()  # the forked server must not share this process's connection
+    server = DaphneProcess(
+        "127.0.0.1",
+        partial(make_application, static_wrapper=ASGIStaticFilesHandler),
+        setup=set_database_connection,
+    )
+    server.start()
+    if not server.ready.wait(30):
+        pytest.fail("daphne did not start")
+    yield f"http://127.0.0.1:{server.port.value}"
+    server.terminate()
+    server.join()
+
+
+def screenshot(page, name: str) -> None:
+    """A main page's screenshot under test-artifacts/ (gitignored)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

@@ -9,14 +9,9 @@ screenshot is saved under test-artifacts/ (gitignored)."""
 from __future__ import annotations
 
 import re
-from functools import partial
 from pathlib import Path
 
 import pytest
-from channels.testing.live import make_application, set_database_connection
-from daphne.testing import DaphneProcess
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.db import connections
 from playwright.sync_api import expect
 
 from config.builders import build_tenant, submit_job
@@ -25,31 +20,12 @@ from pools.actors import Actor
 from scheduling import tasks as scheduling_tasks
 from tests.browser import chromium_page, sign_in
 
-from .conftest import ROOT
+from .conftest import screenshot
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
-ARTIFACTS = ROOT / "test-artifacts"
 IMAGE = "127.0.0.1:5000/computepool/busybox:test"
 ACTOR = Actor.system("e2e-console")
-
-
-@pytest.fixture(scope="module")
-def console(stack, django_db_blocker):
-    """The console's URL: daphne serving config.asgi's routes (HTTP, static, websockets)."""
-    with django_db_blocker.unblock():
-        connections.close_all()  # the forked server must not share this process's connection
-    server = DaphneProcess(
-        "127.0.0.1",
-        partial(make_application, static_wrapper=ASGIStaticFilesHandler),
-        setup=set_database_connection,
-    )
-    server.start()
-    if not server.ready.wait(30):
-        pytest.fail("daphne did not start")
-    yield f"http://127.0.0.1:{server.port.value}"
-    server.terminate()
-    server.join()
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +41,6 @@ def page(browser_page):
     yield browser_page
     browser_page.unroute_all()
     browser_page.set_viewport_size({"width": 1280, "height": 900})
-
-
-def screenshot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 def submitted(stack, name, command, **fields) -> int:

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import re
 import threading
-from functools import partial
 
 import pytest
-from channels.testing.live import make_application, set_database_connection
-from daphne.testing import DaphneProcess
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.db import connection, connections
+from django.db import connection
 from playwright.sync_api import expect
 
 from config.builders import build_person
@@ -30,44 +26,24 @@ from pools.choices import PlatformRole
 from scheduling import health
 from tests.browser import chromium_page, sign_in
 
-from .conftest import ROOT
+from .conftest import screenshot
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
-ARTIFACTS = ROOT / "test-artifacts"
-
 
 @pytest.fixture(scope="module")
-def console(stack, django_db_blocker):
-    """The console's URL: daphne serving config.asgi's routes (HTTP, static, websockets)."""
+def olga(stack, django_db_blocker):
     with django_db_blocker.unblock():
-        build_person("e2e-olga", platform_role=PlatformRole.OPERATOR)
-        connections.close_all()  # the forked server must not share this process's connection
-    server = DaphneProcess(
-        "127.0.0.1",
-        partial(make_application, static_wrapper=ASGIStaticFilesHandler),
-        setup=set_database_connection,
-    )
-    server.start()
-    if not server.ready.wait(30):
-        pytest.fail("daphne did not start")
-    yield f"http://127.0.0.1:{server.port.value}"
-    server.terminate()
-    server.join()
+        return build_person("e2e-olga", platform_role=PlatformRole.OPERATOR)
 
 
 @pytest.fixture
-def page(console):
+def page(console, olga):
     with chromium_page() as page:
         page.set_viewport_size({"width": 1280, "height": 900})
         page.on("dialog", lambda dialog: dialog.accept())  # every action's confirmation
         sign_in(page, console, "e2e-olga", "pw-e2e-olga")
         yield page
-
-
-def screenshot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 def elsewhere(service, **kwargs):

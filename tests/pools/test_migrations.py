@@ -1,4 +1,5 @@
-"""Data migrations of pools: corrected policy versions for the legacy scorer name."""
+"""Data migrations of pools: corrected policy versions for the legacy scorer name (0003), and
+today's default for pools still on the previous one (0008)."""
 
 import importlib
 
@@ -9,19 +10,21 @@ from django.db.migrations.executor import MigrationExecutor
 from scheduling.core import DEFAULT_POLICY
 
 fix = importlib.import_module("pools.migrations.0003_publish_corrected_policy_versions")
+default = importlib.import_module("pools.migrations.0008_memory_coupled_default")
 BEFORE = [("pools", "0002_priority_class_restrictions")]
 AFTER = [("pools", "0003_publish_corrected_policy_versions")]
 
 
-def test_the_migration_copies_todays_default():
-    assert DEFAULT_POLICY.weights == fix.PRODUCT_DEFAULT
+def test_the_migrations_copy_the_defaults_of_their_day():
+    assert default.PREVIOUS_DEFAULT == fix.PRODUCT_DEFAULT
+    assert DEFAULT_POLICY.weights == default.NEW_DEFAULT
 
 
 @pytest.mark.parametrize(
     ("weights", "published"),
     [
-        (fix.LEGACY_DEFAULT, dict(DEFAULT_POLICY.weights)),
-        ({}, dict(DEFAULT_POLICY.weights)),
+        (fix.LEGACY_DEFAULT, fix.PRODUCT_DEFAULT),
+        ({}, fix.PRODUCT_DEFAULT),
         ({"binpack": 2, "fragmentation": 1}, {"bin_pack": 2, "fragmentation": 1}),
         ({"binpack": 2, "bin_pack": 3}, {"bin_pack": 3}),
         ({"bin_pack": 1}, None),
@@ -69,9 +72,41 @@ def test_pools_on_a_legacy_version_get_a_corrected_one(back_to_latest):
         version = Version.objects.filter(policy_id=policies[slug]).order_by("-number").first()
         return version.number, version.weights, version.knobs
 
-    assert newest("legacy") == (2, dict(DEFAULT_POLICY.weights), {"k": 1})
+    assert newest("legacy") == (2, fix.PRODUCT_DEFAULT, {"k": 1})
     assert newest("edited") == (3, {"bin_pack": 2, "locality": 1}, {"k": 2})
     assert newest("fine") == (2, {"bin_pack": 1}, {"k": 2})
     assert Version.objects.filter(policy_id=policies["legacy"], number=1).get().weights == (
         fix.LEGACY_DEFAULT
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pools_on_the_previous_default_get_todays(back_to_latest):
+    before = [("pools", "0007_quota_dimensions_credits")]
+    after = [("pools", "0008_memory_coupled_default")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    apps = executor.loader.project_state(before).apps
+    ComputePool = apps.get_model("pools", "ComputePool")
+    SchedulingPolicy = apps.get_model("pools", "SchedulingPolicy")
+    edited = dict(default.PREVIOUS_DEFAULT, node_in_use=5.0)
+    policies = {}
+    for slug, weights in {"on-default": default.PREVIOUS_DEFAULT, "edited": edited}.items():
+        policy = SchedulingPolicy.objects.create(
+            pool=ComputePool.objects.create(name=slug, slug=slug)
+        )
+        policy.versions.create(number=1, weights=weights, knobs={"k": 1})
+        policies[slug] = policy.pk
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    Version = executor.loader.project_state(after).apps.get_model(
+        "pools", "SchedulingPolicyVersion"
+    )
+
+    def newest(slug):
+        version = Version.objects.filter(policy_id=policies[slug]).order_by("-number").first()
+        return version.number, version.weights, version.knobs
+
+    assert newest("on-default") == (2, default.NEW_DEFAULT, {"k": 1})
+    assert newest("edited") == (1, edited, {"k": 1})

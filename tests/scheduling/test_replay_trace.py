@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 
 from pools.services import policy_version_publish
 from scheduling.core import policy_from
-from scheduling.replay import read_nodes, read_pods, replay_run
+from scheduling.replay import make_variant, read_nodes, read_pods, replay_run
 
 FIXTURES = Path(__file__).parent / "replay" / "fixtures"
 TINY_NODES = str(FIXTURES / "openb_tiny_nodes.csv")
@@ -69,6 +69,27 @@ def test_a_pool_replays_its_newest_version(pool, system):
         read_nodes(TINY_NODES), read_pods(TINY_PODS), policy_from(weights, version=2), 42
     )
     assert by_pool["failed_pods"] == {"42": expected.failed_pods}
+
+
+def test_a_variant_replays_each_seeds_resample_of_the_trace():
+    # share100 on the fixture: every GPU pod becomes one of its sharing pods, so the demand and
+    # the report differ from the trace's; the same seed gives the same result.
+    plain = replay_json("--policy", "fgd", "--seeds", "42")
+    shared = replay_json("--policy", "fgd", "--seeds", "42", "--variant", "share100")
+    assert shared["trace"] == "openb_tiny_pods+share100"
+    assert outcome(shared) != outcome(plain) | {"trace": shared["trace"]}
+    again = replay_json("--policy", "fgd", "--seeds", "42", "--variant", "share100")
+    assert outcome(again) == outcome(shared)
+    expected = replay_run(
+        read_nodes(TINY_NODES), make_variant(read_pods(TINY_PODS), "share100", 42), "fgd", 42
+    )
+    assert shared["failed_pods"] == {"42": expected.failed_pods}
+    assert shared["pods"] == {"42": expected.pods}
+
+
+def test_an_unknown_variant_is_an_error():
+    with pytest.raises(CommandError, match="invalid choice"):
+        replay_json("--variant", "cpu99")
 
 
 @pytest.mark.django_db

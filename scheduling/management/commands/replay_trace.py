@@ -5,8 +5,10 @@
         --pods ../shared/benchmarks/openb/data/openb_pod_list_default.csv \
         --policy default --seeds 42-51 --tune 1.3 --json
 
-``--pool SLUG`` instead of ``--policy`` replays the policy that pool places with (its newest
-version, read from the database as the snapshot reads it); nothing else touches the database.
+``--variant NAME`` replays each seed's resample of the trace into a mix that is not given
+(``scheduling.replay.variants``: cpu20, share100, ...). ``--pool SLUG`` instead of
+``--policy`` replays the policy that pool places with (its newest version, read from the
+database as the snapshot reads it); nothing else touches the database.
 """
 
 import json
@@ -17,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from leases.snapshot import pool_policy
 from pools.models import ComputePool
-from scheduling.replay import POLICY_NAMES, parse_seeds, replay
+from scheduling.replay import POLICY_NAMES, VARIANTS, parse_seeds, replay
 
 
 class Command(BaseCommand):
@@ -32,6 +34,9 @@ class Command(BaseCommand):
         which.add_argument("--pool", help="the slug of a pool whose current policy to replay")
         parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
         parser.add_argument("--tune", type=float, default=1.3, help="target demand / capacity")
+        parser.add_argument(
+            "--variant", choices=tuple(VARIANTS), default="", help="a resampled mix of the trace"
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, **options):
@@ -58,8 +63,9 @@ class Command(BaseCommand):
                 seeds,
                 options["tune"],
                 on_run=(lambda run: bar.update(1)) if bar else None,
+                variant=options["variant"],
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         finally:
             if bar:

@@ -33,12 +33,14 @@ def test_typical_shapes_keep_the_most_frequent_up_to_coverage():
     assert sum(workload.probabilities) == pytest.approx(1.0)
 
 
-def test_workload_from_requests_keeps_every_shape_with_memory():
-    requests = [
-        Request(
-            cpu_millicores=1000, memory_mib=512, gpu_count=1, gpu_milli=250, sharing="timeslice"
-        )
-    ] * 3 + [Request(cpu_millicores=2000)]
+def test_workload_from_requests_measures_the_mix_as_the_default_does():
+    # Shapes apart from memory, each with the mean memory of its requests (the default's
+    # memory-coupled measure needs a typical memory per shape, not one shape per memory size).
+    share = dict(cpu_millicores=1000, gpu_count=1, gpu_milli=250, sharing="timeslice")
+    requests = [Request(memory_mib=512, **share)] * 2 + [
+        Request(memory_mib=2048, **share),
+        Request(cpu_millicores=2000),
+    ]
     workload = Workload.from_requests(requests)
-    assert workload.shapes == (Shape(1000, 250, 1, frozenset(), 512), Shape(2000, 0, 0))
+    assert workload.shapes == (Shape(1000, 250, 1, frozenset(), 1024), Shape(2000, 0, 0))
     assert workload.probabilities == (0.75, 0.25)

@@ -1,6 +1,7 @@
 """The default policy, defined once, and building a policy from edited values."""
 
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -10,8 +11,25 @@ from scheduling.core import DEFAULT_POLICY, FILTERS, SCORERS, policy_from, polic
 def test_the_default_names_only_registered_plugins():
     assert set(DEFAULT_POLICY.weights) <= set(SCORERS)
     assert set(DEFAULT_POLICY.filters) == set(FILTERS)
-    assert set(DEFAULT_POLICY.truncated) <= set(DEFAULT_POLICY.weights)
+    # paper_fgd: the previous default's term, for pools whose stored version still names it.
+    assert set(DEFAULT_POLICY.truncated) <= set(DEFAULT_POLICY.weights) | {"paper_fgd"}
     assert policy_problems(dict(DEFAULT_POLICY.weights), list(DEFAULT_POLICY.filters)) == {}
+
+
+def test_the_default_ranks_by_memory_coupled_fgd_then_its_tie_breakers():
+    # Issue 12: the fragmentation term is coupled to memory (memory_fgd), no longer paper_fgd;
+    # the tie-breakers below it are unchanged. Lexicographic: each weight dwarfs the next.
+    weights = DEFAULT_POLICY.weights
+    assert "paper_fgd" not in weights
+    order = ["memory_fgd", "node_in_use", "best_fit_unpinned"]
+    assert all(weights[a] >= 1e3 * weights[b] for a, b in pairwise(order))
+    assert set(order) < set(DEFAULT_POLICY.truncated)
+
+
+def test_a_pool_still_on_the_previous_default_places_as_it_did():
+    previous = dict(DEFAULT_POLICY.weights)
+    previous["paper_fgd"] = previous.pop("memory_fgd")
+    assert "paper_fgd" in policy_from(previous).truncated
 
 
 def test_policy_from_keeps_everything_but_what_it_is_given():

@@ -21,7 +21,8 @@ def test_the_default_is_the_cores_and_the_paper_policies_use_registered_scorers(
 
 
 def test_a_trace_attaches_the_measured_workload():
-    pods = [Pod("a", 1000, 512, 1, 500), Pod("b", 2000, 0, 0, 0)]
-    with_memory = {Shape(1000, 500, 1, frozenset(), 512), Shape(2000, 0, 0, frozenset(), 0)}
+    pods = [Pod("a", 1000, 512, 1, 500), Pod("c", 1000, 1536, 1, 500), Pod("b", 2000, 0, 0, 0)]
+    # The default: FGD's typical shapes, each with the mean memory of its pods.
+    with_memory = {Shape(1000, 500, 1, frozenset(), 1024), Shape(2000, 0, 0, frozenset(), 0)}
     assert set(policy_for("default", pods).workload.shapes) == with_memory
     assert {s.memory_mib for s in policy_for("fgd", pods).workload.shapes} == {0}
