@@ -10,25 +10,25 @@
     document.body.dispatchEvent(new CustomEvent("live-event"));
   }
 
-  function follow(element) {
+  // The one reconnecting websocket of the console (ops-live.js uses it too): `path` is
+  // "/ws/…/"; `opened(first)` runs on every (re)connection, `message(event)` on each message,
+  // `show(state, text)` when the connection's state changes. Backoff 0.5 s → 5 s; a refusal
+  // (4401 not signed in, 4403 not allowed) is final.
+  window.followSocket = function (path, { opened, message, show }) {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const url = `${scheme}://${location.host}${element.dataset.liveSocket}`;
-    const status = element.querySelector("[data-live-status]");
+    const url = `${scheme}://${location.host}${path}`;
     let delay = 500;
-
-    function show(state, text) {
-      element.dataset.liveState = state;
-      if (status) status.textContent = text;
-    }
+    let first = true;
 
     function connect() {
       const socket = new WebSocket(url);
       socket.onopen = () => {
         delay = 500;
-        show("open", "Live");
-        fire(); // whatever happened while we were away
+        show("open");
+        opened(first);
+        first = false;
       };
-      socket.onmessage = fire;
+      socket.onmessage = message;
       socket.onclose = (event) => {
         if (event.code === 4401 || event.code === 4403) {
           show("refused", "Live updates are not available for this page.");
@@ -40,6 +40,18 @@
       };
     }
     connect();
+  };
+
+  function follow(element) {
+    const status = element.querySelector("[data-live-status]");
+    window.followSocket(element.dataset.liveSocket, {
+      opened: fire, // whatever happened while we were away
+      message: fire,
+      show(state, text) {
+        element.dataset.liveState = state;
+        if (status) status.textContent = text || "Live";
+      },
+    });
   }
 
   document.addEventListener("DOMContentLoaded", () => {

@@ -5,7 +5,8 @@
 //   does (whatever happened while the socket was down);
 // - on a node's page (data-ops-node): its events re-fetch the summary, the event list, the
 //   leases and, when the state changed, the actions.
-// The socket reconnects with backoff; <body data-ops-live> says "open" or "reconnecting".
+// The socket is live.js's `followSocket` (reconnects with backoff); <body data-ops-live> says
+// "open" or "reconnecting".
 // Forms with data-confirm ask before they submit.
 (function () {
   "use strict";
@@ -60,37 +61,17 @@
 
   function follow(element) {
     const page = "opsNode" in element.dataset ? nodePage(element) : listPage(element);
-    const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const url = `${scheme}://${location.host}${element.dataset.opsLive}`;
     const status = element.querySelector("[data-live-status]");
-    let delay = 500;
-    let opened = false;
-
-    function show(state, text) {
-      document.body.dataset.opsLive = state;
-      if (status) status.textContent = text;
-    }
-
-    function connect() {
-      const socket = new WebSocket(url);
-      socket.onopen = () => {
-        delay = 500;
-        show("open", "Live: node changes appear here as they happen.");
-        if (opened) page.reconnected();
-        opened = true;
-      };
-      socket.onmessage = (message) => page.event(JSON.parse(message.data));
-      socket.onclose = (event) => {
-        if (event.code === 4401 || event.code === 4403) {
-          show("refused", "Live updates are not available for this page.");
-          return;
-        }
-        show("reconnecting", "Connection lost; reconnecting…");
-        setTimeout(connect, delay);
-        delay = Math.min(delay * 2, 5000);
-      };
-    }
-    connect();
+    window.followSocket(element.dataset.opsLive, {
+      opened(first) {
+        if (!first) page.reconnected();
+      },
+      message: (message) => page.event(JSON.parse(message.data)),
+      show(state, text) {
+        document.body.dataset.opsLive = state;
+        if (status) status.textContent = text || "Live: node changes appear here as they happen.";
+      },
+    });
   }
 
   document.addEventListener("DOMContentLoaded", () => {
