@@ -4,6 +4,8 @@ or HTML error pages under /api/."""
 from django.http import HttpResponseBadRequest, JsonResponse
 from django.middleware import common
 
+from pools.api.errors import error_body
+
 API_PREFIX = "/api/"
 
 
@@ -12,8 +14,8 @@ def is_api(request) -> bool:
 
 
 def api_error(status: int, code: str, detail: str) -> JsonResponse:
-    """The shape of pools/api/errors.py, for answers given before DRF sees the request."""
-    return JsonResponse({"code": code, "detail": detail}, status=status)
+    """The API's one error body, for answers given before DRF sees the request."""
+    return JsonResponse(error_body(code, detail), status=status)
 
 
 class RejectNulMiddleware:

@@ -22,27 +22,26 @@ from pools.statemachine import Refusal
 
 def error(status_code, code, detail):
     set_rollback()
-    return Response(_one_shape({"code": code, "detail": detail}), status=status_code)
+    return Response(error_body(code, detail), status=status_code)
 
 
-def _one_shape(body: dict) -> dict:
+def error_body(code: str, detail: str, **facts) -> dict:
+    """The one error body, for answers made outside DRF's handler (middleware) too."""
+    return one_shape({"code": code, "detail": detail, **facts})
+
+
+def one_shape(body: dict, errors: dict | None = None) -> dict:
+    """`body` ({"code", "detail", …}) with `message` and `errors` (field errors; {} if none)."""
     message = body.get("message") if isinstance(body.get("message"), str) else None
     message = message or str(body.get("detail") or "")
-    errors = {
-        key: value
-        for key, value in body.items()
-        if isinstance(value, list) and key not in REFUSAL_LISTS
-    }
-    return {**body, "message": message, "detail": body.get("detail", message), "errors": errors}
-
-
-REFUSAL_LISTS = frozenset({"after_leases", "reasons"})  # facts of a refusal, not field errors
+    detail = body.get("detail", message)
+    return {**body, "message": message, "detail": detail, "errors": errors or {}}
 
 
 def exception_handler(exc, context):
     if isinstance(exc, Refusal):  # transitions refused, no capacity, never fits, key reused …
         set_rollback()
-        return Response(_one_shape(exc.body()), status=exc.status)
+        return Response(one_shape(exc.body()), status=exc.status)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -65,7 +64,9 @@ def exception_handler(exc, context):
         exc = exceptions.PermissionDenied(*exc.args)
     response = drf_exception_handler(exc, context)
     if response is not None:
-        response.data = _one_shape(_with_code(response.data, exc))
+        fields = response.data if isinstance(exc, exceptions.ValidationError) else None
+        errors = dict(fields) if isinstance(fields, dict) else None
+        response.data = one_shape(_with_code(response.data, exc), errors)
     return response
 
 

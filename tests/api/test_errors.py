@@ -82,3 +82,12 @@ def test_429_with_retry_after(member_client, settings, monkeypatch, cpu_shape):
     refused = member_client.post(JOBS, job(), format="json")
     assert_one_shape(refused, 429, "throttled")
     assert int(refused["Retry-After"]) >= 1
+
+
+def test_nested_field_errors_and_transport_errors_have_the_same_shape(member_client, cpu_shape):
+    nested = {"tenant": "vision", "pool": "test", "name": "x", "image": "a@sha256:" + "0" * 64}
+    nested["resources"] = {"cpu_millicores_min": 1, "memory_mib_min": 1, "regions": [[1]]}
+    body = assert_one_shape(member_client.post(JOBS, nested, format="json"), 400, "invalid")
+    assert body["errors"]["resources"] == {"regions": {"0": ["Not a valid string."]}}
+    body = assert_one_shape(member_client.get(JOBS + "?state=%00"), 400, "invalid")
+    assert "NUL" in body["message"]
