@@ -59,7 +59,7 @@ bench: $(VENV)/.test-deps services
 	$(BIN)/python manage.py bench_scheduler --nodes 5000 --jobs 20000 --json
 
 ## fuzz: schemathesis against a live server, every operation with each role's token
-## (throwaway database computepool_fuzz; docs/api.md, Fuzzing). FUZZ_EXAMPLES cases per operation.
+## (a throwaway database; docs/api.md, Fuzzing). FUZZ_EXAMPLES cases per operation.
 FUZZ_EXAMPLES ?= 25
 fuzz: $(VENV)/.test-deps services
 	$(BIN)/python manage.py fuzz_api --examples $(FUZZ_EXAMPLES)

@@ -15,3 +15,5 @@ CELERY_TASK_ALWAYS_EAGER = True
 # Tests of one tenant run in the same minute across the suite: the placement throttle is off,
 # except where a test sets a rate (tests/security/test_limits.py).
 PLACEMENT_THROTTLE_RATE = ""
+LEASE_THROTTLE_RATE = ""  # the same for lease creation per tenant and expensive calls per token
+TOKEN_THROTTLE_RATE = ""

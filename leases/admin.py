@@ -7,9 +7,17 @@ from .models import Lease, LeaseEvent
 
 @admin.register(Lease)
 class LeaseAdmin(admin.ModelAdmin):
+    """Read only: a lease is the ledger's record of what its node holds (capacity, devices,
+    fencing token, state); only leases.services create and change one, with its event."""
+
     list_display = ["id", "tenant", "node", "state", "expires_at"]
     list_filter = ["state", "pool"]
-    readonly_fields = ["state", "state_changed_at", "fencing_token"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in Lease._meta.fields]
+
+    def has_add_permission(self, request):
+        return False  # a lease added here would hold nothing on its node's ledger
 
 
 @admin.register(LeaseEvent)

@@ -4,17 +4,23 @@ from django.contrib import admin
 
 from .models import EnrollmentToken, GpuDevice, Node, NodeCredential, NodeEvent, NodeProbe
 
+# The capacity ledger: changed only by the guarded UPDATEs of leases.services, never by a form
+# (an edit would make the ledger disagree with the leases it sums).
+NODE_LEDGER_FIELDS = ["cpu_millicores_reserved", "memory_mib_reserved", "scratch_mib_reserved"]
+GPU_LEDGER_FIELDS = ["milli_reserved", "mig_slots_used", "share_tenant"]
+
 
 class GpuInline(admin.TabularInline):
     model = GpuDevice
     extra = 0
+    readonly_fields = GPU_LEDGER_FIELDS
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "pool", "state", "cpu_millicores_allocatable", "memory_mib_allocatable"]
     list_filter = ["pool", "state"]
-    readonly_fields = ["state", "state_changed_at"]
+    readonly_fields = ["state", "state_changed_at", *NODE_LEDGER_FIELDS]
     inlines = [GpuInline]
 
 

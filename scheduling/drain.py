@@ -25,6 +25,7 @@ from pools.actors import Actor
 from pools.choices import DrainPolicy
 from pools.models import ComputePool
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 
 
 def pool_drain_policy(pool: ComputePool) -> str:
@@ -134,11 +135,20 @@ def node_drain_sweep(*, now=None) -> dict[str, list[int]]:
     return {"enforced": list(enforced), "completed": [pk for pk, done in completed.items() if done]}
 
 
-def agent_job_checkpointed(*, node: Node, job: Job, actor: Actor, now=None) -> Job:
-    """The agent wrote the checkpoint a drain asked for: re-queue the job, end its lease here."""
+def agent_job_checkpointed(
+    *, node: Node, job: Job, actor: Actor, fencing_token: int, now=None
+) -> Job:
+    """The agent wrote the checkpoint a drain asked for: re-queue the job, end its lease here.
+    `fencing_token` is the job's lease's: a stale attempt on the node cannot re-queue its
+    successor (409 fencing_token_mismatch)."""
     now = now or timezone.now()
-    if not Job.objects.filter(pk=job.pk, leases__node=node, leases__state__in=HOLDING).exists():
+    lease = job.leases.filter(node=node, state__in=HOLDING).first()
+    if lease is None:
         raise NodeScopeRefused(f"job {job.pk} holds no lease on this node")
+    if lease.fencing_token != fencing_token:
+        raise TransitionRefused(
+            "fencing_token_mismatch", f"lease {lease.pk} is held by another attempt"
+        )
     with transaction.atomic():
         job = job_transition(
             job=job,

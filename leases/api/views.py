@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from leases import selectors, services
@@ -30,6 +31,7 @@ from leases.api.serializers import (
     UsageSerializer,
     idempotency_key,
 )
+from leases.models import Lease
 from pools.actors import Actor
 from pools.api.permissions import (
     IsNodeOrOperator,
@@ -38,8 +40,10 @@ from pools.api.permissions import (
     IsPersonOrNode,
     TokenScopeAllows,
 )
+from pools.api.throttles import TokenThrottle, check_lease_rate
 from pools.models import ComputePool, Membership, ResourceShape, Tenant
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 
 # Validated create bodies per (user, body), for a few seconds: the tenant-membership lookup
 # (and the pool and catalogue-shape lookups) of a repeated request body are not redone on every
@@ -94,6 +98,7 @@ def validated_create_body(request) -> dict:
 class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = LeaseSerializer
     permission_classes = [IsPersonOrNode]
+    throttle_classes = [TokenThrottle]  # reserves only (pools/api/throttles.py)
     filterset_fields = {
         "state": ["exact", "in"],
         "tenant__slug": ["exact"],
@@ -116,6 +121,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     def create(self, request, *args, **kwargs):
         key = idempotency_key(request)
         data = validated_create_body(request)
+        check_lease_rate(data["tenant"])  # once the tenant is known to be the requester's own
         window = data.get("window")
         lease = services.lease_reserve(
             pool=data["pool"],
@@ -136,6 +142,21 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
 
     def _lease(self):
         return self.get_object()
+
+    def _fenced_lease(self, body) -> Lease:
+        """The lease, and for a node's agent only with its fencing token (release and usage,
+        as commit and renew): a stale attempt on the node cannot end or report its successor."""
+        lease = self._lease()
+        if Actor.from_request(self.request).is_node:
+            token = body.validated_data.get("fencing_token")
+            if token is None:
+                raise ValidationError({"fencing_token": ["A node sends its lease's token."]})
+            if token != lease.fencing_token:
+                raise TransitionRefused(
+                    "fencing_token_mismatch",
+                    "Stale fencing token: another attempt holds this lease.",
+                )
+        return lease
 
     @extend_schema(request=FencedSerializer, responses=LeaseSerializer)
     @action(detail=True, methods=["post"])
@@ -171,7 +192,7 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
         body = ReleaseSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         lease = services.lease_release(
-            lease=self._lease(),
+            lease=self._fenced_lease(body),
             actor=Actor.from_request(request),
             reason=Reason.RELEASED_BY_CLIENT,
             message=body.validated_data["message"],
@@ -183,18 +204,19 @@ class LeaseViewSet(viewsets.ReadOnlyModelViewSet):
     def usage(self, request, pk=None):
         body = UsageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        usage = {k: v for k, v in body.validated_data.items() if k != "fencing_token"}
         lease = services.lease_report_usage(
-            lease=self._lease(), actor=Actor.from_request(request), **body.validated_data
+            lease=self._fenced_lease(body), actor=Actor.from_request(request), **usage
         )
         return Response(LeaseSerializer(lease).data)
 
     @extend_schema(responses=LeaseEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list
     def events(self, request, pk=None):
         return Response(LeaseEventSerializer(self._lease().events.all(), many=True).data)
 
-    @extend_schema(responses={200: dict})
-    @action(detail=False, methods=["get"])
+    @extend_schema(responses={200: {"type": "array", "items": {"type": "object"}}})
+    @action(detail=False, methods=["get"], pagination_class=None)  # a plain list
     def accounting(self, request):
         """Held vs consumed for each tenant you may see (?tenant=slug&pool=slug to narrow)."""
         tenants = Tenant.objects.visible_to(Actor.from_request(request))

@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from jobs.models import Job
+from leases.api.serializers import FencedSerializer
 from nodes.api.views import NodeErrorsMixin
 from nodes.errors import NodeScopeRefused
 from pools.actors import Actor
@@ -20,12 +21,19 @@ class AgentDrainViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
 
     permission_classes = [IsNode]
 
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(request=FencedSerializer, responses={200: dict})
     @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/checkpointed")
     def job_checkpointed(self, request, job_id=None):
+        body = FencedSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
         job = Job.objects.filter(pk=job_id).first()
         if job is None:
             raise NodeScopeRefused(f"job {job_id} holds no lease on this node")
         actor = Actor.from_request(request)
-        job = agent_job_checkpointed(node=actor.node, job=job, actor=actor)
+        job = agent_job_checkpointed(
+            node=actor.node,
+            job=job,
+            actor=actor,
+            fencing_token=body.validated_data["fencing_token"],
+        )
         return Response({"job": job.pk, "state": job.state})

@@ -197,12 +197,13 @@ def test_commit_renew_release_roles(granted, lmember, loutsider, lnode, lpool):
     assert again.status_code == 409 and again.json()["code"] == "transition_not_allowed"
     usage = {"cpu_millicores": 700, "memory_mib": 512}
     assert client_for(lmember).post(f"{lease_url}/usage", usage).status_code == 403
-    reported = client_for(node=lnode).post(f"{lease_url}/usage", usage)
+    # a node reports with the lease's fencing token (a stale attempt cannot report its successor)
+    reported = client_for(node=lnode).post(f"{lease_url}/usage", {**usage, **token})
     assert reported.status_code == 200 and reported.json()["consumed"]["cpu_millicores"] == 700
     released = client_for(lmember).post(f"{lease_url}/release", {})
     assert released.status_code == 200 and released.json()["state"] == "released"
     # idempotent
-    assert client_for(node=lnode).post(f"{lease_url}/release", {}).status_code == 200
+    assert client_for(node=lnode).post(f"{lease_url}/release", token).status_code == 200
     assert Lease.objects.get(pk=granted["id"]).state == LeaseState.RELEASED
     assert ledger_problems(lpool) == []
 

@@ -14,13 +14,14 @@ from nodes.models import NodeEvent
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.services import policy_version_publish
+from pools.statemachine import TransitionRefused
 from scheduling import drain
 from tests.nodes.conftest import last_event
 
 
 def test_drain_deadline_checkpoints_requeues_and_fails_per_policy(ready_node, make_job, now):
     node = ready_node.node
-    ckpt, _ = make_job(node, checkpointable=True)
+    ckpt, ckpt_lease = make_job(node, checkpointable=True)
     plain, plain_lease = make_job(node)
     early, early_lease = make_job(node, state=JobState.LEASED)
     node = services.node_drain(
@@ -48,8 +49,13 @@ def test_drain_deadline_checkpoints_requeues_and_fails_per_policy(ready_node, ma
     drain.node_drain_sweep(now=now + timedelta(minutes=6))
     assert NodeEvent.objects.filter(node=node, reason=Reason.DRAIN_DEADLINE).count() == 1
     # the agent reports the checkpoint: re-queued, lease released, drain complete
+    agent = Actor.for_node(node)
+    later = now + timedelta(minutes=6)
+    stale = ckpt_lease.fencing_token - 1  # a stale attempt on the node cannot re-queue it
+    with pytest.raises(TransitionRefused):
+        drain.agent_job_checkpointed(node=node, job=ckpt, actor=agent, fencing_token=stale)
     ckpt = drain.agent_job_checkpointed(
-        node=node, job=ckpt, actor=Actor.for_node(node), now=now + timedelta(minutes=6)
+        node=node, job=ckpt, actor=agent, fencing_token=ckpt_lease.fencing_token, now=later
     )
     assert ckpt.state == JobState.QUEUED
     assert ckpt.events.last().reason == Reason.CHECKPOINT_DONE
@@ -83,5 +89,5 @@ def test_agent_cannot_checkpoint_a_job_placed_elsewhere(ready_node, enroll, priv
     job, _ = make_job(other, checkpointable=True)
     with pytest.raises(NodeScopeRefused):
         drain.agent_job_checkpointed(
-            node=ready_node.node, job=job, actor=Actor.for_node(ready_node.node)
+            node=ready_node.node, job=job, actor=Actor.for_node(ready_node.node), fencing_token=1
         )

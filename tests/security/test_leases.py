@@ -229,6 +229,7 @@ def committed(lpool, tenant, lnode):
     ],
 )
 def test_usage_beyond_the_lease_or_node_is_a_400(lnode, committed, usage, field):
+    usage = {**usage, "fencing_token": str(committed.fencing_token)}
     response = client_for(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
@@ -237,7 +238,7 @@ def test_usage_beyond_the_lease_or_node_is_a_400(lnode, committed, usage, field)
 
 
 def test_usage_within_bounds_is_recorded_and_cpu_may_burst_to_the_node(lnode, committed):
-    usage = {"cpu_millicores": 4000, "memory_mib": 1024}
+    usage = {"cpu_millicores": 4000, "memory_mib": 1024, "fencing_token": committed.fencing_token}
     response = client_for(node=lnode).post(f"{LEASES}/{committed.pk}/usage", usage, format="json")
     assert response.status_code == 200
     assert response.json()["consumed"]["cpu_millicores"] == 4000
@@ -261,6 +262,7 @@ def test_gpu_usage_is_bounded_by_the_devices_the_lease_holds(lpool, tenant):
     agent = client_for(node=node)
     url = f"{LEASES}/{lease.pk}/usage"
     ok = {"cpu_millicores": 100, "memory_mib": 100, "gpu_milli": 1000}
+    ok["fencing_token"] = lease.fencing_token
     assert agent.post(url, ok, format="json").status_code == 200
     response = agent.post(url, {**ok, "gpu_milli": 1001}, format="json")
     assert response.status_code == 400 and "gpu_milli" in response.json()

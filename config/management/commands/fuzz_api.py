@@ -1,7 +1,7 @@
 """python manage.py fuzz_api [--examples N] [--json]   (`make fuzz`)
 
 Schemathesis against the live schema of a running server: a throwaway PostgreSQL database
-(`computepool_fuzz`, dropped and made anew; the demo's database is not touched), a world built
+(`computepool_fuzz_<pid>`, dropped at the end; the demo's database is not touched), a world built
 with config.builders (two tenants, a pool with a shape, a ready node running a job, leases),
 a real token for each role, and a gunicorn on a free loopback port. Every operation of
 `/api/schema/` is fuzzed with each role's credential, `--examples` cases each, under the
@@ -26,20 +26,20 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-DATABASE = "computepool_fuzz"
+DATABASE_PREFIX = "computepool_fuzz"  # + the run's pid: concurrent runs never share one
 CHECKS = "not_a_server_error,response_schema_conformance,content_type_conformance"
-MARKER = "COMPUTEPOOL_FUZZ_DATABASE"  # set in the re-run against the throwaway database
-FUZZ_DIR = Path(settings.BASE_DIR) / "var" / "fuzz"  # the server's log
+MARKER = "COMPUTEPOOL_FUZZ_DATABASE"  # names the throwaway database in the re-run
+FUZZ_DIR = Path(settings.BASE_DIR) / "var" / "fuzz"  # the live schema, the server's log
 
 
-def _database_url() -> str:
+def _database_url(name: str) -> str:
     base = os.environ.get("DATABASE_URL", "")
     if "postgres" not in base:
         base = "postgres://postgres@127.0.0.1:5432/computepool"
-    return base.rsplit("/", 1)[0] + f"/{DATABASE}"
+    return base.rsplit("/", 1)[0] + f"/{name}"
 
 
-def _recreate_database(url: str) -> None:
+def _database(url: str, *statements: str) -> None:
     import psycopg
 
     parts = urlsplit(url)
@@ -51,8 +51,8 @@ def _recreate_database(url: str) -> None:
         dbname="postgres",
         autocommit=True,
     ) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        for statement in statements:
+            conn.execute(statement)
 
 
 def seed() -> dict[str, str]:
@@ -153,12 +153,18 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
-        if os.environ.get(MARKER) != "1":
-            url = _database_url()
-            _recreate_database(url)
-            env = {**os.environ, "DATABASE_URL": url, MARKER: "1"}
-            sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
-        if settings.DATABASES["default"]["NAME"] != DATABASE:
+        name = os.environ.get(MARKER)
+        if not name:  # re-run over a database of this run's own, dropped at the end
+            name = f"{DATABASE_PREFIX}_{os.getpid()}"
+            url = _database_url(name)
+            _database(url, f'CREATE DATABASE "{name}"')
+            try:
+                env = {**os.environ, "DATABASE_URL": url, MARKER: name}
+                code = subprocess.call([sys.executable, *sys.argv], env=env)
+            finally:
+                _database(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            sys.exit(code)
+        if settings.DATABASES["default"]["NAME"] != name:
             raise CommandError(f"refusing to seed {settings.DATABASES['default']['NAME']}")
         call_command("migrate", verbosity=0, interactive=False)
         tokens = seed()
@@ -171,10 +177,10 @@ class Command(BaseCommand):
             "TOKEN_THROTTLE_RATE": "",
             "DEBUG": "false",
         }
-        base, server = start_server(env, FUZZ_DIR / "server.log")
+        base, server = start_server(env, FUZZ_DIR / f"server-{name}.log")
         try:
             # the live schema, read once (anonymously: a node credential may not read it)
-            schema = FUZZ_DIR / "schema.json"
+            schema = FUZZ_DIR / f"schema-{name}.json"
             with urllib.request.urlopen(f"{base}/api/schema/?format=json", timeout=30) as got:
                 schema.write_bytes(got.read())
             results = {
@@ -231,7 +237,8 @@ class Command(BaseCommand):
             command += ["--include-path-regex", opts["include_path_regex"]]
         if opts["seed"] is not None:
             command += ["--seed", str(opts["seed"])]
-        done = subprocess.run(command, capture_output=True, text=True)
+        # in var/fuzz: schemathesis keeps its cache (.schemathesis/) in the working directory
+        done = subprocess.run(command, capture_output=True, text=True, cwd=FUZZ_DIR)
         output = done.stdout + done.stderr
         cases = re.search(r"Test cases:\s*(\d+) generated", output)
         operations = re.search(r"Selected:\s*(\d+)/", output)
