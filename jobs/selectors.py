@@ -33,11 +33,14 @@ def image_refusal(pool, ref: ImageRef) -> str | None:
     return f"image is not from an allowed registry of pool {pool.slug} ({allowed})"
 
 
-def job_explanation(job: Job) -> dict:
+def job_explanation(job: Job, *, now: bool = True) -> dict:
     """ "Why is this pending" and "why did it land there", in one answer: a queued job's reason
     from the last pass and what the scheduler would say now; a placed job's decision record
-    (the lease's placement: node, score breakdown, policy version)."""
+    (the lease's placement: node, score breakdown, policy version). `now=False`: without the
+    scheduler's answer now (a placement search, rate-limited)."""
     answer = {"job": job.pk, "state": job.state, "pending_reason": job.pending_reason or None}
+    if job.state == JobState.QUEUED and not now:  # the last pass's reason only: no search
+        return answer
     if job.state == JobState.QUEUED:
         answer["now"] = explain_request(
             pool=job.pool,

@@ -12,10 +12,12 @@ from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from rest_framework.exceptions import Throttled
 
 from leases.selectors import quota_rows
 from leases.services import explain_request
 from pools.actors import Actor
+from pools.api.throttles import check_placement_rate
 from pools.choices import GpuSharingClass, TenantRole
 from pools.models import PriorityClass
 from pools.roles import tenant_roles
@@ -146,6 +148,22 @@ def _checked(request, body):
         return None, {}, refusal
 
 
+class PlacementsThrottled(Refusal):
+    status = 429
+    code = "throttled"
+
+
+def _check_placement_rate(tenant) -> None:
+    """The API's placement rate for the console's searches (submit, preview, explain)."""
+    try:
+        check_placement_rate(tenant)
+    except Throttled as exc:
+        raise PlacementsThrottled(
+            f"Too many placement searches for {tenant.slug} just now; try again in "
+            f"{exc.wait or 1:.0f} s."
+        ) from None
+
+
 @login_required
 def job_new(request):
     tenants = list(_submit_tenants(request))
@@ -163,6 +181,7 @@ def job_new(request):
             data, errors, refusal = _checked(request, body)
             if data is not None:
                 try:
+                    _check_placement_rate(data["tenant"])
                     # a shape that never fits is refused here (NeverFits), before any queueing
                     job = services.job_submit(actor=_actor(request), **data)
                     return redirect("console-job", job.pk)
@@ -182,7 +201,8 @@ def job_new(request):
         "sharing_classes": GpuSharingClass.choices,
         "retry_reasons": [(reason, reason in retry_on) for reason in RETRY_REASONS],
     }
-    return render(request, "console/job_new.html", context, status=422 if refusal else 200)
+    status = 200 if refusal is None else refusal.status
+    return render(request, "console/job_new.html", context, status=status)
 
 
 @login_required
@@ -201,6 +221,11 @@ def job_preview(request):
     data = refusal = answer = None
     if not errors:
         data, errors, refusal = _checked(request, body)
+    if data is not None:
+        try:
+            _check_placement_rate(data["tenant"])
+        except Refusal as exc:
+            data, refusal = None, exc
     if data is not None:
         shape = data.get("shape")
         answer = explain_request(
@@ -294,7 +319,11 @@ def job_log(request, pk):
 def job_explain(request, pk):
     """ "Why is this pending" (or why it runs where it does), from the explain service."""
     job = _job_or_404(request, pk)
-    explanation = selectors.job_explanation(job)
+    try:  # what the scheduler says now is a placement search: counted like the API's explain
+        _check_placement_rate(job.tenant)
+        explanation = selectors.job_explanation(job)
+    except Refusal:
+        explanation = selectors.job_explanation(job, now=False)
     return render(request, "console/_job_explain.html", {"job": job, "x": explanation})
 
 

@@ -1,17 +1,18 @@
 """Placement searches rate-limited per tenant: POST /api/v1/jobs.
 
-A DRF throttle (scope `placement`, rate `PLACEMENT_THROTTLE_RATE`, default "600/minute") keyed
-by the tenant the request acts for. The view names that tenant (`placement_tenant(request)`)
-only once it is known to be the requester's own, so nobody spends another tenant's budget;
-a request that names no tenant of theirs is refused by validation anyway (no search is run).
-Counts are fixed windows in Redis (`CACHES["throttle"]`, shared by every server process):
-one atomic add + incr per request. When Redis cannot be reached the throttle is off (a logged
-warning, then Redis is not asked again for RETRY_AFTER_OUTAGE_S): fail open, like sign-in.
+Every limit here is a fixed window counted in Redis (`CACHES["throttle"]`, shared by every
+server process) through `SharedPermits`: a process takes permits from the shared counter in
+batches (one round trip per batch, not per request) and spends them locally, so the lease hot
+path does not pay a Redis round trip per grant. When Redis cannot be reached a limit is off (a
+logged warning, then Redis is not asked again for RETRY_AFTER_OUTAGE_S): fail open, like sign-in.
 
-POST /api/v1/compute-leases is the hot path: two Redis round trips per grant cost it a third of
-its throughput at 64 clients (measured). There `SharedPermits` limits each tenant
-(`LEASE_THROTTLE_RATE`) with permits taken from Redis in batches, and `TokenThrottle` limits each
-token (`TOKEN_THROTTLE_RATE`) the same way on lease creation, job submit and explain.
+- placement searches per tenant (`PLACEMENT_THROTTLE_RATE`, default 600/minute): job submit,
+  explain, the console's submit and preview (`check_placement_rate`, `PlacementThrottle`). The
+  tenant is named only once it is known to be the requester's own, so nobody spends another
+  tenant's budget; a request naming no tenant of theirs is refused by validation (no search);
+- lease creation per tenant (`LEASE_THROTTLE_RATE`, `check_lease_rate`);
+- expensive calls per token (`TOKEN_THROTTLE_RATE`, `TokenThrottle`): lease creation, job
+  submit, explain.
 """
 
 import logging
@@ -32,53 +33,6 @@ DEFAULT_RATE = "600/minute"
 DEFAULT_LEASE_RATE = "6000/minute"  # per tenant: POST /compute-leases
 DEFAULT_TOKEN_RATE = "6000/minute"  # per token: lease creation, job submit, explain
 RETRY_AFTER_OUTAGE_S = 5.0
-_outage_until = 0.0  # per process: while Redis is down, do not pay its timeout on every request
-
-
-class PlacementThrottle(SimpleRateThrottle):
-    scope = "placement"
-
-    def __init__(self):
-        self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        self._wait = 0.0
-
-    def get_rate(self):
-        return getattr(settings, "PLACEMENT_THROTTLE_RATE", DEFAULT_RATE) or None
-
-    def get_cache_key(self, request, view):
-        tenant_of = getattr(view, "placement_tenant", None)
-        tenant = tenant_of(request) if tenant_of else None
-        return None if tenant is None else f"placement:{tenant.pk}"
-
-    def allow_request(self, request, view):
-        global _outage_until
-        if self.rate is None:
-            return True
-        key = self.get_cache_key(request, view)
-        if key is None or time.monotonic() < _outage_until:
-            return True
-        now = time.time()
-        window = int(now // self.duration)
-        key = f"{key}:{window}"
-        cache = caches["throttle"]
-        try:
-            cache.add(key, 0, self.duration + 1)
-            count = cache.incr(key)
-        except Exception as exc:  # fail open: an unreachable Redis must not stop all placement
-            _outage_until = time.monotonic() + RETRY_AFTER_OUTAGE_S
-            log.warning("placement throttle off, Redis unreachable: %s", exc)
-            return True
-        if count <= self.num_requests:
-            return True
-        self._wait = (window + 1) * self.duration - now
-        return False
-
-    def wait(self):
-        return max(1, math.ceil(self._wait))
-
-
-# --- lease creation per tenant, expensive calls per token: permits taken in batches ------------
 
 
 class SharedPermits:
@@ -148,7 +102,7 @@ class SharedPermits:
             taken = taken.execute()[0]
         except Exception as exc:  # fail open: an unreachable Redis must not stop all leases
             self._outage_until = time.monotonic() + RETRY_AFTER_OUTAGE_S
-            log.warning("lease/token throttle off, Redis unreachable: %s", exc)
+            log.warning("throttle off (placement, lease, token), Redis unreachable: %s", exc)
             return None
         return max(0, min(batch, limit - (taken - batch)))
 
@@ -167,6 +121,35 @@ def _permit_wait(key: str, rate: tuple[int, int] | None) -> int:
         return 0
     wait = PERMITS.wait(key, *rate)
     return max(1, math.ceil(wait)) if wait else 0
+
+
+def check_placement_rate(tenant) -> None:
+    """A placement search for `tenant` (job submit, explain, the console's preview), once the
+    tenant is known to be the requester's own: a permit of its `PLACEMENT_THROTTLE_RATE`, else
+    429 `throttled` with Retry-After."""
+    if wait := placement_wait(tenant):
+        raise Throttled(wait=wait)
+
+
+def placement_wait(tenant) -> int:
+    return _permit_wait(f"placement:{tenant.pk}", _rate("PLACEMENT_THROTTLE_RATE", DEFAULT_RATE))
+
+
+class PlacementThrottle(BaseThrottle):
+    """`check_placement_rate` as a DRF throttle: the view names the tenant a request acts for
+    (`placement_tenant(request)`, None when it is not the requester's own or not a search)."""
+
+    def __init__(self):
+        self._wait = 0
+
+    def allow_request(self, request, view):
+        tenant_of = getattr(view, "placement_tenant", None)
+        tenant = tenant_of(request) if tenant_of else None
+        self._wait = placement_wait(tenant) if tenant is not None else 0
+        return not self._wait
+
+    def wait(self):
+        return self._wait
 
 
 def check_lease_rate(tenant) -> None:

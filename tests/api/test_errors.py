@@ -76,7 +76,8 @@ def test_429_with_retry_after(member_client, settings, monkeypatch, cpu_shape):
     settings.CACHES = settings.CACHES | {
         "throttle": settings.CACHES["throttle"] | {"KEY_PREFIX": prefix}
     }
-    monkeypatch.setattr(throttles, "_outage_until", 0.0)
+    # this process's permits and outage state fresh
+    monkeypatch.setattr(throttles, "PERMITS", throttles.SharedPermits())
     settings.PLACEMENT_THROTTLE_RATE = "1/hour"
     assert member_client.post(JOBS, job(), format="json").status_code == 201
     refused = member_client.post(JOBS, job(), format="json")

@@ -36,7 +36,6 @@ def fresh_counters(settings, monkeypatch):
     settings.CACHES = settings.CACHES | {
         "throttle": settings.CACHES["throttle"] | {"KEY_PREFIX": f"test-{uuid.uuid4().hex}"}
     }
-    monkeypatch.setattr(throttles, "_outage_until", 0.0)
     monkeypatch.setattr(throttles, "PERMITS", throttles.SharedPermits())
     settings.LEASE_THROTTLE_RATE = ""
     settings.TOKEN_THROTTLE_RATE = ""

@@ -4,6 +4,7 @@ confirmation step, the timeline's cursor, pagination and query counts."""
 
 import io
 import threading
+import uuid
 
 import pytest
 from channels.testing import ChannelsLiveServerTestCase
@@ -23,6 +24,7 @@ from jobs import artifacts
 from jobs.models import Job
 from jobs.services import job_cancel
 from pools.actors import Actor
+from pools.api import throttles
 from pools.choices import TenantRole
 from pools.models import CreditAccount, Quota
 from scheduling.passes import scheduling_pass
@@ -210,6 +212,28 @@ def test_will_it_fit_now_asks_the_explain_service(browser, pool, tenant):
     html = browser.post("/console/jobs/new/preview", too_big).content.decode()
     assert "can never fit" in html
     assert not Job.objects.exists()  # a preview reserves and queues nothing
+
+
+def test_the_consoles_placement_searches_count_like_the_apis(
+    browser, pool, tenant, settings, monkeypatch
+):
+    settings.CACHES = settings.CACHES | {
+        "throttle": settings.CACHES["throttle"] | {"KEY_PREFIX": f"test-{uuid.uuid4().hex}"}
+    }
+    monkeypatch.setattr(throttles, "PERMITS", throttles.SharedPermits())
+    settings.PLACEMENT_THROTTLE_RATE = "2/hour"
+    build_node(pool, "cpu-1", cpu=4000)
+    assert (
+        "Yes, it fits now"
+        in browser.post("/console/jobs/new/preview", form(pool, tenant)).content.decode()
+    )
+    assert browser.post("/console/jobs/new", form(pool, tenant)).status_code == 302
+    refused = browser.post("/console/jobs/new", form(pool, tenant))
+    assert refused.status_code == 429 and "Too many placement searches" in refused.content.decode()
+    assert Job.objects.count() == 1
+    job = Job.objects.get()
+    # the job page still says why it waits, from the last pass, without a search
+    assert browser.get(f"/console/jobs/{job.pk}/explain").status_code == 200
 
 
 def test_only_the_priority_classes_open_to_me_are_offered(browser, pool, tenant):
