@@ -21,6 +21,11 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
     },
     "scheduling-drain-sweep": {"task": "scheduling.drain_sweep", "schedule": 30.0},
+    # checkpoints asked for (drain, preemption) the agent never reported (scheduling/drain.py)
+    "scheduling-checkpoint-deadline": {
+        "task": "scheduling.checkpoint_deadline_sweep",
+        "schedule": 60.0,
+    },
     # queued jobs' queue class and predicted start window (scheduling/forecast.py)
     "scheduling-forecast": {"task": "scheduling.forecast_refresh", "schedule": 30.0},
     # pool capacity sampled for the operators' utilisation charts (scheduling/health.py)

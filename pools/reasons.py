@@ -54,6 +54,7 @@ class Reason(models.TextChoices):
     CONTAINER_STARTED = "container_started", "Container started"
     CHECKPOINT_REQUESTED = "checkpoint_requested", "Checkpoint requested"
     CHECKPOINT_DONE = "checkpoint_done", "Checkpoint written"
+    CHECKPOINT_TIMED_OUT = "checkpoint_timed_out", "Checkpoint not reported in time; re-queued"
     EXITED_ZERO = "exited_zero", "Process exited with 0"
     EXITED_NONZERO = "exited_nonzero", "Process exited with a non-zero status"
     OOM_KILLED = "oom_killed", "Killed for exceeding its memory limit"

@@ -7,12 +7,14 @@ follow the pool's `drain_noncheckpointable` knob. A draining node that holds no 
 is recorded drained.
 """
 
+from datetime import timedelta
+
 from django.db import transaction
 from django.utils import timezone
 
 from jobs.choices import ACTIVE, JobState
-from jobs.lifecycle import job_request_checkpoint
-from jobs.models import Job
+from jobs.lifecycle import job_request_checkpoint, pool_agent_knobs
+from jobs.models import Job, JobEvent
 from jobs.services import job_transition
 from leases.choices import HOLDING
 from leases.models import Lease
@@ -25,7 +27,7 @@ from pools.actors import Actor
 from pools.choices import DrainPolicy
 from pools.models import ComputePool
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused
+from pools.statemachine import TransitionRefused, record_sweep_failure
 
 
 def pool_drain_policy(pool: ComputePool) -> str:
@@ -160,3 +162,61 @@ def agent_job_checkpointed(
         )
         end_job_leases(node, job, actor=actor, now=now)
     return job
+
+
+# A checkpoint asked for (a drain or a preemption) that the agent has not reported within its
+# stop grace plus this margin is given up: an agent that is alive but stuck must not keep the
+# capacity forever. The margin covers the checkpoint's upload.
+CHECKPOINT_REPORT_MARGIN = timedelta(minutes=10)
+
+
+def checkpoint_deadline_sweep(*, now=None) -> list[int]:
+    """Jobs checkpointing past their pool's `stop_grace_s` + CHECKPOINT_REPORT_MARGIN go back to
+    the queue without a new checkpoint (`checkpoint_timed_out`; the next attempt restores the
+    last one it has) and their leases are released, so the agent stops the container (a job
+    gone from its assignments is stopped). Returns the jobs moved; one failing job is recorded
+    on its row and the others go on."""
+    now = now or timezone.now()
+    actor = Actor.system("checkpoint-sweep")
+    moved = []
+    stuck = Job.objects.filter(
+        state=JobState.CHECKPOINTING, state_changed_at__lte=now - CHECKPOINT_REPORT_MARGIN
+    ).select_related("pool")
+    for job in stuck:
+        grace = timedelta(seconds=pool_agent_knobs(job.pool)["stop_grace_s"])
+        if job.state_changed_at > now - grace - CHECKPOINT_REPORT_MARGIN:
+            continue
+        try:
+            with transaction.atomic():
+                job_transition(
+                    job=job,
+                    to=JobState.QUEUED,
+                    actor=actor,
+                    reason=Reason.CHECKPOINT_TIMED_OUT,
+                    message="the agent did not report the checkpoint in time; re-queued, "
+                    "its lease released",
+                    now=now,
+                    check=_still_checkpointing,
+                )
+                for lease in Lease.objects.filter(job=job, state__in=HOLDING):
+                    lease_release(
+                        lease=lease,
+                        actor=actor,
+                        reason=Reason.RELEASED_JOB_ENDED,
+                        message="checkpoint timed out",
+                        now=now,
+                    )
+        except TransitionRefused:
+            continue  # reported or moved meanwhile
+        except Exception as error:  # one bad job never stops the sweep
+            record_sweep_failure(
+                Job, job.pk, event_model=JobEvent, actor=actor, error=error, now=now
+            )
+            continue
+        moved.append(job.pk)
+    return moved
+
+
+def _still_checkpointing(job) -> None:
+    if job.state != JobState.CHECKPOINTING:
+        raise TransitionRefused("transition_not_allowed", f"job {job.pk} is {job.state}")

@@ -25,6 +25,11 @@ def requeue_stranded_jobs(now=None) -> list[int]:
     return passes.requeue_jobs_without_lease(now=parse_now(now))
 
 
+@shared_task(name="scheduling.checkpoint_deadline_sweep")
+def checkpoint_deadline_sweep(now=None) -> list[int]:
+    return drain.checkpoint_deadline_sweep(now=parse_now(now))
+
+
 @shared_task(name="scheduling.drain_sweep")
 def drain_sweep(now=None) -> dict[str, list[int]]:
     return drain.node_drain_sweep(now=parse_now(now))

@@ -15,7 +15,7 @@ from jobs.services import job_cancel, job_submit
 from leases.choices import LeaseState
 from leases.snapshot import core_request, pool_policy, pool_snapshot
 from pools.reasons import Reason
-from scheduling import preemption
+from scheduling import drain, preemption
 from scheduling.core.preemption import choose_victims
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from tests.clients import bearer_client
@@ -249,6 +249,33 @@ def test_a_victim_whose_agent_never_reports_is_lost_or_retried(
     assert low.state == JobState.QUEUED and lease.state == LeaseState.EXPIRED
     event = low.events.latest("id")
     assert (event.from_state, event.reason) == ("checkpointing", Reason.RETRY_SCHEDULED)
+
+
+def test_a_victim_whose_live_agent_never_reports_is_requeued_at_the_checkpoint_deadline(
+    agent, node_api, tenant, batch, prod
+):
+    """The agent keeps heartbeating but never reports the checkpoint: past the pool's stop
+    grace and the report margin the job is queued again and its lease released, so the job
+    leaves the node's assignments (the agent stops what is no longer assigned)."""
+    pool = agent.node.pool
+    low, lease = running(node_api, gpu_job(pool, tenant, batch, 2, checkpointable=True))
+    high = unplaced(gpu_job(pool, tenant, prod))
+    asked = later()
+    assert preemption.preempt_for(pool.pk, [high.pk], now=asked)[high.pk] == "preempting"
+    low.refresh_from_db()
+    assert low.state == JobState.CHECKPOINTING
+    Job.objects.filter(pk=low.pk).update(state_changed_at=asked)
+
+    assert drain.checkpoint_deadline_sweep(now=asked + timedelta(minutes=5)) == []
+    deadline = asked + drain.CHECKPOINT_REPORT_MARGIN + timedelta(seconds=11)
+    assert drain.checkpoint_deadline_sweep(now=deadline) == [low.pk]
+    low.refresh_from_db()
+    lease.refresh_from_db()
+    assert low.state == JobState.QUEUED and lease.state == LeaseState.RELEASED
+    assert low.events.latest("id").reason == Reason.CHECKPOINT_TIMED_OUT
+    assigned = node_api.get("/api/v1/agent/assignments").json()
+    assert low.pk not in [a["job"] for a in assigned]
+    assert drain.checkpoint_deadline_sweep(now=deadline) == []  # once
 
 
 def test_one_bad_job_never_stops_the_others(agent, node_api, tenant, batch, prod):

@@ -21,6 +21,7 @@ def test_beat_schedule_names_registered_tasks():
         "scheduling.pass",
         "scheduling.requeue_stranded_jobs",
         "scheduling.drain_sweep",
+        "scheduling.checkpoint_deadline_sweep",
         "scheduling.forecast_refresh",
         "scheduling.sample_capacity",
     }
