@@ -74,9 +74,7 @@ def test_racing_retries_make_one_job():
             resources = {"cpu_millicores_min": 100, "memory_mib_min": 64}
             request = body(tenant="racers", pool="race", shape=None, resources=resources)
             request.pop("shape")
-            answers.append(
-                client.post(JOBS, request, format="json", HTTP_IDEMPOTENCY_KEY="once")
-            )
+            answers.append(client.post(JOBS, request, format="json", HTTP_IDEMPOTENCY_KEY="once"))
         finally:
             connection.close()
 
