@@ -23,12 +23,12 @@ Conventions of the adapter (documented in docs/leases.md):
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import replace
 from datetime import datetime
 
+import orjson
 from django.db import connection
 
 from leases.choices import HOLDING
@@ -302,31 +302,32 @@ def _read(
         f"'{f}', g.\"{f}\"" for f in _GPU_FIELDS if f not in ("node_id", "share_tenant_id")
     )
     sql = (
-        f"SELECT {node_cols}, (SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
+        f"SELECT {node_cols}, CAST((SELECT COALESCE(json_agg(json_build_object({gpu_cols}, "
         f"'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
-        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id), "
+        f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) AS text), "
         # the work on the node that placement reads: its jobs' labels (anti-affinity) and what
         # leases pinned to a NUMA node hold there; only leases that carry either
         + (
-            "(SELECT COALESCE(json_agg(json_build_object('labels', l.request->'labels', "
+            "CAST((SELECT COALESCE(json_agg(json_build_object('labels', l.request->'labels', "
             "'numa', l.placement->'numa_node', 'cpu', l.cpu_millicores, "
             "'mem', l.memory_mib, 'backfill', l.backfill_of_id IS NOT NULL) ORDER BY l.id), "
             "'[]'::json) "
             f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
-            "AND (l.request ? 'labels' OR jsonb_typeof(l.placement->'numa_node') = 'number')), "
+            "AND (l.request ? 'labels' OR jsonb_typeof(l.placement->'numa_node') = 'number')) "
+            "AS text), "
             if work
-            else "'[]'::json, "
+            else "'[]', "
         )
         + (
-            "(SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
+            "CAST((SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
             "'ends_at', l.expires_at, "
             "'cpu_millicores', l.cpu_millicores, 'memory_mib', l.memory_mib, "
             "'scratch_mib', l.scratch_mib, 'gpu_allocations', l.gpu_allocations) "
             "ORDER BY l.expires_at, l.id), '[]'::json) "
             f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%s) "
-            "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) "
+            "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) AS text) "
             if leases
-            else "'[]'::json "
+            else "'[]' "
         )
         + f"FROM {Node._meta.db_table} n WHERE n.pool_id = %s AND n.state = ANY(%s) "
         + ("AND n.reachability = %s " if reachable_only else "")
@@ -339,15 +340,13 @@ def _read(
         cursor.execute(sql, params)
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
-    for record in raw:
+    for record in raw:  # JSON comes as text, for orjson: 3x faster than psycopg's json.loads
         row = dict(zip(_NODE_FIELDS, record[:-3], strict=True))
         for key in ("labels", "runtimes", "cached_images", "numa_layout"):
             if isinstance(row[key], str):
-                row[key] = json.loads(row[key])
-        gpus, work, leases = record[-3], record[-2], record[-1]
-        row["work"] = json.loads(work) if isinstance(work, str) else work
-        gpus_by_node[row["id"]] = json.loads(gpus) if isinstance(gpus, str) else gpus
-        row["leases"] = json.loads(leases) if isinstance(leases, str) else leases
+                row[key] = orjson.loads(row[key])
+        gpus, row["work"], row["leases"] = (orjson.loads(text) for text in record[-3:])
+        gpus_by_node[row["id"]] = gpus
         rows.append(row)
     return rows, gpus_by_node
 

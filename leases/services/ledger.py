@@ -15,14 +15,16 @@ means another writer took the capacity first: `Conflict`, and the caller re-plan
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import orjson
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, JSONField, Q, Value, When
 from django.db.models.lookups import Exact
 
 from leases import snapshot as snap
 from leases.choices import LeaseState
-from leases.models import Lease, LeaseEvent
+from leases.models import Lease, LeaseEvent, new_fencing_token
 from leases.window import request_digest
 from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
@@ -107,8 +109,7 @@ def build_reserved(
     """The new lease (reserved) and its `reserved` event, not saved yet. `decision`: the
     pass's decision record, kept in the lease's placement."""
     record = {**_placement_record(placement, decision), "attempts": attempts}
-    message = f"reserved on {placement.node}"
-    data = {"node": placement.node, "score": placement.score}
+    message, data = _reserved_note(placement)
     if window:
         message += f" for the window from {window.start:%Y-%m-%d %H:%M}"
     if backfill_of is not None:
@@ -156,6 +157,11 @@ def build_reserved(
     return lease, event
 
 
+def _reserved_note(placement) -> tuple[str, dict]:
+    """The message and data of a lease's `reserved` event (without a window or backfill)."""
+    return f"reserved on {placement.node}", {"node": placement.node, "score": placement.score}
+
+
 def save_with_event(lease: Lease, event: LeaseEvent) -> None:
     lease.save()
     event.lease = lease
@@ -199,18 +205,17 @@ def _insert_fields(model, *, without: str = "") -> list:
     return [f for f in model._meta.concrete_fields if not f.primary_key and f.attname != without]
 
 
-_INSERT_SQL: dict[bool, str] = {}
+_INSERT_SQL: list[str] = []
 
 
-def _insert_sql(guarded: bool = True) -> str:
-    """The statement of `insert_group_taking_node_capacity` (`guarded`) and `insert_many`,
-    built once from the models.
+def _insert_sql() -> str:
+    """The statement of `insert_group_taking_node_capacity`, built once from the models.
 
     The rows travel as ONE json parameter ([{"l": lease row, "e": event row}, ...]) and
     json_populate_record types each column from the table itself, so the statement text is the
     same for every batch size (psycopg and PostgreSQL parse it once) and no per-value quoting
     happens in Python. Guarded: inserted only when the node UPDATE for their sum matched."""
-    if guarded not in _INSERT_SQL:
+    if not _INSERT_SQL:
         q = connection.ops.quote_name
         lease_cols = [q(f.column) for f in _insert_fields(Lease)]
         event_cols = [q(f.column) for f in _insert_fields(LeaseEvent, without="lease_id")]
@@ -225,10 +230,10 @@ def _insert_sql(guarded: bool = True) -> str:
             "AND memory_mib_reserved <= memory_mib_allocatable - %(mem)s "
             "AND scratch_mib_reserved <= scratch_mib_allocatable - %(scratch)s RETURNING id), "
         )
-        _INSERT_SQL[guarded] = (
-            f"WITH {taken if guarded else ''}"
+        _INSERT_SQL.append(
+            f"WITH {taken}"
             f"src AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('{lease_t}', 'id')) "
-            f"AS id, d.o, d.doc FROM {'taken, ' if guarded else ''}"
+            "AS id, d.o, d.doc FROM taken, "
             "json_array_elements(CAST(%(rows)s AS json)) WITH ORDINALITY AS d(doc, o)), "
             f"ins AS (INSERT INTO {lease_t} (id, {', '.join(lease_cols)}) "
             f"SELECT src.id, {', '.join('r.' + c for c in lease_cols)} FROM src, "
@@ -238,7 +243,7 @@ def _insert_sql(guarded: bool = True) -> str:
             f"json_populate_record(NULL::{event_t}, src.doc -> 'e') AS r) "
             "SELECT id FROM src ORDER BY o"
         )
-    return _INSERT_SQL[guarded]
+    return _INSERT_SQL[0]
 
 
 def _rows_json(pairs: list[tuple[Lease, LeaseEvent]]) -> str:
@@ -286,14 +291,106 @@ def insert_group_taking_node_capacity(pairs: list[tuple[Lease, LeaseEvent]]) -> 
     return True
 
 
-def insert_many(pairs: list[tuple[Lease, LeaseEvent]]) -> None:
-    """Leases and their events on any nodes, in one statement, after `take_capacity_many` took
-    their capacity in the same transaction."""
-    if not pairs:
-        return
+# --- many leases at once (the scheduling pass) ------------------------------------------------
+
+
+def reserved_base(*, pool, actor: Actor, now, expires_at) -> tuple[Lease, LeaseEvent]:
+    """The unsaved lease and `reserved` event whose columns every lease of a batch shares, as
+    `build_reserved` writes them (the model's defaults included); `reserved_row` gives what
+    differs per lease, including the one default that does: the fencing token."""
+    lease = Lease(
+        pool=pool,
+        state=LeaseState.RESERVED,
+        state_changed_at=now,
+        expires_at=expires_at,
+        created_by=actor.user,
+        created_at=now,
+    )
+    event = LeaseEvent.build(
+        lease, actor=actor, from_state="", to_state=LeaseState.RESERVED, reason=Reason.RESERVED,
+        at=now,
+    )  # fmt: skip
+    return lease, event
+
+
+def reserved_row(
+    *, tenant_id, job_id, request, placement, node_id, allocations, idempotency_key, digest,
+    decision=None, attempts: int = 1,
+) -> tuple[dict, dict]:  # fmt: skip
+    """What one lease of a batch and its event write over `reserved_base` (column → value), as
+    `build_reserved` fills them (`digest`: `request_digest` of the request, which equal
+    requests share)."""
+    message, data = _reserved_note(placement)
+    lease = {
+        "tenant_id": tenant_id,
+        "node_id": node_id,
+        "job_id": job_id,
+        "cpu_millicores": placement.cpu_millicores,
+        "memory_mib": placement.memory_mib,
+        "scratch_mib": placement.scratch_mib,
+        "gpu_allocations": allocations,
+        "request": request,
+        "placement": {**_placement_record(placement, decision), "attempts": attempts},
+        "policy_version": placement.policy_version,
+        "idempotency_key": idempotency_key,
+        "idempotency_digest": digest,
+        "fencing_token": new_fencing_token(),
+    }
+    return lease, {"message": message, "data": data}
+
+
+def insert_many(rows: list[tuple[dict, dict]], base: tuple[Lease, LeaseEvent]) -> list[int]:
+    """Leases and their events (`reserved_row`s over `reserved_base`) on any nodes, after
+    `take_capacity_many` took their capacity in the same transaction: their ids drawn from the
+    sequence, then one COPY per table. Returns the leases' ids in order."""
+    if not rows:
+        return []
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(guarded=False), {"rows": _rows_json(pairs)})
-        _saved(pairs, [row[0] for row in cursor.fetchall()])
+        cursor.execute(
+            f"SELECT nextval(pg_get_serial_sequence('{Lease._meta.db_table}', 'id')) "
+            "FROM generate_series(1, %s)",
+            [len(rows)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    copy_rows(base[0], [lease for lease, _ in rows], ids=ids)
+    events = [{**event, "lease_id": pk} for (_, event), pk in zip(rows, ids, strict=True)]
+    copy_rows(base[1], events)
+    return ids
+
+
+def copy_rows(base, rows: list[dict], *, ids: list[int] | None = None) -> None:
+    """Rows of `base`'s table in one COPY: each row (column → value, the same columns in every
+    row) completed by the unsaved instance `base` for the columns it leaves out; `ids`: their
+    primary keys (else the table's default). COPY costs about half of an INSERT of the same
+    rows as a json parameter (19,621 leases: 0.7 s against 1.3 s) and a tenth of bulk_create's
+    per-row Python."""
+    if not rows:
+        return
+    model = type(base)
+    q = connection.ops.quote_name
+    given = list(rows[0])
+    fields = {f.column: f for f in model._meta.concrete_fields if not f.primary_key}
+    rest = [f for column, f in fields.items() if column not in rows[0]]
+    tail = [_copy_value(getattr(base, f.attname), f) for f in rest]  # the same in every row
+    json = [isinstance(fields[column], JSONField) for column in given]
+    values_of = itemgetter(*given)
+    columns = [*([model._meta.pk.column] if ids is not None else []), *given]
+    columns += [f.column for f in rest]
+    sql = f"COPY {model._meta.db_table} ({', '.join(map(q, columns))}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.copy(sql) as copy:
+        for n, row in enumerate(rows):
+            if row.keys() != rows[0].keys():
+                raise ValueError(f"row {n} has other columns than the first: {sorted(row)}")
+            values = values_of(row) if len(given) > 1 else (values_of(row),)
+            values = [
+                orjson.dumps(v).decode() if j else v for v, j in zip(values, json, strict=True)
+            ]
+            copy.write_row([ids[n], *values, *tail] if ids is not None else [*values, *tail])
+
+
+def _copy_value(value, field):
+    # a JSON column's value as JSON text; psycopg writes the others
+    return orjson.dumps(value).decode() if isinstance(field, JSONField) else value
 
 
 class _Partial(Exception):
@@ -304,8 +401,9 @@ class _Partial(Exception):
         self.failed = failed
 
 
-def take_capacity_many(leases: list[Lease], *, allow_mixing: bool) -> set[int]:
-    """Guarded writes for many new leases at once (a scheduling pass's plan), per node all or
+def take_capacity_many(leases: list[dict], *, allow_mixing: bool) -> set[int]:
+    """Guarded writes for many new leases at once (a scheduling pass's plan: `reserved_row`
+    lease columns), per node all or
     nothing: returns the ids of the nodes whose leases took their capacity; for the others
     nothing is written (another writer took the capacity first, or the node is no longer
     ready and reachable), and their leases must not be inserted.
@@ -317,31 +415,33 @@ def take_capacity_many(leases: list[Lease], *, allow_mixing: bool) -> set[int]:
     nodes: dict[int, list[int]] = {}
     gpus: dict[int, dict] = {}
     for lease in leases:
-        total = nodes.setdefault(lease.node_id, [0, 0, 0])
-        total[0] += lease.cpu_millicores
-        total[1] += lease.memory_mib
-        total[2] += lease.scratch_mib
-        for alloc in lease.gpu_allocations:
+        node_id = lease["node_id"]
+        total = nodes.setdefault(node_id, [0, 0, 0])
+        total[0] += lease["cpu_millicores"]
+        total[1] += lease["memory_mib"]
+        total[2] += lease["scratch_mib"]
+        for alloc in lease["gpu_allocations"]:
             part = gpus.setdefault(
                 alloc["gpu"],
-                {"id": alloc["gpu"], "node": lease.node_id, "milli": 0, "mask": 0, "whole": False},
+                {"id": alloc["gpu"], "node": node_id, "milli": 0, "mask": 0, "whole": False},
             )
             part["mask"] |= alloc["mig_slots"]
             if not alloc["mig_slots"]:
                 part["milli"] += alloc["milli"]
                 part["whole"] = part["whole"] or alloc["milli"] >= 1000
                 if alloc["milli"] < 1000 and not allow_mixing:
-                    part["tenant"] = lease.tenant_id  # a share sets who holds the device
+                    part["tenant"] = lease["tenant_id"]  # a share sets who holds the device
     if not nodes:
         return set()
     with connection.cursor() as cursor:  # lock order: nodes, then GPUs, each by id
         cursor.execute(
-            f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+            f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(CAST(%s AS bigint[])) "
+            "ORDER BY id FOR UPDATE",
             [sorted(nodes)],
         )
         if gpus:
             cursor.execute(
-                f"SELECT id FROM {GpuDevice._meta.db_table} WHERE id = ANY(%s) "
+                f"SELECT id FROM {GpuDevice._meta.db_table} WHERE id = ANY(CAST(%s AS bigint[])) "
                 "ORDER BY id FOR UPDATE",
                 [sorted(gpus)],
             )

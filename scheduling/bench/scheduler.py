@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 
 from django.db import connection
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs.choices import JobState
@@ -179,8 +180,6 @@ def overcommitted_nodes(pool) -> int:
 
 def jobs_without_one_lease(pool) -> int:
     """Leased jobs that do not hold exactly one lease (0 when nothing was placed twice)."""
-    leased = Job.objects.filter(pool=pool, state=JobState.LEASED).values_list("id", flat=True)
-    counts = Counter(
-        Lease.objects.filter(job_id__in=leased, state__in=HOLDING).values_list("job_id", flat=True)
-    )
-    return sum(1 for job_id in leased if counts[job_id] != 1)
+    holding = Count("leases", filter=Q(leases__state__in=HOLDING))
+    leased = Job.objects.filter(pool=pool, state=JobState.LEASED)
+    return leased.annotate(holding=holding).exclude(holding=1).count()

@@ -11,6 +11,13 @@ reads only what placing work does not change, or for a reason of ``STAYS_REJECTE
 drops stale heap entries lazily. A plan of M requests in K classes on N nodes costs about
 K·N + M·K evaluations instead of M·N.
 
+Nodes that differ only in what no filter or scorer reads (``node_kind``: their name, device
+UUIDs, lease ends and who holds their work) are of one *kind*, and a class evaluates a kind
+once: a fresh fleet of thousands of nodes has a few hundred kinds, and placing work often turns
+a node into a kind already seen. The evaluation is the same function of the request and the
+kind; only the device UUIDs of the chosen node are its own (``_on``). A class of requests pinned
+to a node, or scored against a gang's peers, reads node names and evaluates node by node.
+
 Deliberate differences from calling ``place`` one by one, both tested:
 - a class that fits nowhere keeps the explanation of its first failure (per tenant when the
   nodes list lease ends) for the rest of the plan: counts and nearest miss may be a few
@@ -28,7 +35,8 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 from . import reasons as r
 from .bookkeeping import apply_placement
@@ -37,7 +45,7 @@ from .evaluation import evaluate
 from .explain import explain
 from .planner import _degraded, _invalid, evaluation_key, place, to_placement
 from .registry import active_filters
-from .types import GANG_NONE, Explanation, NodeView, Placement, Policy, Request
+from .types import GANG_NONE, Explanation, GpuView, NodeView, Placement, Policy, Request
 
 TOP_CANDIDATES = 3  # candidates kept in a decision record
 
@@ -64,6 +72,30 @@ STAYS_REJECTED = frozenset(
 )
 
 
+# What evaluation reads of a node: every field but the name (read only by the node_pin filter
+# and the peers' spread scorer: classes that use them evaluate node by node), the lease ends
+# (read by explanations), the node's and MIG slices' tenants (bookkeeping) and the devices'
+# UUIDs (copied into the placement, ``_on``). Labels and devices enter as hashable tuples.
+_NODE_KIND = attrgetter(
+    *(
+        f.name
+        for f in fields(NodeView)
+        if f.name not in ("name", "leases", "tenants", "labels", "gpus")
+    )
+)
+_GPU_KIND = attrgetter(*(f.name for f in fields(GpuView) if f.name not in ("uuid", "mig_slices")))
+
+
+def node_kind(node: NodeView) -> tuple:
+    """The node as evaluation sees it: nodes with equal kinds evaluate alike for any request
+    that is not pinned to a node (a property test holds this)."""
+    return (
+        _NODE_KIND(node),
+        tuple(sorted(node.labels.items())),
+        tuple((_GPU_KIND(g), tuple((s.profile, s.start) for s in g.mig_slices)) for g in node.gpus),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the plan decided for one request: a placement (with its decision record), an
@@ -80,11 +112,13 @@ class _Class:
     """The evaluations of one class of requests against every node of the plan."""
 
     __slots__ = (
+        "by_kind",
         "counts",
         "ctx",
         "cursor",
         "explanations",
         "heap",
+        "kinds",
         "reasons",
         "req",
         "results",
@@ -96,6 +130,9 @@ class _Class:
         # the filters and scorers that apply to that request then always hit.
         self.req = req
         self.ctx = replace(ctx, filters=(None, (), (), ()), active=(None, ()), evaluations={})
+        # node kind → its evaluation (a result, or _Refused); not for a class that reads names
+        self.by_kind = not (req.node_pin or ctx.peers)
+        self.kinds: dict[int, object] = {}
         self.results: list = [None] * n  # the evaluation of a feasible node, else None
         self.reasons: list[str | None] = [None] * n  # the rejection reason, None when feasible
         # 1: refused for good (a static filter or STAYS_REJECTED): never re-evaluated
@@ -117,6 +154,9 @@ class Planner:
         self.log: list[int] = []  # indices of changed nodes, in order
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
         self.classes: dict[tuple, _Class] = {}
+        self.keys: dict[int, tuple] = {}  # id(request) → (request, its evaluation key)
+        self.kind_ids: dict[tuple, int] = {}  # node kind → a small number naming it
+        self.kind = [self._kind_id(node) for node in self.nodes]
         # an explanation names the requester's own leases: shared per tenant only when it may
         self.own_leases = any(node.leases for node in self.nodes)
 
@@ -140,7 +180,9 @@ class Planner:
             return Outcome(explanation=explanation)
         top = self._top(cls, TOP_CANDIDATES)
         i = top[0][3]
-        placement = to_placement(req, self.nodes[i], cls.results[i], self.policy)
+        placement = to_placement(
+            req, self.nodes[i], _on(self.nodes[i], cls.results[i]), self.policy
+        )
         decision = {
             "policy_version": self.policy.version,
             "nodes": len(self.nodes),
@@ -163,28 +205,29 @@ class Planner:
             return Outcome(refusal=refusal)
         i = self.index[placement.node]
         self.nodes[i] = apply_placement(self.nodes[i], placement)
+        self.kind[i] = self._kind_id(self.nodes[i])
         self.version[i] += 1
         self.log.append(i)
         return Outcome(placement=placement, decision=decision)
 
+    def _kind_id(self, node: NodeView) -> int:
+        # a kind is hashed once, here; the classes look their evaluations up by its number
+        return self.kind_ids.setdefault(node_kind(node), len(self.kind_ids))
+
     # --- classes -------------------------------------------------------------------------------
 
     def _class(self, req: Request) -> _Class:
-        key = evaluation_key(req, self.policy)
+        cached = self.keys.get(id(req))
+        if cached is None or cached[0] is not req:
+            cached = self.keys[id(req)] = (req, evaluation_key(req, self.policy))
+        key = cached[1]
         cls = self.classes.get(key)
         if cls is None:
             cls = _Class(req, self.ctx, len(self.nodes), len(self.log))
             static, _, _ = active_filters(req, cls.ctx)
-            for i, node in enumerate(self.nodes):
-                reason = next(
-                    (why for check in static if (why := check(req, node, self.policy))), None
-                )
-                if reason:
-                    cls.settled[i] = 1
-                    cls.reasons[i] = reason
-                    cls.counts[reason] += 1
-                else:
-                    self._evaluate(cls, i, new=True)
+            for i in range(len(self.nodes)):
+                self._evaluate(cls, i, static=static)
+            heapq.heapify(cls.heap)
             self.classes[key] = cls  # only once complete: an error above leaves no half class
         elif cls.cursor < len(self.log):
             for i in set(self.log[cls.cursor :]):
@@ -193,22 +236,40 @@ class Planner:
             cls.cursor = len(self.log)
         return cls
 
-    def _evaluate(self, cls: _Class, i: int, new: bool = False) -> None:
-        node = self.nodes[i]
-        result = evaluate(cls.req, node, cls.ctx, static_checked=True)
-        if not new and cls.reasons[i] is not None:
+    def _evaluate(self, cls: _Class, i: int, static=None) -> None:
+        """Node i's evaluation for the class: its kind's when the class has seen the kind.
+        `static`: the class's static filters, when the node is evaluated the first time."""
+        kind = self.kind[i]
+        result = cls.kinds.get(kind) if cls.by_kind else None
+        if result is None:
+            result = self._evaluation(cls, self.nodes[i], static)
+            if cls.by_kind:
+                cls.kinds[kind] = result
+        if static is None and cls.reasons[i] is not None:
             cls.counts[cls.reasons[i]] -= 1
             if not cls.counts[cls.reasons[i]]:
                 del cls.counts[cls.reasons[i]]
-        if isinstance(result, str):
-            cls.reasons[i], cls.results[i] = result, None
-            cls.counts[result] += 1
-            if result in STAYS_REJECTED:
-                cls.settled[i] = 1
+        if result.__class__ is _Refused:
+            cls.reasons[i], cls.results[i] = result.reason, None
+            cls.counts[result.reason] += 1
+            cls.settled[i] = result.for_good
             return
         cls.reasons[i], cls.results[i] = None, result
-        entry = (_degraded(cls.req, result), -result[0], node.name, i, self.version[i])
-        heapq.heappush(cls.heap, entry)
+        entry = (_degraded(cls.req, result), -result[0], self.nodes[i].name, i, self.version[i])
+        if static is None:
+            heapq.heappush(cls.heap, entry)
+        else:
+            cls.heap.append(entry)  # heapified once the class is complete
+
+    def _evaluation(self, cls: _Class, node: NodeView, static):
+        if static is not None:
+            for check in static:
+                if reason := check(cls.req, node, self.policy):
+                    return _Refused(reason, 1)
+        result = evaluate(cls.req, node, cls.ctx, static_checked=True)
+        if isinstance(result, str):
+            return _Refused(result, 1 if result in STAYS_REJECTED else 0)
+        return result
 
     def _valid(self, entry) -> bool:
         return entry[4] == self.version[entry[3]]
@@ -229,6 +290,22 @@ class Planner:
         for entry in taken:
             heapq.heappush(cls.heap, entry)
         return taken
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    reason: str
+    for_good: int  # 1: a static filter or STAYS_REJECTED refused it; never re-evaluated
+
+
+def _on(node: NodeView, result):
+    """An evaluation of the node's kind with the node's own device UUIDs."""
+    fit = result[1]
+    uuids = {g.index: g.uuid for g in node.gpus}
+    if all(d.uuid == uuids[d.index] for d in fit.devices):
+        return result
+    devices = tuple(replace(d, uuid=uuids[d.index]) for d in fit.devices)
+    return (result[0], replace(fit, devices=devices), *result[2:])
 
 
 def _random(policy: Policy) -> bool:

@@ -1,10 +1,14 @@
 """The scheduling pass turns queued jobs into leases, in priority order, and explains the rest."""
 
+import asyncio
+import secrets
 import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection, transaction
 from django.utils import timezone
 
 from config.builders import (
@@ -18,14 +22,16 @@ from config.builders import (
     submit_jobs,
 )
 from jobs.choices import JobState
-from jobs.models import Job
+from jobs.events import STREAM as JOB_STREAM
+from jobs.models import Job, JobEvent
 from jobs.services import job_cancel
 from leases import selectors
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import expire_leases, lease_reserve, ledger
+from leases.services import SCHEDULER_KEY_PREFIX, expire_leases, lease_reserve, ledger
 from pools.actors import Actor
+from pools.events import object_group
 from pools.models import PriorityClass, Quota
 from pools.services import policy_version_publish
 from scheduling import passes
@@ -314,3 +320,110 @@ def test_a_job_over_quota_waits_with_the_dimension_named(lpool, ltenant):
     second.refresh_from_db()
     assert second.pending_reason["code"] == "quota_exceeded"
     assert second.pending_reason["dimension"] == "cpu_millicores"
+
+
+def test_the_batch_pass_writes_what_the_single_path_writes(lpool, ltenant):
+    """The pass builds its rows as plain dicts over one base row per table: each lease, its
+    `reserved` event and the job's `placed` event hold what `lease_reserve` and
+    `job_transition` write for the same job, apart from ids, times and the decision record."""
+    mixed_fleet(lpool)
+    request = gpu_request("timeslice", count=1, milli=250, cpu=1000, memory=1024)
+    first, second = submit_jobs(
+        lpool, [{"tenant": ltenant, "name": name, "resources": request} for name in "ab"]
+    )
+    assert scheduling_pass(pool_id=lpool.pk, limit=1).placed == [first.pk]  # the batch
+    result = passes.PassResult()
+    passes._one_by_one([second.pk], timezone.now(), result)  # the single path
+    assert result.placed == [second.pk]
+
+    def columns(obj, *without):
+        skip = {"id", "job", "lease", "at", "created_at", "state_changed_at", "expires_at"}
+        skip |= set(without)
+        return {
+            f.attname: getattr(obj, f.attname)
+            for f in type(obj)._meta.concrete_fields
+            if f.name not in skip
+        }
+
+    batch, single = (Lease.objects.get(job=job) for job in (first, second))
+    assert batch.expires_at - batch.created_at == single.expires_at - single.created_at
+    assert batch.idempotency_key == f"{SCHEDULER_KEY_PREFIX}{first.pk}-attempt-1"
+    decision = batch.placement.pop("decision")
+    assert decision["chosen"] == batch.placement["node"]
+    keyed = ("idempotency_key", "fencing_token", "placement", "gpu_allocations")
+    assert columns(batch, *keyed) == columns(single, *keyed)
+    assert set(batch.placement) == set(single.placement)
+    assert [{**a, "gpu": 0} for a in batch.gpu_allocations] == [
+        {**a, "gpu": 0} for a in single.gpu_allocations
+    ]
+    events = [lease.events.get() for lease in (batch, single)]
+    assert columns(events[0], "message", "data") == columns(events[1], "message", "data")
+    assert [e.message for e in events] == [
+        f"reserved on {x.placement['node']}" for x in (batch, single)
+    ]
+    assert set(events[0].data) == set(events[1].data) == {"node", "score"}
+    placed = [job.events.get(reason="placed") for job in (first, second)]
+    assert columns(placed[0], "message", "data") == columns(placed[1], "message", "data")
+    for event, lease in zip(placed, (batch, single), strict=True):
+        assert event.message == f"placed on {lease.placement['node']} (lease {lease.pk})"
+        assert event.data == {
+            "lease": lease.pk,
+            "node": lease.placement["node"],
+            "policy_version": lease.policy_version,
+        }
+    for job in (first, second):
+        job.refresh_from_db()
+        assert (job.state, job.attempts, job.pending_reason) == (JobState.LEASED, 1, {})
+
+
+def test_every_lease_of_a_pass_has_its_own_fencing_token(lpool, ltenant):
+    build_node(lpool, "n1", cpu=16000, memory=65536)
+    jobs = [submit_job(lpool, ltenant, f"j{i}") for i in range(5)]
+    assert len(scheduling_pass(pool_id=lpool.pk).placed) == 5
+    tokens = Lease.objects.filter(job__in=jobs).values_list("fencing_token", flat=True)
+    assert len(set(tokens)) == 5
+
+
+def test_each_placement_of_a_pass_is_published_to_the_jobs_groups(lpool, ltenant):
+    """After commit, on the pass's publishing thread: the job's own group hears its `placed`
+    event (the payload `job_transition` would publish)."""
+    build_node(lpool, "n1", cpu=4000, memory=8192)
+    job = submit_job(lpool, ltenant, f"live-{secrets.token_hex(4)}")
+    layer = get_channel_layer()
+
+    async def subscribe():
+        channel = await layer.new_channel()
+        await layer.group_add(object_group(JOB_STREAM, job.pk), channel)
+        return channel
+
+    async def receive(channel):
+        while True:  # other test workers' jobs may share the pk: the name is this one's
+            message = await asyncio.wait_for(layer.receive(channel), 10)
+            if message["event"]["name"] == job.name:
+                return message["event"]
+
+    channel = async_to_sync(subscribe)()
+    assert scheduling_pass(pool_id=lpool.pk).placed == [job.pk]
+    event = async_to_sync(receive)(channel)
+    lease = Lease.objects.get(job=job)
+    assert event["job"] == job.pk and event["state"] == "leased"
+    assert (event["from"], event["to"], event["reason"]) == ("queued", "leased", "placed")
+    assert event["message"] == f"placed on n1 (lease {lease.pk})"
+    assert event["actor"] == job.events.get(reason="placed").actor_label
+
+
+def test_copy_rows_refuses_rows_whose_columns_differ(lpool, ltenant):
+    """COPY writes every row in the first row's column order: a row with other columns would
+    land in the wrong ones, so it is refused and nothing is written."""
+    job = submit_job(lpool, ltenant)
+    base = JobEvent.build(None, actor=Actor.system("t"), from_state="", to_state="queued",
+                          reason="submitted")  # fmt: skip
+    before = JobEvent.objects.count()
+    with pytest.raises(ValueError, match="other columns"), transaction.atomic():
+        ledger.copy_rows(base, [{"job_id": job.pk, "message": "a"}, {"job_id": job.pk, "data": {}}])
+    assert JobEvent.objects.count() == before
+    ledger.copy_rows(base, [{"job_id": job.pk, "message": m} for m in ("a", "b")])
+    assert list(job.events.filter(message__in="ab").values_list("message", flat=True)) == [
+        "a",
+        "b",
+    ]

@@ -5,7 +5,9 @@ tests; in CI (CI=true) it fails them: nothing real is skipped there."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import urllib.request
 
 import pytest
@@ -17,6 +19,10 @@ from worker_agent.state import AgentState
 from .control_plane import ControlPlane
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# Job, lease and probe numbers of these tests name containers and volumes on the one engine
+# that every test process shares: a random start per process (not the clock, which two xdist
+# workers read in the same second) and steps of 10 (a test's lease is its job + 7).
+IDS = itertools.count(random.SystemRandom().randrange(10**6, 2 * 10**9, 10), 10)
 REGISTRY = "127.0.0.1:5000"
 REPO = "computepool/busybox"
 MANIFEST_TYPES = (

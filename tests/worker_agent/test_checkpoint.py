@@ -5,7 +5,6 @@ $CHECKPOINT_DIR when it starts (docs/data-plane.md, "Checkpoints")."""
 
 import hashlib
 import io
-import itertools
 import os
 import tarfile
 import time
@@ -21,10 +20,10 @@ from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 
+from .conftest import IDS
 from .test_runner import run
 
 pytestmark = pytest.mark.docker
-JOBS = itertools.count(int(time.time()) % 100000 * 100 + 80)
 TRAPPING = "trap 'echo saved > $CHECKPOINT_DIR/state; exit 0' USR1; while true; do sleep 1; done"
 
 
@@ -89,7 +88,7 @@ def test_a_job_ignoring_the_signal_is_stopped_after_the_grace_period(
 def test_the_agent_passes_a_checkpoint_request_to_the_running_job(
     tmp_path, control_plane, test_image, docker_client
 ):
-    job = next(JOBS)
+    job = next(IDS)
     entry = {
         "job": job,
         "attempt": 1,
@@ -124,7 +123,7 @@ def test_the_agent_passes_a_checkpoint_request_to_the_running_job(
 def test_the_process_runtime_checkpoints_the_same_way(tmp_path, control_plane):
     state = AgentState(tmp_path / "state")
     state.save_credential({"credential": control_plane.credential})
-    job = next(JOBS)
+    job = next(IDS)
     a = Assignment.parse(
         {
             "job": job,
@@ -191,7 +190,7 @@ def test_the_next_attempt_starts_from_the_checkpoint(agent_parts, control_plane,
 def process_runner(tmp_path, control_plane, command, **changes) -> Runner:
     state = AgentState(tmp_path / "state")
     state.save_credential({"credential": control_plane.credential})
-    job = changes.pop("job", None) or next(JOBS)
+    job = changes.pop("job", None) or next(IDS)
     a = Assignment.parse(
         {
             "job": job,
@@ -218,7 +217,7 @@ def process_runner(tmp_path, control_plane, command, **changes) -> Runner:
 
 def test_a_checkpoint_that_does_not_verify_fails_the_attempt_before_start(tmp_path, control_plane):
     archive = tar_of(("checkpoint/state", b"saved\n"))
-    job = next(JOBS)
+    job = next(IDS)
     control_plane.checkpoints[job] = archive  # served, but not what the assignment names
     command = ["sh", "-c", 'echo started; cat "$CHECKPOINT_DIR/state"']
     restore = {"url": "", "sha256": "0" * 64}

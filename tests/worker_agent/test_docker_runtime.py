@@ -2,7 +2,6 @@
 container's HostConfig carries every limit of the lease, and each way a container ends is told
 apart (exit 0, exit 3, OOM-killed, killed at the maximum runtime, stopped)."""
 
-import itertools
 import time
 
 import pytest
@@ -10,12 +9,13 @@ import pytest
 from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import DockerRuntime
 
+from .conftest import IDS
+
 pytestmark = pytest.mark.docker
-JOBS = itertools.count(int(time.time()) % 100000 * 100)
 
 
 def assignment(image, command, **changes) -> Assignment:
-    job = next(JOBS)
+    job = next(IDS)
     data = {
         "job": job,
         "attempt": 1,

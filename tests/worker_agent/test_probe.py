@@ -4,7 +4,6 @@ memory fill and the GPU list in a container of the busybox test image on the rea
 and the recovery probe of one device, measured again through the recorded NVML fixture."""
 
 import hashlib
-import itertools
 import time
 from pathlib import Path
 
@@ -16,8 +15,9 @@ from worker_agent.probe import probe_script, recovery_result, run_challenge
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
+from .conftest import IDS
+
 pytestmark = pytest.mark.docker
-PROBES = itertools.count(int(time.time()) % 100000 * 100 + 90)
 SEED = "0123456789abcdef0123456789abcdef"
 
 
@@ -52,7 +52,7 @@ def docker_runtime(docker_client):
 def test_the_probe_container_answers_the_challenge(
     docker_runtime, docker_client, test_image, tmp_path
 ):
-    probe = next(PROBES)
+    probe = next(IDS)
     answer = run_challenge(
         probe, challenge(test_image), runtime=docker_runtime, workdir=tmp_path / "p"
     )
@@ -69,7 +69,7 @@ def test_the_memory_asked_is_written_into_a_tmpfs_of_that_size(
 ):
     # the tmpfs is sized to the claim, the container's memory to the claim + a margin: RAM
     answer = run_challenge(
-        next(PROBES), challenge(test_image, memory_mib=48), runtime=docker_runtime, workdir=tmp_path
+        next(IDS), challenge(test_image, memory_mib=48), runtime=docker_runtime, workdir=tmp_path
     )
     assert answer["memory_mib"] == 48
 
@@ -77,7 +77,7 @@ def test_the_memory_asked_is_written_into_a_tmpfs_of_that_size(
 def test_claimed_gpus_missing_here_are_not_answered(docker_runtime, test_image, tmp_path):
     gpu = "GPU-5f0c2b1a-77e1-4c3e-9d0b-000000000000"
     answer = run_challenge(
-        next(PROBES), challenge(test_image, gpus=[gpu]), runtime=docker_runtime, workdir=tmp_path
+        next(IDS), challenge(test_image, gpus=[gpu]), runtime=docker_runtime, workdir=tmp_path
     )
     assert "error" in answer and "answers" not in answer
 
@@ -108,7 +108,7 @@ def test_the_script_holds_only_the_challenges_numbers():
 
 def test_the_process_runtime_answers_the_same(tmp_path):
     runtime = ProcessRuntime("test-node", tmp_path / "state")
-    answer = run_challenge(next(PROBES), challenge(""), runtime=runtime, workdir=tmp_path / "p")
+    answer = run_challenge(next(IDS), challenge(""), runtime=runtime, workdir=tmp_path / "p")
     assert answer["answers"] == chains(SEED, 2, 40)
     assert answer["memory_mib"] == 16 and answer["gpus"] == []
 
@@ -116,7 +116,7 @@ def test_the_process_runtime_answers_the_same(tmp_path):
 def test_the_agent_runs_a_requested_probe_and_posts_its_result(
     tmp_path, control_plane, docker_runtime, test_image
 ):
-    probe = next(PROBES)
+    probe = next(IDS)
     requested = {"id": probe, "kind": "validation", "challenge": challenge(test_image)}
     control_plane.answers["agent/heartbeat"] = {"probes": [requested]}
     agent = Agent(
@@ -152,7 +152,7 @@ def recorded_nvml(**device_changes) -> RecordedNvml:
 
 def recovery_probe(uuid: str, probe_id: int | None = None) -> dict:
     """A recovery probe as the heartbeat answer lists it (nodes/api/serializers.py)."""
-    probe_id = probe_id or next(PROBES)
+    probe_id = probe_id or next(IDS)
     return {
         "id": probe_id,
         "kind": "recovery",

@@ -2,7 +2,6 @@
 HTTP server shaped like the agent API: every step in order with the fencing token, logs and
 outputs before the final report, and the ways a run ends (docs/data-plane.md)."""
 
-import itertools
 import time
 
 import pytest
@@ -10,13 +9,14 @@ import pytest
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
 
+from .conftest import IDS
+
 pytestmark = pytest.mark.docker
-JOBS = itertools.count(int(time.time()) % 100000 * 100 + 50)
 
 
 def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
     state, client, runtime = agent_parts
-    job = next(JOBS)
+    job = next(IDS)
     data = {
         "job": job,
         "attempt": 1,

@@ -52,6 +52,11 @@ def clusters(draw):
                 numa=numa if draw(st.booleans()) else (),
             )
         )
+    # twins: copies under other names (and device UUIDs), which the plan evaluates as one kind
+    for k, i in enumerate(draw(st.lists(st.integers(0, len(nodes) - 1), max_size=4))):
+        name = f"twin-{k}"
+        gpus = tuple(replace(g, uuid=f"{name}-{g.index}") for g in nodes[i].gpus)
+        nodes.append(replace(nodes[i], name=name, gpus=gpus))
     names = [n.name for n in nodes]
     return [n for i, n in enumerate(nodes) if n.name not in names[:i]]  # unique names
 
@@ -73,6 +78,8 @@ def requests(draw):
         fields["anti_affinity"] = ("app=a",)
     if draw(st.integers(0, 4)) == 0:
         fields["zones"] = ("a",)
+    if draw(st.integers(0, 9)) == 0:  # a twin's kind is shared; its name is its own
+        fields["node_pin"] = draw(st.sampled_from(["twin-0", "twin-1"]))
     if kind == "whole":
         fields.update(gpu_count=draw(st.integers(1, 2)), sharing="exclusive")
         if draw(st.booleans()):
@@ -167,3 +174,20 @@ def test_an_error_planning_one_request_is_its_outcome_and_the_others_go_on():
     outcomes, _ = plan([Broken(cpu_millicores=1), Request(cpu_millicores=1)], nodes, DEFAULT_POLICY)
     assert isinstance(outcomes[0].error, RuntimeError)
     assert outcomes[1].placement.node == "c1"
+
+
+def test_nodes_of_one_kind_are_evaluated_once_per_class(monkeypatch):
+    """A fresh fleet of equal nodes costs one evaluation per class, then one per kind that
+    placing work makes; the decisions stay place()'s (ties to the smallest name)."""
+    from scheduling.core import batch
+
+    calls = []
+    real = batch.evaluate
+    monkeypatch.setattr(batch, "evaluate", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    nodes = [cpu_node(f"c{i:03d}", cpu=4000) for i in range(100)]
+    reqs = [Request(cpu_millicores=1000), Request(cpu_millicores=3000)] * 3
+    outcomes, _ = plan(reqs, nodes, DEFAULT_POLICY)
+    assert [o.placement.node for o in outcomes] == [
+        p.node for p in one_by_one(reqs, nodes, DEFAULT_POLICY)
+    ]
+    assert len(calls) < 20  # not 2 classes x 100 nodes
