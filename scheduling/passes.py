@@ -62,6 +62,7 @@ from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, error_summary, record_sweep_failure
 from scheduling import fairshare
 from scheduling.core import batch
+from scheduling.core.fragmentation import Workload
 from scheduling.core.queue import (
     BACKFILL_WOULD_DELAY_HEAD,
     SHORT_SHARE_RESERVED,
@@ -287,7 +288,11 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
         except Exception as error:  # a corrupt stored request fails its own job only
             result.pending[job.pk] = _scheduling_error(job.pk, error, now)
     jobs = [job for job in jobs if job.pk in requests]
+    # Fragmentation is measured against the mix of work asking for the pool: this window's
+    # requests (FGD's "typical tasks"; the memory-coupled default needs their memory).
     policy = snap.pool_policy(pool)
+    if requests:
+        policy = policy.with_workload(Workload.from_requests(requests.values()))
     # with the nodes' lease ends: a job that does not fit is told when capacity frees up
     view = snap.pool_snapshot(
         pool_id, work=any(snap.needs_work(r, policy) for r in requests.values())

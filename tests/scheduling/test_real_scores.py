@@ -11,8 +11,12 @@ from config.builders import (
     build_person,
     build_pool,
     build_tenant,
+    gpu_request,
+    pinned_test_image,
+    submit_job,
 )
 from jobs.models import Job
+from jobs.services import job_submit
 from leases import snapshot
 from leases.models import Lease
 from pools.models import SchedulingPolicy
@@ -169,3 +173,32 @@ def test_labels_and_selectors_are_validated(client, npool):
         assert response.status_code == 400, (field, value)
         assert field in response.json(), response.json()
     assert not Job.objects.exists()
+
+
+def test_the_pass_keeps_memory_where_gpus_would_be_stranded_without_it(npool):
+    """The default policy measures fragmentation against the window's own mix (memory_fgd):
+    with GPU work asking 12 GiB a GPU in the queue, a CPU-only job of 12 GiB (first in the
+    queue) goes to the node with memory to spare, not to the tight one whose GPUs it would
+    leave without the memory to use them."""
+    tenant = build_tenant("mix")
+    # named so that a tie would go to the tight node (the smallest name wins a tie)
+    roomy = build_node(npool, "gpu-b-roomy", cpu=32000, memory=65536, gpus=[{}, {}])
+    build_node(npool, "gpu-a-tight", cpu=32000, memory=16384, gpus=[{}, {}])
+    cpu_job = submit_job(npool, tenant, "cpu", cpu=1000, memory=12288)
+    gpu_jobs = [
+        job_submit(
+            tenant=tenant,
+            pool=npool,
+            name=f"gpu-{i}",
+            image=pinned_test_image(),
+            actor=SYSTEM,
+            resources=gpu_request(count=1, memory=12288),
+        )
+        for i in range(6)
+    ]
+    placed = scheduling_pass().placed
+    assert placed[0] == cpu_job.pk and set(placed[1:]) <= {job.pk for job in gpu_jobs}
+    decision = Lease.objects.get(job=cpu_job).placement["decision"]
+    assert decision["chosen"] == roomy.name
+    scores = {c["node"]: c["breakdown"]["memory_fgd"] for c in decision["candidates"]}
+    assert scores[roomy.name] > scores["gpu-a-tight"]
