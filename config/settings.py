@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "channels",
     "config.apps.ProjectConfig",
@@ -180,6 +181,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "ENUM_NAME_OVERRIDES": {"ArchitectureEnum": "pools.choices.Architecture"},
+    # the docs page's assets from our own static files (drf-spectacular-sidecar), not a CDN
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL") or REDIS_URL
