@@ -54,6 +54,7 @@ def test_reservation_sweep_task(lpool, ltenant, lnode):
 
 
 def test_beat_schedule_names_registered_tasks():
+    app.loader.import_default_modules()  # the apps' tasks modules, as a worker imports them
     names = {entry["task"] for entry in app.conf.beat_schedule.values()}
     for task in (
         "leases.expire_leases",
