@@ -22,7 +22,10 @@ class Job(models.Model):
     visibility = Visibility(tenant="tenant", node="leases__node")
 
     tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="jobs")
-    pool = models.ForeignKey("pools.ComputePool", on_delete=models.PROTECT, related_name="jobs")
+    # indexed by (pool, state, created_at) below: a pool-only index would be one more to write
+    pool = models.ForeignKey(
+        "pools.ComputePool", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
     name = models.CharField(max_length=100)
     shape = models.ForeignKey(
         "pools.ResourceShape", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -57,13 +60,16 @@ class Job(models.Model):
     affinity = models.JSONField(default=dict, blank=True)
     anti_affinity = models.JSONField(default=dict, blank=True)
     require_numa = models.BooleanField(default=False)
+    # {"name", "size", "topology"} (docs/scheduler.md "Gangs of jobs"): the tenant's queued jobs
+    # of the pool that share the name are placed together, all or none; {} = not in a gang
+    gang = models.JSONField(default=dict, blank=True)
     # where a running job with ports answers: {"host": …, "ports": {"8080": 32768}}
     route = models.JSONField(default=dict, blank=True)
     # retry backoff: the scheduling pass leaves a queued job alone until then
     not_before = models.DateTimeField(null=True, blank=True)
     state = models.CharField(
-        max_length=14, choices=JobState.choices, default=JobState.QUEUED, db_index=True
-    )
+        max_length=14, choices=JobState.choices, default=JobState.QUEUED
+    )  # indexed below, without the pattern-ops copy Django adds to an indexed CharField
     state_changed_at = models.DateTimeField(default=timezone.now)
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
@@ -85,7 +91,10 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["pool", "state", "created_at"])]
+        indexes = [
+            models.Index(fields=["pool", "state", "created_at"]),
+            models.Index(fields=["state"], name="jobs_job_state"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],

@@ -81,6 +81,7 @@ def job_submit(
     affinity: dict | None = None,
     anti_affinity: dict | None = None,
     require_numa: bool = False,
+    gang: dict | None = None,
     idempotency_key: str = "",
     idempotency_digest: str = "",
 ) -> Job:
@@ -143,6 +144,7 @@ def job_submit(
                 affinity=affinity or {},
                 anti_affinity=anti_affinity or {},
                 require_numa=require_numa,
+                gang=gang or {},
                 idempotency_key=idempotency_key,
                 idempotency_digest=idempotency_digest,
                 **({"network_policy": network_policy} if network_policy is not None else {}),

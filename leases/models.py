@@ -57,9 +57,7 @@ class Lease(models.Model):
     job = models.ForeignKey(
         "jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="leases"
     )
-    state = models.CharField(
-        max_length=10, choices=LeaseState.choices, default=LeaseState.RESERVED
-    )
+    state = models.CharField(max_length=10, choices=LeaseState.choices, default=LeaseState.RESERVED)
     state_changed_at = models.DateTimeField(default=timezone.now)
     # what was reserved on the node (the ledger holds the sum of these for HOLDING leases)
     cpu_millicores = models.PositiveIntegerField()

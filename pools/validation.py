@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from pools.choices import DrainPolicy
 from scheduling.core import policy_problems
 from scheduling.core.queue import QUEUE_KNOBS
+from scheduling.core.types import GANG_TOPOLOGIES
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -340,6 +341,33 @@ def retry_policy(value) -> dict:
     ):
         raise ValidationError(f"retry_on lists distinct reasons among {', '.join(RETRY_REASONS)}.")
     return policy
+
+
+# A job's gang (docs/scheduler.md "Gangs of jobs"): separate jobs of one tenant in one pool that
+# share a name and are placed all or none.
+GANG_NAME = re.compile(r"[-a-zA-Z0-9_]{1,60}", re.ASCII)  # a slug
+GANG_SIZE_MIN, GANG_SIZE_MAX = 2, 64
+
+
+def job_gang(value) -> dict:
+    """A job's `gang`: {} for none, else {"name": a slug of at most 60 characters, "size": 2 to
+    64 members, "topology": one of the core's GANG_TOPOLOGIES (default "none")}."""
+    if not isinstance(value, dict):
+        raise ValidationError('An object: {"name", "size", "topology"}.')
+    if not value:
+        return {}
+    unknown = sorted(set(value) - {"name", "size", "topology"})
+    if unknown:
+        raise ValidationError(f"Unknown keys: {', '.join(map(str, unknown))[:200]}.")
+    name, size = value.get("name"), value.get("size")
+    topology = value.get("topology", GANG_TOPOLOGIES[0])
+    if not isinstance(name, str) or not GANG_NAME.fullmatch(name):
+        raise ValidationError("name is a slug of 1 to 60 letters, digits, '-' or '_'.")
+    if not _is_int(size) or not GANG_SIZE_MIN <= size <= GANG_SIZE_MAX:
+        raise ValidationError(f"size is an integer from {GANG_SIZE_MIN} to {GANG_SIZE_MAX}.")
+    if topology not in GANG_TOPOLOGIES:
+        raise ValidationError(f"topology is one of {', '.join(GANG_TOPOLOGIES)}.")
+    return {"name": name, "size": size, "topology": topology}
 
 
 def output_destination(value) -> str:

@@ -25,6 +25,7 @@ pool holds reservations, which may backfill them.
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import threading
@@ -61,7 +62,7 @@ from pools.models import ComputePool, PriorityClass
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, error_summary, record_sweep_failure
 from scheduling import fairshare
-from scheduling.core import batch
+from scheduling.core import Explanation, apply_placement, batch, place_gang
 from scheduling.core.fragmentation import Workload
 from scheduling.core.queue import (
     BACKFILL_WOULD_DELAY_HEAD,
@@ -86,6 +87,7 @@ PASS_ORDER = (
 class PassResult:
     placed: list[int] = field(default_factory=list)
     pending: dict[int, str] = field(default_factory=dict)  # job id → reason code
+    gangs: set[int] = field(default_factory=set)  # gang members: never preempted for one by one
 
 
 def queued_jobs(*, pool_id=None, limit: int, skip=frozenset(), now=None):
@@ -142,7 +144,9 @@ def _after_pool(pool_id, job_ids, before: PassResult, result: PassResult, now, s
     (scheduling/preemption.py), and the pass is recorded for the operators' health charts.
     Neither may fail the pass: each failure is logged and the pass goes on."""
     pending = {j: code for j, code in result.pending.items() if j not in before.pending}
-    waiting = [j for j, code in pending.items() if code == NoCapacity.code]
+    waiting = [
+        j for j, code in pending.items() if code == NoCapacity.code and j not in result.gangs
+    ]
     try:
         if waiting:
             preempt_for(pool_id, waiting, now)
@@ -164,13 +168,15 @@ def _one_by_one(job_ids, now, result: PassResult) -> None:
     """The single path: each job in its own transaction through `lease_reserve`."""
     at_quota: set[tuple[int, int]] = set()
     owners = {
-        job_id: (tenant_id, pool_id)
-        for job_id, tenant_id, pool_id in Job.objects.filter(pk__in=job_ids).values_list(
-            "id", "tenant_id", "pool_id"
+        job_id: (tenant_id, pool_id, gang)
+        for job_id, tenant_id, pool_id, gang in Job.objects.filter(pk__in=job_ids).values_list(
+            "id", "tenant_id", "pool_id", "gang"
         )
     }
     for job_id in job_ids:
-        tenant_id, job_pool_id = owners.get(job_id, (None, None))
+        tenant_id, job_pool_id, gang = owners.get(job_id, (None, None, None))
+        if gang:
+            continue  # a gang is placed whole by the batch pass only, never one member alone
         if (tenant_id, job_pool_id) in at_quota:
             continue  # reached its quota earlier in this pass: noted in bulk
         try:
@@ -206,6 +212,7 @@ class _Job:
     priority: int | None
     max_wait_s: int | None
     key: str = ""
+    gang: dict | None = None  # {"name", "size", "topology"}, or {}
     # the job model's visibility rule: pools.events.groups_of serves a _Job as a Job
     visibility = Job.visibility
 
@@ -219,7 +226,7 @@ def _read_jobs(job_ids: list[int]) -> list[_Job]:
         cursor.execute(
             "SELECT j.id, j.name, j.tenant_id, j.resources::text, j.image, "
             "j.image_platforms::text, j.attempts, j.max_runtime_s, j.state_changed_at, "
-            f"p.value, p.max_wait_s FROM {Job._meta.db_table} j "
+            f"p.value, p.max_wait_s, j.gang::text FROM {Job._meta.db_table} j "
             f"LEFT JOIN {PriorityClass._meta.db_table} p ON p.id = j.priority_class_id "
             "WHERE j.id = ANY(CAST(%s AS bigint[])) AND j.state = %s",
             [job_ids, JobState.QUEUED.value],
@@ -227,12 +234,12 @@ def _read_jobs(job_ids: list[int]) -> list[_Job]:
         rows = cursor.fetchall()
     parsed: dict[str, object] = {}
     jobs = []
-    for pk, name, tenant_id, resources, image, platforms, *rest in rows:
-        for text in (resources, platforms):
+    for pk, name, tenant_id, resources, image, platforms, *rest, gang in rows:
+        for text in (resources, platforms, gang):
             if text not in parsed:
                 parsed[text] = orjson.loads(text)
         job = _Job(pk, name, tenant_id, parsed[resources], image, parsed[platforms], *rest)
-        job.key = resources
+        job.key, job.gang = resources, parsed[gang]
         jobs.append(job)
     return jobs
 
@@ -243,6 +250,7 @@ class _Planned:
     placement: object = None  # core Placement
     decision: dict | None = None
     explanation: dict | None = None  # why it waits (pending_reason), when not placed
+    gang: tuple | None = None  # (tenant id, gang name, first member) of a gang placed whole
 
 
 class _GcPause(ContextDecorator):
@@ -278,6 +286,7 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
     clock = _Clock(timings)
     pool = ComputePool.objects.get(pk=pool_id)
     jobs = _read_jobs(job_ids)
+    jobs += _gang_mates(pool_id, jobs)  # a gang is planned whole: its members outside the window
     requests, shared = {}, {}  # equal requests share one core Request
     for job in jobs:
         key = (job.key, job.tenant_id, tuple(job.image_platforms or ()), job.image)
@@ -301,13 +310,14 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
     jobs = queue.jobs
     clock.lap("snapshot_s")
     headroom = quota.quota_headroom(pool_id, {job.tenant_id for job in jobs})
-    refusals: dict[int, dict] = {}  # position → why admit refused the placement
+    refusals: dict[int, dict] = {}  # job id → why admit refused the placement
+    members = [job for job in jobs if job.gang]  # planned after the others, each gang whole
+    jobs = [job for job in jobs if not job.gang]
 
-    def admit(position: int, placement) -> str:
-        job = jobs[position]
+    def admit_job(job: _Job, placement) -> str:
         queued = queue.queued[job.pk]
         if code := queue.gate.admits(queued):
-            refusals[position] = {"code": code, "message": GATE_MESSAGES[code]}
+            refusals[job.pk] = {"code": code, "message": GATE_MESSAGES[code]}
             return code
         room = headroom.get(job.tenant_id)
         over = (
@@ -320,10 +330,13 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
             else ""
         )
         if over:
-            refusals[position] = room.explanation(over)
+            refusals[job.pk] = room.explanation(over)
             return over
         queue.gate.took(queued)
         return ""
+
+    def admit(position: int, placement) -> str:
+        return admit_job(jobs[position], placement)
 
     def waited(position: int, explanation) -> None:
         near = explanation.nearest_miss
@@ -331,26 +344,30 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
         start_s = (fits_at - now).total_seconds() if hasattr(fits_at, "tzinfo") else None
         queue.gate.blocked(queue.queued[jobs[position].pk], start_s)
 
-    outcomes, _ = batch.plan(
+    outcomes, nodes = batch.plan(
         [requests[job.pk] for job in jobs], view.nodes, policy, admit=admit, waited=waited
     )
     plan = []
     explained: dict[int, dict] = {}  # a class of requests shares one explanation: one UPDATE
-    for position, (job, outcome) in enumerate(zip(jobs, outcomes, strict=True)):
+    for job, outcome in zip(jobs, outcomes, strict=True):
         if outcome.error is not None:
             result.pending[job.pk] = _scheduling_error(job.pk, outcome.error, now)
             continue
         planned = _Planned(job, outcome.placement, outcome.decision)
         if outcome.refusal:
-            planned.explanation = refusals[position]
+            planned.explanation = refusals[job.pk]
         elif outcome.explanation is not None:
             key = id(outcome.explanation)
             if key not in explained:
                 explained[key] = NoCapacity(explanation_dict(outcome.explanation)).explanation
             planned.explanation = explained[key]
         plan.append(planned)
+    if members:
+        result.gangs.update(job.pk for job in members)
+        gangs = _Gangs(nodes, policy, queue, headroom, admit_job, refusals)
+        plan += gangs.plan(members, requests)
     clock.lap("plan_s")
-    backfill = [p for p in plan if _code(p) == "no_capacity"]
+    backfill = [p for p in plan if _code(p) == "no_capacity" and not p.job.gang]
     if backfill and not _holds_reservations(pool_id):
         backfill = []
     _apply(pool, plan, view, policy, now, result)
@@ -368,6 +385,105 @@ def _core_request(job: _Job):
     if "@" in (job.image or ""):
         req = replace(req, image=job.image.rsplit("@", 1)[1])
     return req
+
+
+def _gang_mates(pool_id: int, jobs: list[_Job]) -> list[_Job]:
+    """The queued members outside the window of the gangs the window holds: a gang is
+    counted over the whole queue and planned whole."""
+    gangs = {(job.tenant_id, job.gang["name"]) for job in jobs if job.gang}
+    if not gangs:
+        return []
+    have = {job.pk for job in jobs}
+    mates = Job.objects.filter(
+        pool_id=pool_id,
+        state=JobState.QUEUED,
+        tenant_id__in={tenant_id for tenant_id, _ in gangs},
+        gang__name__in={name for _, name in gangs},
+    ).values_list("id", "tenant_id", "gang__name")
+    ids = [pk for pk, tenant_id, name in mates if (tenant_id, name) in gangs and pk not in have]
+    return _read_jobs(ids) if ids else []
+
+
+GANG_INCOMPLETE, GANG_MISMATCH = "gang_incomplete", "gang_mismatch"  # pending codes
+
+
+class _Gangs:
+    """Gangs of jobs (docs/scheduler.md "Gangs of jobs"): a tenant's queued jobs in the pool
+    that share a gang name, planned after the other jobs on the nodes their plan left, in the
+    queue order of their first members. Members in job-id order make gangs of `size` (a name
+    used again makes the next gang); each is placed all or none: `place_gang` places `size`
+    replicas, one per member, and every member passes the queue's gate and its tenant's quota
+    headroom, or none takes anything."""
+
+    def __init__(self, nodes, policy, queue: _Queue, headroom: dict, admit, refusals: dict):
+        self.nodes = list(nodes)
+        self.index = {node.name: i for i, node in enumerate(self.nodes)}
+        self.policy, self.queue, self.headroom = policy, queue, headroom
+        self.admit, self.refusals = admit, refusals
+
+    def plan(self, members: list[_Job], requests: dict) -> list[_Planned]:
+        groups: dict[tuple, list[_Job]] = {}
+        for job in members:
+            groups.setdefault((job.tenant_id, job.gang["name"]), []).append(job)
+        planned = []
+        for (_, name), group in groups.items():
+            group.sort(key=lambda job: job.pk)
+            if any(job.gang != group[0].gang for job in group):
+                message = f"the members of gang {name} differ in size or topology"
+                planned += _waiting(group, GANG_MISMATCH, message)
+                continue
+            size = group[0].gang["size"]
+            for start in range(0, len(group), size):
+                planned += self._gang(group[start : start + size], requests)
+        return planned
+
+    def _gang(self, gang: list[_Job], requests: dict) -> list[_Planned]:
+        name, size, topology = (gang[0].gang[key] for key in ("name", "size", "topology"))
+        if len(gang) < size:
+            return _waiting(gang, GANG_INCOMPLETE, f"{len(gang)} of {size} members queued")
+        request = requests[gang[0].pk]
+        if any(_alike(requests[job.pk]) != _alike(request) for job in gang):
+            message = f"the members of gang {name} ask for different resources"
+            return _waiting(gang, GANG_MISMATCH, message)
+        placed = place_gang(replace(request, replicas=size, gang=topology), self.nodes, self.policy)
+        if isinstance(placed, Explanation):
+            extra = {"gang_reason": placed.gang_reason}
+            why = NoCapacity(explanation_dict(placed, **extra)).explanation
+            return [_Planned(job, explanation=why) for job in gang]
+        if refusal := self._admit(gang, placed.placements):
+            return [_Planned(job, explanation=refusal) for job in gang]
+        decision = {"policy_version": placed.policy_version, "nodes": len(self.nodes)}
+        decision |= {"gang": name, "topology": topology, "domain": placed.domain}
+        key = (gang[0].tenant_id, name, gang[0].pk)
+        out = []
+        for job, placement in zip(gang, placed.placements, strict=True):
+            i = self.index[placement.node]
+            self.nodes[i] = apply_placement(self.nodes[i], placement)
+            out.append(_Planned(job, placement, {**decision, "chosen": placement.node}, gang=key))
+        return out
+
+    def _admit(self, gang: list[_Job], placements) -> dict | None:
+        """Each member through the gate and its tenant's headroom; one refused: the gate and
+        the headroom as they were, and the refusal for all."""
+        room = self.headroom.get(gang[0].tenant_id)
+        gate, used = copy.deepcopy(self.queue.gate), dict(room.used) if room else None
+        for job, placement in zip(gang, placements, strict=True):
+            if self.admit(job, placement):
+                self.queue.gate = gate
+                if room is not None:
+                    room.used = used
+                return self.refusals[job.pk]
+        return None
+
+
+def _alike(request):
+    # members may differ in their own labels (a rank, a role), never in what they ask
+    return replace(request, name="", labels=())
+
+
+def _waiting(gang: list[_Job], code: str, message: str) -> list[_Planned]:
+    why = {"code": code, "message": message}
+    return [_Planned(job, explanation=why) for job in gang]
 
 
 GATE_MESSAGES = {
@@ -423,17 +539,16 @@ def _apply(pool, plan: list[_Planned], view, policy, now, result: PassResult) ->
         locked = _lock_queued([p.job.pk for p in plan])
         plan = [p for p in plan if p.job.pk in locked]  # the rest: another pass or a cancel
         placing = [p for p in plan if p.placement is not None]
+        _whole_gangs(placing, "another pass or a cancel holds one of its members")
         _recheck_quotas(pool, placing)
+        _whole_gangs(placing, "one of its members is over its tenant's quota")
         digests: dict[str, str] = {}  # equal requests, one digest
         rows = {
             p.job.pk: _lease_row(pool, p, view, nodes, expires_at - now, digests)
             for p in placing
             if p.explanation is None
         }
-        taken = ledger.take_capacity_many(
-            [lease for lease, _ in rows.values()],
-            allow_mixing=pool.allow_tenant_mixing_on_shared_gpus,
-        )
+        taken = _take_capacity(pool, placing, rows)
         conflict = {"code": Reason.PLAN_CONFLICT.value, "message": ""}
         for p in placing:
             row = rows.get(p.job.pk)
@@ -455,6 +570,56 @@ def _apply(pool, plan: list[_Planned], view, policy, now, result: PassResult) ->
         elif p.explanation is not None:
             result.pending[p.job.pk] = p.explanation["code"]
     _publish_later(event, placed)
+
+
+def _whole_gangs(placing: list[_Planned], why: str) -> None:
+    """All or none: the members of a gang that lost one (no longer placeable) wait too, with
+    that member's reason when it has one, else plan_conflict."""
+    kept = defaultdict(int)
+    reasons = {}
+    for p in placing:
+        if p.gang is not None:
+            if p.explanation is None:
+                kept[p.gang] += 1
+            else:
+                reasons.setdefault(p.gang, p.explanation)
+    for p in placing:
+        if p.gang is not None and p.explanation is None and kept[p.gang] < p.job.gang["size"]:
+            p.explanation = reasons.get(p.gang) or {
+                "code": Reason.PLAN_CONFLICT.value,
+                "message": f"gang {p.job.gang['name']} is not placed: {why}; it waits for the "
+                "next pass",
+            }
+
+
+def _take_capacity(pool, placing: list[_Planned], rows: dict) -> set[int]:
+    """The guarded capacity writes of the plan's leases (`rows`: job id → (lease, event)); the
+    ids of the nodes whose capacity was taken. A gang one of whose nodes was taken meanwhile
+    takes nothing: the writes roll back to a savepoint and are redone without its members
+    (which wait with plan_conflict), until every gang left is whole."""
+    gangs = [p for p in placing if p.gang is not None and p.job.pk in rows]
+    savepoint = transaction.savepoint() if gangs else None
+    while True:
+        taken = ledger.take_capacity_many(
+            [lease for lease, _ in rows.values()],
+            allow_mixing=pool.allow_tenant_mixing_on_shared_gpus,
+        )
+        lost = {
+            p.gang: p.placement.node for p in gangs if rows[p.job.pk][0]["node_id"] not in taken
+        }
+        if not lost:
+            return taken
+        transaction.savepoint_rollback(savepoint)
+        for p in gangs:
+            if p.gang in lost:
+                p.explanation = {
+                    "code": Reason.PLAN_CONFLICT.value,
+                    "message": f"{lost[p.gang]} was taken by another writer before this pass "
+                    f"could apply its plan; no member of gang {p.job.gang['name']} is placed, "
+                    "they wait for the next pass",
+                }
+                del rows[p.job.pk]
+        gangs = [p for p in gangs if p.gang not in lost]
 
 
 def _lock_queued(job_ids: list[int]) -> set[int]:

@@ -65,6 +65,7 @@ class JobSerializer(serializers.ModelSerializer):
             "affinity",
             "anti_affinity",
             "require_numa",
+            "gang",
             "priority_class",
             "checkpointable",
             "max_runtime_s",
@@ -146,6 +147,11 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         default=False, help_text="CPU and memory (and GPUs) from one NUMA node"
     )
 
+    gang = serializers.JSONField(
+        default=dict,
+        help_text='Placed all or none with its gang\'s other jobs {"name", "size", "topology"}',
+    )
+
     def validate_labels(self, value):
         return validation.label_map(value)
 
@@ -154,6 +160,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
 
     def validate_anti_affinity(self, value):
         return validation.label_map(value)
+
+    def validate_gang(self, value):
+        return validation.job_gang(value)
 
     def validate_inputs(self, value):
         return validation.job_inputs(value)

@@ -1,0 +1,191 @@
+"""Gangs of jobs on the product path: members submitted through the API share a gang name, and
+the real scheduling pass places every member of a gang together or none of them."""
+
+from datetime import timedelta
+
+import pytest
+
+from config.builders import (
+    TEST_IMAGE_TAG,
+    build_node,
+    build_person,
+    build_pool,
+    build_tenant,
+    cpu_request,
+)
+from jobs.choices import JobState
+from jobs.models import Job
+from leases import snapshot
+from leases.models import Lease
+from leases.selectors import ledger_problems
+from leases.services import lease_reserve
+from pools.actors import Actor
+from scheduling import passes
+from scheduling.passes import scheduling_pass
+
+
+@pytest.fixture
+def gpool(db):
+    snapshot._POLICY_CACHE.clear()
+    yield build_pool("gangs", exact_capacity=True)
+    snapshot._POLICY_CACHE.clear()
+
+
+@pytest.fixture
+def gtenant(db):
+    return build_tenant("gangers")
+
+
+@pytest.fixture
+def client(gpool, gtenant, api):
+    return api(build_person("gina", tenant=gtenant))
+
+
+def submit(client, name, *, gang, cpu=2000, memory=512):
+    body = {
+        "tenant": "gangers",
+        "pool": "gangs",
+        "name": name,
+        "resources": {"cpu_millicores_min": cpu, "memory_mib_min": memory},
+        "image": TEST_IMAGE_TAG,
+        "command": ["true"],
+        "gang": gang,
+    }
+    return client.post("/api/v1/jobs/", body, format="json")
+
+
+def members(client, count, topology, *, name="train", size=4, **fields) -> list[int]:
+    gang = {"name": name, "size": size, "topology": topology}
+    ids = []
+    for i in range(count):
+        response = submit(client, f"{name}-{i}", gang=gang, **fields)
+        assert response.status_code == 201, response.json()
+        assert response.json()["gang"] == gang
+        ids.append(response.json()["id"])
+    return ids
+
+
+def nodes_of(job_ids) -> list[str]:
+    jobs = Job.objects.filter(pk__in=job_ids)
+    assert all(job.state == JobState.LEASED for job in jobs), [j.pending_reason for j in jobs]
+    return [lease.node.name for lease in Lease.objects.filter(job_id__in=job_ids)]
+
+
+def assert_none_placed(job_ids, code: str) -> list[Job]:
+    jobs = list(Job.objects.filter(pk__in=job_ids))
+    assert len(jobs) == len(job_ids)
+    assert all(job.state == JobState.QUEUED for job in jobs)
+    assert all(job.pending_reason["code"] == code for job in jobs), [
+        job.pending_reason for job in jobs
+    ]
+    assert not Lease.objects.filter(job_id__in=job_ids).exists()
+    return jobs
+
+
+def test_a_colocate_rack_gang_is_placed_whole_in_one_rack(client, gpool):
+    # rack a holds two members, rack b all four: the gang goes to rack b, never split
+    for name, rack in (("a1", "a"), ("b1", "b"), ("b2", "b")):
+        build_node(gpool, name, cpu=4000, memory=8192, rack=rack)
+    ids = members(client, 4, "colocate_rack")
+    result = scheduling_pass()
+    assert sorted(result.placed) == sorted(ids)
+    assert sorted(nodes_of(ids)) == ["b1", "b1", "b2", "b2"]
+    decision = Lease.objects.filter(job_id=ids[0]).get().placement["decision"]
+    assert decision["gang"] == "train" and decision["domain"] == "b"
+
+
+def test_an_incomplete_gang_waits_until_its_last_member_arrives(client, gpool):
+    for name in ("n1", "n2"):
+        build_node(gpool, name, cpu=8000, memory=8192, rack="r1")
+    first = members(client, 3, "colocate_rack")
+    result = scheduling_pass()
+    assert result.placed == []
+    for job in assert_none_placed(first, "gang_incomplete"):
+        assert job.pending_reason["message"] == "3 of 4 members queued"
+    last = members(client, 1, "colocate_rack", name="train")
+    result = scheduling_pass()
+    assert sorted(result.placed) == sorted(first + last)
+    assert len(nodes_of(first + last)) == 4
+
+
+def test_the_whole_queue_counts_not_only_the_pass_window(client, gpool):
+    build_node(gpool, "n1", cpu=16000, memory=8192)
+    ids = members(client, 4, "none")
+    result = scheduling_pass(limit=2)  # the window holds two members; the pass reads the others
+    assert sorted(result.placed) == sorted(ids)
+
+
+def test_a_spread_hosts_gang_lands_on_four_different_nodes(client, gpool):
+    for i in range(5):
+        build_node(gpool, f"n{i}", cpu=16000, memory=8192)
+    ids = members(client, 4, "spread_hosts")
+    scheduling_pass()
+    assert len(set(nodes_of(ids))) == 4
+
+
+def test_a_gang_that_cannot_fit_places_no_member_and_says_why(client, gpool):
+    for i in range(3):  # spread_hosts needs four nodes; each node could hold them all
+        build_node(gpool, f"n{i}", cpu=16000, memory=8192)
+    ids = members(client, 4, "spread_hosts")
+    result = scheduling_pass()
+    assert result.placed == []
+    for job in assert_none_placed(ids, "no_capacity"):
+        assert job.pending_reason["gang_reason"] == "gang_unplaceable"
+        assert job.pending_reason["total_nodes"] == 3
+
+
+def test_members_asking_for_different_resources_wait_as_a_mismatch(client, gpool):
+    build_node(gpool, "n1", cpu=16000, memory=8192)
+    ids = members(client, 3, "none") + members(client, 1, "none", cpu=1000)
+    scheduling_pass()
+    assert_none_placed(ids, "gang_mismatch")
+
+
+def test_a_node_taken_before_apply_places_no_member_of_the_gang(
+    client, gpool, gtenant, monkeypatch
+):
+    for name in ("n1", "n2"):  # each node holds exactly one member
+        build_node(gpool, name, cpu=2000, memory=4096)
+    build_node(gpool, "n3", cpu=1000, memory=4096)  # a job outside the gang, placed all the same
+    ids = members(client, 2, "spread_hosts", size=2)
+    single = submit(client, "single", gang={}, cpu=1000).json()["id"]
+    real_apply = passes._apply
+
+    def lease_api_takes_n1_first(pool, plan, *args):
+        lease_reserve(
+            pool=pool,
+            tenant=gtenant,
+            request=cpu_request(cpu=2000, memory=1024, node_pin="n1"),
+            actor=Actor.system("elsewhere"),
+            duration=timedelta(minutes=5),
+        )
+        return real_apply(pool, plan, *args)
+
+    monkeypatch.setattr(passes, "_apply", lease_api_takes_n1_first)
+    result = scheduling_pass()
+    assert result.placed == [single]
+    assert result.pending == {pk: "plan_conflict" for pk in ids}
+    for job in assert_none_placed(ids, "plan_conflict"):
+        assert "n1" in job.pending_reason["message"]
+    assert ledger_problems(gpool) == []
+
+
+@pytest.mark.parametrize(
+    "gang",
+    [
+        {"name": "bad name!", "size": 4},
+        {"name": "train", "size": 1},
+        {"name": "train", "size": 65},
+        {"name": "train", "size": "4"},
+        {"name": "train", "size": 4, "topology": "ring"},
+        {"name": "train", "size": 4, "colour": "red"},
+        {"name": "x" * 61, "size": 4},
+        ["train"],
+    ],
+)
+def test_an_invalid_gang_is_refused_400_naming_the_field(client, gpool, gang):
+    build_node(gpool, "n1", cpu=16000, memory=8192)
+    response = submit(client, "bad", gang=gang)
+    assert response.status_code == 400, response.json()
+    assert "gang" in response.json()
+    assert not Job.objects.exists()
