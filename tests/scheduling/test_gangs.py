@@ -1,8 +1,6 @@
 """Gangs of jobs on the product path: members submitted through the API share a gang name, and
 the real scheduling pass places every member of a gang together or none of them."""
 
-from datetime import timedelta
-
 import pytest
 
 from config.builders import (
@@ -11,17 +9,14 @@ from config.builders import (
     build_person,
     build_pool,
     build_tenant,
-    cpu_request,
 )
 from jobs.choices import JobState
 from jobs.models import Job
 from leases import snapshot
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import lease_reserve
-from pools.actors import Actor
-from scheduling import passes
 from scheduling.passes import scheduling_pass
+from tests.scheduling.conftest import another_writer_takes_before_apply
 
 
 @pytest.fixture
@@ -149,19 +144,7 @@ def test_a_node_taken_before_apply_places_no_member_of_the_gang(
     build_node(gpool, "n3", cpu=1000, memory=4096)  # a job outside the gang, placed all the same
     ids = members(client, 2, "spread_hosts", size=2)
     single = submit(client, "single", gang={}, cpu=1000).json()["id"]
-    real_apply = passes._apply
-
-    def lease_api_takes_n1_first(pool, plan, *args):
-        lease_reserve(
-            pool=pool,
-            tenant=gtenant,
-            request=cpu_request(cpu=2000, memory=1024, node_pin="n1"),
-            actor=Actor.system("elsewhere"),
-            duration=timedelta(minutes=5),
-        )
-        return real_apply(pool, plan, *args)
-
-    monkeypatch.setattr(passes, "_apply", lease_api_takes_n1_first)
+    another_writer_takes_before_apply(monkeypatch, gtenant, "n1", cpu=2000)
     result = scheduling_pass()
     assert result.placed == [single]
     assert result.pending == {pk: "plan_conflict" for pk in ids}

@@ -29,7 +29,7 @@ from leases import selectors
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import SCHEDULER_KEY_PREFIX, expire_leases, lease_reserve, ledger
+from leases.services import SCHEDULER_KEY_PREFIX, expire_leases, ledger
 from pools.actors import Actor
 from pools.events import object_group
 from pools.models import PriorityClass, Quota
@@ -38,6 +38,7 @@ from scheduling import passes
 from scheduling.bench.scheduler import jobs_without_one_lease, overcommitted_nodes
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
+from tests.scheduling.conftest import another_writer_takes_before_apply
 
 
 def test_places_highest_priority_first_then_oldest(lpool, ltenant):
@@ -206,20 +207,7 @@ def test_a_node_taken_before_the_plan_applies_leaves_its_jobs_queued_with_plan_c
     build_node(lpool, "n2", cpu=2000, memory=4096)
     first = submit_job(lpool, ltenant, "first", cpu=2000)
     second = submit_job(lpool, ltenant, "second", cpu=2000)
-    real_apply = passes._apply
-
-    def lease_api_takes_n1_first(pool, plan, *args):
-        # the lease API (another writer) fills n1 between the pass's snapshot and its apply
-        lease_reserve(
-            pool=pool,
-            tenant=ltenant,
-            request=cpu_request(cpu=2000, memory=1024, node_pin="n1"),
-            actor=Actor.system("elsewhere"),
-            duration=timedelta(minutes=5),
-        )
-        return real_apply(pool, plan, *args)
-
-    monkeypatch.setattr(passes, "_apply", lease_api_takes_n1_first)
+    another_writer_takes_before_apply(monkeypatch, ltenant, "n1", cpu=2000)
     result = scheduling_pass()
 
     on_n1 = next(j for j in (first, second) if j.pk not in result.placed)
