@@ -176,7 +176,7 @@ def _one_by_one(job_ids, now, result: PassResult) -> None:
     for job_id in job_ids:
         tenant_id, job_pool_id, gang = owners.get(job_id, (None, None, None))
         if gang:
-            continue  # a gang is placed whole by the batch pass only, never one member alone
+            continue  # a gang is placed whole (`_gangs_whole`), never one member alone
         if (tenant_id, job_pool_id) in at_quota:
             continue  # reached its quota earlier in this pass: noted in bulk
         try:
@@ -189,6 +189,89 @@ def _one_by_one(job_ids, now, result: PassResult) -> None:
             result.pending[job_id] = outcome
         if outcome in TENANT_WIDE:  # the tenant's other jobs need no attempt if it is full
             at_quota |= _note_tenants_at_quota(now, pool_id=job_pool_id, tenant_id=tenant_id)
+    _gangs_whole([j for j in job_ids if owners.get(j, (0, 0, None))[2]], now, result)
+
+
+def _gangs_whole(job_ids, now, result: PassResult) -> None:
+    """The single path's gangs (SQLite, or after a failed plan): each complete gang of the
+    window's members placed whole in one transaction — the core's `place_gang` on a fresh
+    snapshot, then each member reserved on its node through `lease_reserve` — or not at all:
+    any refusal rolls the gang back and every member waits with it (the batch pass's rules)."""
+    members = list(Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED))
+    groups: dict[tuple, list[Job]] = {}
+    for job in members:
+        groups.setdefault((job.pool_id, job.tenant_id, job.gang["name"]), [])
+    for pool_id, tenant_id, name in groups:
+        mates = Job.objects.filter(
+            pool_id=pool_id, tenant_id=tenant_id, state=JobState.QUEUED, gang__name=name
+        ).select_related("pool", "tenant")
+        gang = sorted(mates, key=lambda job: job.pk)  # members in job-id order, as in the batch
+        result.gangs.update(job.pk for job in gang)
+        try:
+            outcome = _gang_whole(gang, now)
+        except Exception as error:  # one bad gang never stops the pass
+            outcome = {"code": Reason.SCHEDULING_ERROR.value, "message": error_summary(error)}
+            logger.exception("scheduling pass: gang %s failed", name)
+        if outcome is True:
+            result.placed.extend(job.pk for job in gang[: gang[0].gang["size"]])
+            continue
+        for job in gang:
+            job_note_pending(job=job, explanation=outcome, now=now)
+            result.pending[job.pk] = outcome["code"]
+
+
+def _gang_whole(mates: list[Job], now) -> bool | dict:
+    first = mates[0]
+    name, size, topology = (first.gang[key] for key in ("name", "size", "topology"))
+    if len(mates) < size:
+        return {"code": GANG_INCOMPLETE, "message": f"{len(mates)} of {size} members queued"}
+    gang = mates[:size]
+    requests = [snap.core_request(job.resources, job.tenant_id) for job in gang]
+    if any(job.gang != first.gang for job in gang) or any(
+        _alike(r) != _alike(requests[0]) for r in requests
+    ):
+        message = f"the members of gang {name} ask for different resources, size or topology"
+        return {"code": GANG_MISMATCH, "message": message}
+    policy = snap.pool_policy(first.pool)
+    nodes = snap.pool_snapshot(first.pool_id).nodes
+    placed = place_gang(replace(requests[0], replicas=size, gang=topology), nodes, policy)
+    if isinstance(placed, Explanation):
+        return NoCapacity(explanation_dict(placed, gang_reason=placed.gang_reason)).explanation
+    try:
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().filter(
+                pk__in=[job.pk for job in gang], state=JobState.QUEUED
+            )
+            if locked.count() < size:  # a member was cancelled or placed meanwhile
+                raise TransitionRefused(
+                    Reason.PLAN_CONFLICT.value, f"a member of gang {name} moved meanwhile"
+                )
+            for job, placement in zip(gang, placed.placements, strict=True):
+                lease = lease_reserve(
+                    pool=job.pool,
+                    tenant=job.tenant,
+                    request={**job.resources, "node_pin": placement.node},
+                    actor=SCHEDULER,
+                    duration=settings.LEASE_DEFAULT_TTL,
+                    job=job,
+                    idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
+                    now=now,
+                )
+                job_transition(
+                    job=job,
+                    to=JobState.LEASED,
+                    actor=SCHEDULER,
+                    reason=Reason.PLACED,
+                    message=f"placed on {placement.node} with gang {name} (lease {lease.pk})",
+                    now=now,
+                    changes={"attempts": job.attempts + 1, "pending_reason": {}},
+                    data={"lease": lease.pk, "node": placement.node, "gang": name},
+                )
+    except NoCapacity as refusal:
+        return refusal.explanation
+    except TransitionRefused as refusal:
+        return quota.explanation(refusal)
+    return True
 
 
 # --- the batch pass --------------------------------------------------------------------------
