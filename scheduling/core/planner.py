@@ -223,11 +223,11 @@ def place_gang(
                 if best is None or total > best[0]:
                     best = (total, domain, attempt)
         if best is None:
-            return _gang_failure(single, nodes, policy, ctx, topology)
+            return _gang_failure(single, request.replicas, nodes, policy, ctx, topology)
         return GangPlacement(best[2], topology, best[1], policy.version)
     attempt = _place_sequence(single, request.replicas, nodes, ctx, topology)
     if isinstance(attempt, Explanation):
-        return _gang_failure(single, nodes, policy, ctx, topology, attempt)
+        return _gang_failure(single, request.replicas, nodes, policy, ctx, topology, attempt)
     return GangPlacement(attempt, topology, "", policy.version)
 
 
@@ -269,10 +269,10 @@ def _place_one_node_interconnect(req, replicas, node, ctx):
     return None
 
 
-def _gang_failure(req, nodes, policy, ctx, topology, inner: Explanation | None = None):
+def _gang_failure(req, replicas, nodes, policy, ctx, topology, inner: Explanation | None = None):
     single = place(req, nodes, policy, ctx)
     base = single if isinstance(single, Explanation) else inner
-    message = f"{r.GANG_UNPLACEABLE}: {req.replicas} replicas cannot all be placed ({topology})"
+    message = f"{r.GANG_UNPLACEABLE}: {replicas} replicas cannot all be placed ({topology})"
     if base is not None and base.message:
         message += f"; {base.message}"
     return Explanation(

@@ -140,6 +140,7 @@ def test_a_gang_that_cannot_fit_places_no_member_and_says_why(client, gpool, pat
     for job in assert_none_placed(ids, "no_capacity"):
         assert job.pending_reason["gang_reason"] == "gang_unplaceable"
         assert job.pending_reason["total_nodes"] == 3
+        assert "4 replicas cannot all be placed (spread_hosts)" in job.pending_reason["message"]
 
 
 def test_members_asking_for_different_resources_wait_as_a_mismatch(client, gpool, path):
