@@ -247,26 +247,7 @@ def _gang_whole(mates: list[Job], now) -> bool | dict:
                     Reason.PLAN_CONFLICT.value, f"a member of gang {name} moved meanwhile"
                 )
             for job, placement in zip(gang, placed.placements, strict=True):
-                lease = lease_reserve(
-                    pool=job.pool,
-                    tenant=job.tenant,
-                    request={**job.resources, "node_pin": placement.node},
-                    actor=SCHEDULER,
-                    duration=settings.LEASE_DEFAULT_TTL,
-                    job=job,
-                    idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
-                    now=now,
-                )
-                job_transition(
-                    job=job,
-                    to=JobState.LEASED,
-                    actor=SCHEDULER,
-                    reason=Reason.PLACED,
-                    message=f"placed on {placement.node} with gang {name} (lease {lease.pk})",
-                    now=now,
-                    changes={"attempts": job.attempts + 1, "pending_reason": {}},
-                    data={"lease": lease.pk, "node": placement.node, "gang": name},
-                )
+                _reserve_and_place(job, {**job.resources, "node_pin": placement.node}, now, name)
     except NoCapacity as refusal:
         return refusal.explanation
     except TransitionRefused as refusal:
@@ -931,35 +912,43 @@ def _place_one(job_id: int, now) -> bool | str | None:
         if job is None:
             return None
         try:
-            lease = lease_reserve(
-                pool=job.pool,
-                tenant=job.tenant,
-                request=job.resources,
-                actor=SCHEDULER,
-                duration=settings.LEASE_DEFAULT_TTL,
-                job=job,
-                idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
-                now=now,
-            )
+            _reserve_and_place(job, job.resources, now)
         except NoCapacity as refusal:
             explanation = refusal.explanation
         except TransitionRefused as refusal:  # quota, credit and other policy refusals
             explanation = quota.explanation(refusal)
         else:
-            node = lease.placement.get("node", "")
-            job_transition(
-                job=job,
-                to=JobState.LEASED,
-                actor=SCHEDULER,
-                reason=Reason.PLACED,
-                message=f"placed on {node} (lease {lease.pk})",
-                now=now,
-                changes={"attempts": job.attempts + 1, "pending_reason": {}},
-                data={"lease": lease.pk, "node": node, "policy_version": lease.policy_version},
-            )
             return True
     job_note_pending(job=job, explanation=explanation, now=now)
     return explanation.get("code", "pending")
+
+
+def _reserve_and_place(job: Job, request: dict, now, gang: str = "") -> None:
+    """The single path's placement of one job (its row locked by the caller): a lease through
+    `lease_reserve` — the same guarded path as the lease API — and the job queued → leased in
+    the same transaction. Refusals (NoCapacity, TransitionRefused) are the caller's."""
+    lease = lease_reserve(
+        pool=job.pool,
+        tenant=job.tenant,
+        request=request,
+        actor=SCHEDULER,
+        duration=settings.LEASE_DEFAULT_TTL,
+        job=job,
+        idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
+        now=now,
+    )
+    node = lease.placement.get("node", "")
+    data = {"lease": lease.pk, "node": node, "policy_version": lease.policy_version}
+    job_transition(
+        job=job,
+        to=JobState.LEASED,
+        actor=SCHEDULER,
+        reason=Reason.PLACED,
+        message=f"placed on {node}{f' with gang {gang}' if gang else ''} (lease {lease.pk})",
+        now=now,
+        changes={"attempts": job.attempts + 1, "pending_reason": {}},
+        data=data | ({"gang": gang} if gang else {}),
+    )
 
 
 def _still_without_lease(job) -> None:
