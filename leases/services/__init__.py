@@ -2,10 +2,14 @@
 LeaseEvent with a reason code. Callers use `from leases import services`; the modules:
 
 - `reserve`: lease_reserve (snapshot → core → guarded writes, re-planned on conflict), the
-  refusals (409 not now / 422 never) and check_ever_fits
+  refusals (409 not now / 422 never), check_ever_fits and explain_request (the answer now,
+  reserving nothing)
 - `group_commit`: concurrent reserves of one process combined into one transaction
-- `ledger`: the lease row and event, the guarded compare-and-set writes, capacity returned
-- `quota`: the per-tenant quota check and `tenants_at_quota`
+- `ledger`: the lease row and event, the guarded compare-and-set writes (one lease, or a batch
+  pass's many with COPY), capacity returned
+- `quota`: the per-tenant quota check over every dimension, `tenants_at_quota`, the batch
+  pass's `Headroom`
+- `credits`: charging tenants' credit accounts for held and consumed lease time
 - `backfill`: short work inside a reservation's hold before its window opens
 - `lifecycle`: commit, renew, release, uncertain, reconcile, usage, `lease_transition`
 - `sweeps`: expiry, uncertain deadline, unclaimed reservations
