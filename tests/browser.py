@@ -29,7 +29,11 @@ def chromium_page():
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
     # still plain synchronous code.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # what a page shows live (a websocket event, then an htmx fetch) may take seconds on a
+    # loaded 2-core CI machine running the agent's containers beside the browser
+    expect.set_options(timeout=15_000)
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
