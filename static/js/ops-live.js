@@ -32,15 +32,36 @@
     const refreshTable = throttled(() => {
       load(location.pathname + location.search, "#node-table");
     }, 300);
+    // One row fetch per node at a time; an event during it fetches once more after it, so the
+    // row always ends as the newest state (htmx would drop a request queued on a row that the
+    // fetch in flight then replaces).
+    const fetching = new Map(); // node id → another event came meanwhile
+    function refreshRow(id) {
+      if (fetching.has(id)) {
+        fetching.set(id, true);
+        return;
+      }
+      fetching.set(id, false);
+      fetch(`/console/nodes/${id}/row`, { credentials: "same-origin" })
+        .then((response) => (response.ok ? response.text() : null))
+        .then((html) => {
+          const row = document.getElementById(`node-${id}`);
+          if (html === null || !row) return;
+          row.outerHTML = html;
+          const fresh = document.getElementById(`node-${id}`);
+          if (fresh) htmx.process(fresh);
+        })
+        .finally(() => {
+          const again = fetching.get(id);
+          fetching.delete(id);
+          if (again) refreshRow(id);
+        });
+    }
     return {
       reconnected: refreshTable,
       event(data) {
-        const row = document.getElementById(`node-${data.node}`);
-        if (row) {
-          load(`/console/nodes/${data.node}/row`, `#node-${data.node}`, "outerHTML");
-        } else {
-          refreshTable();
-        }
+        if (document.getElementById(`node-${data.node}`)) refreshRow(data.node);
+        else refreshTable();
       },
     };
   }
