@@ -168,7 +168,9 @@ class Stack:
         labels = [f"computepool.node={self.agent.node_name}"]
         if job_id is not None:
             labels.append(f"computepool.job={job_id}")
-        return self.docker.containers.list(all=True, filters={"label": labels})
+        # sparse: the list as the engine gives it, without inspecting each container after (the
+        # agent may remove one in between, and the inspect would fail with 404)
+        return self.docker.containers.list(all=True, sparse=True, filters={"label": labels})
 
     def wait_ready(self, timeout: float = 30) -> Node:
         deadline = time.monotonic() + timeout
