@@ -513,7 +513,13 @@ class DockerRuntime:
         owners whose job container is gone are removed."""
         found = []
         filters = {"label": [f"{LABEL}.job", f"{LABEL}.node={self.node_name}"]}
-        containers = self.client.containers.list(all=True, filters=filters)
+        # listed sparse, then inspected one by one: one removed in between is skipped (a full
+        # list inspects every container itself and fails on the first that is gone)
+        containers = []
+        for container in self.client.containers.list(all=True, sparse=True, filters=filters):
+            with contextlib.suppress(NotFound):
+                container.reload()
+                containers.append(container)
         names = {container.name for container in containers}
         for container in containers:
             labels = container.labels
