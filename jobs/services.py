@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.explain import IdempotencyKeyReused
-from leases.services import check_ever_fits, lease_release
+from leases.services import check_ever_fits, lease_release, ledger
 from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
@@ -189,6 +189,39 @@ def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -
         on_commit=publish_job_event,
         **details,
     )
+
+
+def jobs_placed_many(placed, *, actor: Actor, now) -> tuple[JobEvent | None, list[str]]:
+    """queued → leased for many jobs at once (the batch scheduling pass), their rows locked by
+    the caller's transaction: one UPDATE and one COPY of their `placed` events, writing what
+    `job_transition` writes one by one. `placed`: (job id, lease id, node, policy version)
+    each. Returns the event they share and each one's message (for publishing)."""
+    if not placed:
+        return None, []
+    assert JobState.LEASED in JOB_TRANSITIONS[JobState.QUEUED]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Job._meta.db_table} SET state = %s, state_changed_at = %s, "
+            "attempts = attempts + 1, pending_reason = '{}'::jsonb "
+            "WHERE id = ANY(CAST(%s AS bigint[]))",
+            [JobState.LEASED.value, now, [job_id for job_id, *_ in placed]],
+        )
+    base = JobEvent.build(
+        None,
+        actor=actor,
+        from_state=JobState.QUEUED,
+        to_state=JobState.LEASED,
+        reason=Reason.PLACED,
+        at=now,
+    )
+    events, messages = [], []
+    for job_id, lease, node, policy_version in placed:
+        message = f"placed on {node} (lease {lease})"
+        data = {"lease": lease, "node": node, "policy_version": policy_version}
+        events.append({"job_id": job_id, "message": message, "data": data})
+        messages.append(message)
+    ledger.copy_rows(base, events)
+    return base, messages
 
 
 def job_note_pending(*, job: Job, explanation: dict, now=None) -> None:

@@ -45,11 +45,11 @@ from django.db.models import F, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from jobs.choices import JOB_TRANSITIONS, JobState
+from jobs.choices import JobState
 from jobs.events import STREAM as JOB_STREAM
 from jobs.lifecycle import job_lost
 from jobs.models import Job, JobEvent
-from jobs.services import job_note_pending, job_transition, jobs_note_pending
+from jobs.services import job_note_pending, job_transition, jobs_note_pending, jobs_placed_many
 from leases import snapshot as snap
 from leases.choices import HOLDING, LeaseState
 from leases.explain import NoCapacity, explanation_dict
@@ -741,36 +741,13 @@ def _lease_row(pool, p: _Planned, view, nodes, ttl, digests: dict) -> tuple[dict
 
 
 def _jobs_leased(placing: list[_Planned], leases: dict[int, int], now):
-    """queued → leased for the placed jobs (`leases`: job id → lease id), their rows locked by
-    this transaction: one UPDATE and one INSERT of their `placed` events, with what
-    `job_transition` writes one by one. Returns the event all share and each (job, message)."""
-    if not placing:
-        return None, []
-    assert JobState.LEASED in JOB_TRANSITIONS[JobState.QUEUED]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Job._meta.db_table} SET state = %s, state_changed_at = %s, "
-            "attempts = attempts + 1, pending_reason = '{}'::jsonb "
-            "WHERE id = ANY(CAST(%s AS bigint[]))",
-            [JobState.LEASED.value, now, [p.job.pk for p in placing]],
-        )
-    base = JobEvent.build(
-        None,
-        actor=SCHEDULER,
-        from_state=JobState.QUEUED,
-        to_state=JobState.LEASED,
-        reason=Reason.PLACED,
-        at=now,
-    )
-    events, published = [], []
-    for p in placing:
-        lease, node = leases[p.job.pk], p.placement.node
-        message = f"placed on {node} (lease {lease})"
-        data = {"lease": lease, "node": node, "policy_version": p.placement.policy_version}
-        events.append({"job_id": p.job.pk, "message": message, "data": data})
-        published.append((p.job, message))
-    ledger.copy_rows(base, events)
-    return base, published
+    """queued → leased for the placed jobs, through the jobs' bulk service. Returns the event
+    all share and each (job, message), for publishing after commit."""
+    placed = [
+        (p.job.pk, leases[p.job.pk], p.placement.node, p.placement.policy_version) for p in placing
+    ]
+    base, messages = jobs_placed_many(placed, actor=SCHEDULER, now=now)
+    return base, [(p.job, message) for p, message in zip(placing, messages, strict=True)]
 
 
 def _note_pending(waiting: list[_Planned], now) -> None:
