@@ -5,7 +5,7 @@ from decimal import Decimal
 from django import forms
 from django.contrib import admin
 
-from . import validation
+from . import services, validation
 from .actors import Actor
 from .models import (
     AllowedRegistry,
@@ -146,7 +146,9 @@ class CreditAccountAdmin(admin.ModelAdmin):
         amount = form.cleaned_data.get("top_up")
         if amount:
             by = Actor.from_request(request).label
-            obj.top_up(amount, by=by, note=form.cleaned_data.get("top_up_note") or "")
+            services.credit_top_up(
+                obj, amount, by=by, note=form.cleaned_data.get("top_up_note") or ""
+            )
 
 
 @admin.register(CreditCharge)

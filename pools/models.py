@@ -6,7 +6,7 @@ import secrets
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
@@ -279,26 +279,6 @@ class CreditAccount(models.Model):
 
     def __str__(self):
         return f"credit of {self.tenant} @ {self.pool}"
-
-    def top_up(self, amount, *, by: str, note: str = "", now=None) -> "CreditCharge":
-        """Adds `amount` (> 0) to the balance under the account's row lock, with its ledger row."""
-        if amount <= 0:
-            raise ValidationError({"amount": "A top-up is a positive amount."})
-        now = now or timezone.now()
-        with transaction.atomic():
-            account = CreditAccount.objects.select_for_update().get(pk=self.pk)
-            account.balance += amount
-            account.updated_at = now
-            account.save(update_fields=["balance", "updated_at"])
-            self.balance, self.updated_at = account.balance, now
-            return CreditCharge.objects.create(
-                account=account,
-                kind=CreditCharge.Kind.TOP_UP,
-                amount=amount,
-                balance_after=account.balance,
-                note=f"{by}: {note}" if note else by,
-                created_at=now,
-            )
 
 
 class CreditCharge(models.Model):

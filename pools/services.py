@@ -19,6 +19,8 @@ from .choices import PlatformRole, TenantRole, TokenScope
 from .models import (
     ApiToken,
     ComputePool,
+    CreditAccount,
+    CreditCharge,
     Membership,
     SchedulingPolicy,
     SchedulingPolicyVersion,
@@ -212,3 +214,25 @@ def tenant_secret_set(*, tenant: Tenant, name: str, value: str, now=None) -> Ten
 def tenant_secret_delete(*, secret: TenantSecret) -> None:
     """Jobs that still name it can no longer receive its value when they start."""
     secret.delete()
+
+
+def credit_top_up(account: CreditAccount, amount, *, by: str, note: str = "", now=None):
+    """Adds `amount` (> 0) to a tenant's credit balance under the account's row lock, with its
+    ledger row (a policy admin's top-up, from the admin)."""
+    if amount <= 0:
+        raise ValidationError({"amount": "A top-up is a positive amount."})
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = CreditAccount.objects.select_for_update().get(pk=account.pk)
+        locked.balance += amount
+        locked.updated_at = now
+        locked.save(update_fields=["balance", "updated_at"])
+        account.balance, account.updated_at = locked.balance, now
+        return CreditCharge.objects.create(
+            account=locked,
+            kind=CreditCharge.Kind.TOP_UP,
+            amount=amount,
+            balance_after=locked.balance,
+            note=f"{by}: {note}" if note else by,
+            created_at=now,
+        )

@@ -25,6 +25,7 @@ from leases.services import credits, quota
 from leases.services.usage import leases_record_usage
 from pools.models import CreditAccount, CreditCharge, SchedulingPolicyVersion
 from pools.reasons import Reason
+from pools.services import credit_top_up
 from pools.statemachine import TransitionRefused
 
 HOUR = timedelta(hours=1)
@@ -149,7 +150,7 @@ def test_without_credit_new_work_is_refused_and_running_work_goes_on(lpool, lten
         lease=lease, fencing_token=lease.fencing_token, actor=SYSTEM, duration=HOUR
     )
     # a top-up (with its ledger row) lets the tenant start work again
-    account.top_up(Decimal(10), by="padmin", note="monthly")
+    credit_top_up(account, Decimal(10), by="padmin", note="monthly")
     assert CreditCharge.objects.filter(kind="top_up", amount=10, balance_after=8).exists()
     reserve(lpool, ltenant)
     assert services.tenants_at_quota(pool_id=lpool.pk) == {}
