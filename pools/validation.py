@@ -446,6 +446,10 @@ def _credit_rates(value) -> str | None:
     return None
 
 
+# The largest value of a PostgreSQL bigint: ids, fencing tokens, counters.
+BIGINT_MAX = 2**63 - 1
+
+
 # knob name → check returning what the value must be, or None when it is valid.
 KNOBS = {
     "reservation_max_horizon_s": _reservation_seconds,

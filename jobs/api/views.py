@@ -19,6 +19,7 @@ from leases.api.serializers import idempotency_key
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
+from pools.validation import BIGINT_MAX
 
 EVENTS_MAX = 1000
 
@@ -98,7 +99,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         """The job's events, oldest first, as a list. Cursor-paginated: a page that is not the
         last carries `Link: <…?after=ID&limit=N>; rel="next"`; a client that follows the job
         live (the websocket) asks `?after=` the last id it saw to fetch what it missed."""
-        after = _query_int(request, "after", 0, minimum=0)
+        after = _query_int(request, "after", 0, minimum=0, maximum=BIGINT_MAX)
         limit = _query_int(request, "limit", EVENTS_MAX, minimum=1, maximum=EVENTS_MAX)
         events = list(self.get_object().events.filter(pk__gt=after).order_by("pk")[: limit + 1])
         response = Response(JobEventSerializer(events[:limit], many=True).data)

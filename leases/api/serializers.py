@@ -12,6 +12,7 @@ from leases.services import SCHEDULER_KEY_PREFIX
 from pools.actors import Actor
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
+from pools.validation import BIGINT_MAX
 
 MAX_DURATION_S = 7 * 24 * 3600
 USAGE_MAX = 2**31 - 1  # the usage columns are PostgreSQL integers
@@ -223,7 +224,7 @@ def idempotency_key(request) -> str:
 
 
 class FencedSerializer(serializers.Serializer):
-    fencing_token = serializers.IntegerField()
+    fencing_token = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX)
 
 
 class RenewSerializer(FencedSerializer):
@@ -234,7 +235,7 @@ class NodeFencedSerializer(serializers.Serializer):
     """A node's agent proves which lease it updates with its fencing token (leases/api/views.py
     requires it of nodes); a person or an operator may leave it out."""
 
-    fencing_token = serializers.IntegerField(required=False)
+    fencing_token = serializers.IntegerField(min_value=0, max_value=BIGINT_MAX, required=False)
 
 
 class ReleaseSerializer(NodeFencedSerializer):

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
 from pools.models import ComputePool
+from pools.validation import BIGINT_MAX
 from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
 
 
@@ -115,7 +116,7 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
 # inventory reconciliation of every node), and no list or map is unbounded.
 
 INT_COLUMN_MAX = 2**31 - 1  # Node CPU/memory/scratch and GpuDevice.memory_mib: PostgreSQL integer
-COUNTER_MAX = 2**63 - 1  # error counters, usage and benchmark numbers, lease and job ids
+COUNTER_MAX = BIGINT_MAX  # error counters, usage and benchmark numbers, lease and job ids
 GPU_MEMORY_MAX_MIB = 2**20  # 1 TiB on one device
 GPUS_MAX = 64  # devices on one node
 CPUS_MAX = 16384  # logical CPUs on one node

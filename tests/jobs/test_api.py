@@ -123,6 +123,8 @@ def test_events_are_cursor_paginated_with_a_next_link(api, member, cpu_shape):
     assert client.get(f"/api/v1/jobs/{job_id}/events", {"after": last_seen}).json() == []
     bad = client.get(f"/api/v1/jobs/{job_id}/events", {"after": "x", "limit": 0})
     assert bad.status_code == 400 and set(bad.json()) >= {"after"}
+    beyond = client.get(f"/api/v1/jobs/{job_id}/events", {"after": 2**63})
+    assert beyond.status_code == 400 and "after" in beyond.json()["errors"]
 
 
 def test_explain_says_why_a_job_waits_and_what_the_scheduler_says_now(
