@@ -56,6 +56,7 @@ from leases.explain import NoCapacity, explanation_dict
 from leases.models import Lease
 from leases.services import SCHEDULER_KEY_PREFIX, lease_reserve, ledger, quota, tenants_at_quota
 from leases.window import request_digest
+from pools import validation
 from pools.actors import Actor
 from pools.events import MESSAGE_TYPE, event_fields, groups_of
 from pools.models import ComputePool, PriorityClass
@@ -198,13 +199,18 @@ def _gangs_whole(job_ids, now, result: PassResult) -> None:
     snapshot, then each member reserved on its node through `lease_reserve` — or not at all:
     any refusal rolls the gang back and every member waits with it (the batch pass's rules)."""
     members = list(Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED))
+    members = _gangs_checked(members, now, result)
     groups: dict[tuple, list[Job]] = {}
     for job in members:
         groups.setdefault((job.pool_id, job.tenant_id, job.gang["name"]), [])
     for pool_id, tenant_id, name in groups:
-        mates = Job.objects.filter(
-            pool_id=pool_id, tenant_id=tenant_id, state=JobState.QUEUED, gang__name=name
-        ).select_related("pool", "tenant")
+        mates = _gangs_checked(
+            Job.objects.filter(
+                pool_id=pool_id, tenant_id=tenant_id, state=JobState.QUEUED, gang__name=name
+            ).select_related("pool", "tenant"),
+            now,
+            result,
+        )
         gang = sorted(mates, key=lambda job: job.pk)  # members in job-id order, as in the batch
         result.gangs.update(job.pk for job in gang)
         try:
@@ -349,8 +355,9 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
     `timings` (a dict), when given, receives the seconds of each phase (the benchmark)."""
     clock = _Clock(timings)
     pool = ComputePool.objects.get(pk=pool_id)
-    jobs = _read_jobs(job_ids)
-    jobs += _gang_mates(pool_id, jobs)  # a gang is planned whole: its members outside the window
+    jobs = _gangs_checked(_read_jobs(job_ids), now, result)
+    # a gang is planned whole: its members outside the window too
+    jobs += _gangs_checked(_gang_mates(pool_id, jobs), now, result)
     requests, shared = {}, {}  # equal requests share one core Request
     for job in jobs:
         key = (job.key, job.tenant_id, tuple(job.image_platforms or ()), job.image)
@@ -449,6 +456,20 @@ def _core_request(job: _Job):
     if "@" in (job.image or ""):
         req = replace(req, image=job.image.rsplit("@", 1)[1])
     return req
+
+
+def _gangs_checked(jobs: list, now, result: PassResult) -> list:
+    """The jobs whose stored `gang` is well formed (as submit validates it); one that is not (a
+    row edited behind the API's back) fails with `scheduling_error`, alone."""
+    kept = []
+    for job in jobs:
+        try:
+            job.gang = validation.job_gang(job.gang)
+        except Exception as error:
+            result.pending[job.pk] = _scheduling_error(job.pk, error, now)
+        else:
+            kept.append(job)
+    return kept
 
 
 def _gang_mates(pool_id: int, jobs: list[_Job]) -> list[_Job]:

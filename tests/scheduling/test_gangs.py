@@ -186,3 +186,13 @@ def test_an_invalid_gang_is_refused_400_naming_the_field(client, gpool, gang):
     assert response.status_code == 400, response.json()
     assert "gang" in response.json()
     assert not Job.objects.exists()
+
+
+def test_a_gang_stored_broken_fails_its_own_job_and_the_pass_goes_on(client, gpool, path):
+    build_node(gpool, "n1", cpu=16000, memory=8192)
+    broken, fine = members(client, 1, "none", size=2), submit(client, "fine", gang={})
+    Job.objects.filter(pk=broken[0]).update(gang={"size": 2})  # behind the API's back
+    result = scheduling_pass()
+    assert result.placed == [fine.json()["id"]]
+    job = Job.objects.get(pk=broken[0])
+    assert job.state == JobState.FAILED and job.events.last().reason == "scheduling_error"
