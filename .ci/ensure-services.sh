@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the real services the test suite talks to are up, in this order:
 #   PostgreSQL, Redis, a Docker engine, a registry on 127.0.0.1:5000, the busybox
-#   test image in that registry, and Chromium for the browser tests.
+#   test image in that registry, gVisor (runsc) registered with the engine, and Chromium
+#   for the browser tests.
 #
 # Idempotent and quick when everything already runs: each step first checks, and only
 # installs (Debian packages, as root) or starts what is missing. One line per service.
@@ -22,6 +23,13 @@ TEST_IMAGE_REPO="computepool/busybox"
 TEST_IMAGE_TAG="test"
 TEST_IMAGE="$REGISTRY_ADDR/$TEST_IMAGE_REPO:$TEST_IMAGE_TAG"
 DOCKERD_LOG="/var/log/dockerd-ci.log"
+DAEMON_JSON="/etc/docker/daemon.json"
+DOCKERD_PIDFILE="/var/run/docker.pid"
+# The two dockerd runtimes of gVisor, one per network mode (the agent maps `gvisor` and a job's
+# network mode to one of them: worker_agent/runtime/docker.py). Under `none` the sandbox has no
+# network at all; under a pool network runsc passes through the network namespace that Docker
+# made for the container (`--network=host` means the container's namespace, not the host's).
+GVISOR_RUNTIMES='{"runsc-none": ["--network=none"], "runsc-netns": ["--network=host"]}'
 APT_LOG="/var/log/ensure-services-apt.log"
 
 # --- helpers -----------------------------------------------------------------------
@@ -325,7 +333,109 @@ ensure_test_image() {
     fi
 }
 
-# --- 6. Chromium for the Playwright tests ------------------------------------------
+# --- 6. gVisor (runsc) registered with the engine ----------------------------------
+
+# The runtimes dockerd has loaded, as JSON ({"runc": {...}, "runsc-none": {...}}).
+docker_runtimes() { docker info --format '{{json .Runtimes}}' 2>/dev/null; }
+
+# True when the engine has loaded both gVisor runtimes.
+gvisor_registered() {
+    docker_runtimes | python3 -c '
+import json, sys
+loaded = json.load(sys.stdin)
+sys.exit(0 if all(name in loaded for name in json.loads(sys.argv[1])) else 1)
+' "$GVISOR_RUNTIMES"
+}
+
+# Merge the two runtimes into daemon.json, keeping everything else in it (created when missing).
+# Prints "unchanged" or "written"; written atomically, so dockerd never reads half a file.
+merge_daemon_json() {
+    mkdir -p "$(dirname "$DAEMON_JSON")"
+    python3 - "$DAEMON_JSON" "$1" "$GVISOR_RUNTIMES" <<'PY'
+import json, os, sys
+path, runsc, wanted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    with open(path) as f:
+        config = json.load(f)
+except FileNotFoundError:
+    config = {}
+runtimes = config.setdefault("runtimes", {})
+before = json.dumps(runtimes, sort_keys=True)
+for name, args in wanted.items():
+    runtimes[name] = {"path": runsc, "runtimeArgs": args}
+if json.dumps(runtimes, sort_keys=True) == before:
+    print("unchanged")
+    sys.exit(0)
+tmp = path + ".ensure-services.tmp"
+with open(tmp, "w") as f:
+    json.dump(config, f, indent=2)
+    f.write("\n")
+os.replace(tmp, path)
+print("written")
+PY
+}
+
+# SIGHUP makes dockerd reload daemon.json, runtimes included, without touching containers.
+reload_dockerd() {
+    local pid
+    pid="$(cat "$DOCKERD_PIDFILE" 2>/dev/null)"
+    [ -n "$pid" ] && kill -HUP "$pid" 2>/dev/null && wait_for 15 gvisor_registered
+}
+
+# Restart dockerd the way start_dockerd starts it, only when that loses nothing: an engine that
+# runs containers is never restarted here (it may be shared).
+restart_idle_dockerd() {
+    local pid
+    pid="$(cat "$DOCKERD_PIDFILE" 2>/dev/null)"
+    [ -n "$pid" ] && [ -z "$(docker ps -q 2>/dev/null)" ] || return 1
+    kill "$pid" 2>/dev/null && wait_for 30 bash -c "! kill -0 $pid" || return 1
+    start_dockerd && wait_for 15 gvisor_registered
+}
+
+# The sandbox really starts: gVisor's own kernel answers uname (4.4.0), not the host's.
+gvisor_kernel() {
+    docker run --rm --runtime=runsc-none --network=none "$TEST_IMAGE" busybox uname -r 2>&1 | tail -n 1
+}
+
+ensure_gvisor() {
+    local action="" runsc written kernel
+    if ! docker_up; then
+        missing gvisor "needs the Docker engine to register runsc"
+        return
+    fi
+    if ! command -v runsc >/dev/null; then
+        if ! apt_install runsc; then
+            missing gvisor "runsc not installed and cannot install Debian's runsc (need root and apt)"
+            return
+        fi
+        action="installed runsc; "
+    fi
+    runsc="$(command -v runsc)"
+    if ! written="$(merge_daemon_json "$runsc")"; then
+        missing gvisor "could not merge the runsc runtimes into $DAEMON_JSON"
+        return
+    fi
+    [ "$written" = "written" ] && action="${action}runtimes merged into $DAEMON_JSON; "
+    if ! gvisor_registered; then
+        if reload_dockerd; then
+            action="${action}dockerd reloaded (SIGHUP); "
+        elif restart_idle_dockerd; then
+            action="${action}dockerd restarted (it ran no containers); "
+        else
+            missing gvisor "dockerd did not load the runsc runtimes of $DAEMON_JSON on SIGHUP" \
+                "and runs containers, so it was not restarted"
+            return
+        fi
+    fi
+    kernel="$(gvisor_kernel)"
+    if [ "$kernel" = "4.4.0" ]; then
+        say gvisor "${action}runtimes runsc-none, runsc-netns ($runsc); sandbox kernel $kernel"
+    else
+        missing gvisor "a runsc-none container did not start under gVisor: $kernel"
+    fi
+}
+
+# --- 7. Chromium for the Playwright tests ------------------------------------------
 
 ensure_chromium() {
     if [ -x /usr/bin/chromium ]; then
@@ -339,14 +449,15 @@ ensure_chromium() {
     fi
 }
 
-# `--for-run` (make run): only what running jobs needs — the Docker engine, the loopback registry
-# and the test image. Best effort: make run falls back to SQLite, the embedded Redis and, without
+# `--for-run` (make run): only what running jobs needs — the Docker engine, the loopback registry,
+# the test image and gVisor. Best effort: make run falls back to SQLite, the embedded Redis and, without
 # Docker, the process runtime, so nothing here is fatal there.
 if [ "${1:-}" = "--for-run" ]; then
     CI=false
     ensure_docker
     ensure_registry
     ensure_test_image
+    ensure_gvisor
     exit 0
 fi
 
@@ -355,6 +466,7 @@ ensure_redis
 ensure_docker
 ensure_registry
 ensure_test_image
+ensure_gvisor
 ensure_chromium
 
 if [ "$PROBLEMS" -gt 0 ]; then

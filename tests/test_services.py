@@ -1,7 +1,7 @@
 """The real services that `.ci/ensure-services.sh` provides, checked over real connections.
 
 No mocks and no Django database: these tests talk to PostgreSQL, Redis, the Docker engine,
-the loopback registry and Chromium exactly as the rest of the suite will. When one fails,
+the loopback registry, gVisor and Chromium exactly as the rest of the suite will. When one fails,
 run `.ci/ensure-services.sh` (as root) and read its line for that service.
 """
 
@@ -109,6 +109,26 @@ def test_container_from_test_image_by_digest_runs(docker_client, test_image_dige
     assert lines[0] == "hello"
     for applet in ("busybox", "sh", "sleep", "cat", "echo", "nproc", "free", "ls"):
         assert applet in lines[1:], f"/bin/{applet} missing from the test image"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("runtime", "network"), [("runsc-none", "none"), ("runsc-netns", "bridge")]
+)
+def test_gvisor_runtimes_run_a_sandbox(docker_client, runtime, network):
+    """Both dockerd runtimes of gVisor are loaded, and each starts gVisor's own kernel."""
+    loaded = docker_client.info()["Runtimes"]
+    assert runtime in loaded, f"dockerd has no runtime {runtime} ({sorted(loaded)}); {HINT}"
+    output = docker_client.containers.run(
+        f"{REGISTRY}/{TEST_IMAGE_REPO}:{TEST_IMAGE_TAG}",
+        ["sh", "-c", "busybox uname -r; busybox dmesg"],
+        runtime=runtime,
+        network_mode=network,
+        remove=True,
+    )
+    kernel, *dmesg = output.decode().splitlines()
+    assert kernel == "4.4.0", "the host's kernel answered, not gVisor's"
+    assert any("Starting gVisor" in line for line in dmesg)
 
 
 def test_chromium_is_installed():
