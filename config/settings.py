@@ -180,7 +180,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Declarative resource shapes in; leases, placements and events out.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
-    "ENUM_NAME_OVERRIDES": {"ArchitectureEnum": "pools.choices.Architecture"},
+    "ENUM_NAME_OVERRIDES": {
+        "ArchitectureEnum": "pools.choices.Architecture",
+        "NodeStateEnum": "nodes.choices.NodeState",  # a node and the agent's own node
+    },
     # the docs page's assets from our own static files (drf-spectacular-sidecar), not a CDN
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

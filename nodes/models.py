@@ -5,6 +5,8 @@ The ledger columns (`*_reserved`) are changed only by guarded UPDATEs in leases.
 (CHECK constraints), so no code path can overcommit a node, whatever it does.
 """
 
+import uuid
+
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
@@ -14,6 +16,25 @@ from pools.statemachine import EventBase
 from pools.visibility import Visibility, VisibleQuerySet
 
 from .choices import GpuHealth, NodeState, ProbeKind, ProbeState, Reachability
+
+
+class ControlPlane(models.Model):
+    """This control plane's identity: one row, made once (by the migration, or on first read
+    after a flush). Its UUID is told to each node at enrollment and starts the names of the
+    containers its agents run, so agents of two control planes sharing one Docker engine never
+    pick the same name nor take each other's containers (docs/nodes.md, "Enrollment")."""
+
+    SINGLETON = 1
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=SINGLETON, editable=False)
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="control_plane_singleton")]
+
+    def __str__(self):
+        return f"control plane {self.uuid}"
 
 
 class Node(models.Model):

@@ -2,7 +2,13 @@
 
 from django.db.models import OuterRef, Subquery
 
-from .models import EnrollmentToken, Node, NodeEvent
+from .models import ControlPlane, EnrollmentToken, Node, NodeEvent
+
+
+def control_plane_id() -> str:
+    """This control plane's UUID (the row is made on the first read where none exists)."""
+    plane, _ = ControlPlane.objects.get_or_create(pk=ControlPlane.SINGLETON)
+    return str(plane.uuid)
 
 
 def nodes_visible_to(actor):

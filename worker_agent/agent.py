@@ -67,18 +67,19 @@ def machine_id() -> str:
     return ""
 
 
-def make_runtimes(choice: str, node_name: str, state_dir: str) -> dict:
+def make_runtimes(choice: str, state_dir: str) -> dict:
     """The runtimes this agent offers, the primary first. `process` is always present for the
-    pools that allow it (the control plane sends runtime "process" nowhere else)."""
+    pools that allow it (the control plane sends runtime "process" nowhere else). Their owner
+    is set once the agent knows who it is (Agent.start)."""
     runtimes = {}
     if choice in ("auto", "docker"):
         if DockerRuntime.available():
-            runtimes["docker"] = DockerRuntime(node_name)
+            runtimes["docker"] = DockerRuntime()
         elif choice == "docker":
             raise AgentError("--runtime docker, but no Docker engine answers")
         else:
             log.warning("no Docker engine answers: only the local process runtime (NOT isolating)")
-    runtimes["process"] = ProcessRuntime(node_name, state_dir)
+    runtimes["process"] = ProcessRuntime(state_dir=state_dir)
     return runtimes
 
 
@@ -92,7 +93,7 @@ class Agent:
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
         )
-        self.runtimes = runtimes or make_runtimes(config.runtime, self.node_name, config.state_dir)
+        self.runtimes = runtimes or make_runtimes(config.runtime, config.state_dir)
         self.primary = next(iter(self.runtimes.values()))
         self.address = config.address or default_address()
         self.heartbeat_interval = config.heartbeat_interval_s
@@ -123,6 +124,11 @@ class Agent:
     def start(self) -> None:
         """Enroll if needed, report the inventory, reconcile what runs here."""
         self.enroll_if_needed()
+        owner = self.state.owner()
+        if owner is None:
+            raise AgentError("the control plane did not say its id: containers cannot be owned")
+        for runtime in self.runtimes.values():
+            runtime.owner = owner  # what it creates, finds and removes is this node's only
         try:
             self.client.inventory(self.host.inventory())
         except ApiError as exc:
@@ -153,7 +159,14 @@ class Agent:
                         f"or remove {self.state.dir} to enroll again"
                     ) from exc
                 raise
-            self.state.save_node(node)
+            control_plane = node.get("control_plane")
+            stored = self.state.info().get("control_plane")
+            if stored and control_plane and stored != control_plane:
+                raise AgentError(
+                    f"{self.state.dir} belongs to control plane {stored}, not to {control_plane} "
+                    "at this address: give each control plane's node a state dir of its own"
+                )
+            self.state.save_node(node, control_plane)
             self._check_pool(node)
             log.info("node %s (%s) resumes", node.get("name"), node.get("id"))
             return
@@ -170,7 +183,7 @@ class Agent:
         }
         answer = self.client.enroll(body)
         self.state.save_credential(answer)
-        self.state.save_node(answer["node"])
+        self.state.save_node(answer["node"], answer.get("control_plane"))
         self.heartbeat_interval = float(answer.get("heartbeat_interval_s") or 15)
         self._check_pool(answer["node"])
         log.info("enrolled as node %s (%s)", answer["node"]["name"], answer["node"]["id"])

@@ -1,4 +1,5 @@
-"""The agent's state directory: its node credential (mode 0600) and who it is (node id, name).
+"""The agent's state directory: its node credential (mode 0600) and who it is (node id, name,
+the control plane's id: the owner of its containers, runtime.base.Owner).
 
 Files are replaced atomically (write a temporary file created with mode 0600, fsync, rename), so
 a crash never leaves half a credential and a reader never sees one. The directory itself is
@@ -13,7 +14,9 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-STATE_FILE = "agent.json"  # node id and name, credential prefix and expiry: not secret
+from worker_agent.runtime.base import Owner
+
+STATE_FILE = "agent.json"  # node and control-plane ids, credential prefix and expiry: not secret
 CREDENTIAL_FILE = "credential"  # the node credential itself: 0600, nothing else in it
 
 
@@ -89,9 +92,20 @@ class AgentState:
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
-    def save_node(self, node: dict) -> None:
+    def save_node(self, node: dict, control_plane: str | None = None) -> None:
+        values = {"node_id": node.get("id"), "node_name": node.get("name", "")}
+        if control_plane:
+            values["control_plane"] = str(control_plane)
         with self._lock:
-            self._update(node_id=node.get("id"), node_name=node.get("name", ""))
+            self._update(**values)
+
+    def owner(self) -> Owner | None:
+        """Who this agent's containers belong to; None before enrollment."""
+        info = self.info()
+        try:
+            return Owner(info["control_plane"], info["node_id"], info.get("node_name") or "")
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def _update(self, **values) -> None:
         info = self.info() | values

@@ -2,6 +2,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
+from nodes.selectors import control_plane_id
 from pools.models import ComputePool
 from pools.validation import BIGINT_MAX
 from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
@@ -73,6 +74,18 @@ class NodeSerializer(serializers.ModelSerializer):
             "drained_at",
             "gpus",
         ]
+
+
+class AgentNodeSerializer(NodeSerializer):
+    """The asking agent's own node, with the control plane's id (the owner of its containers)."""
+
+    control_plane = serializers.SerializerMethodField()
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "control_plane"]
+
+    def get_control_plane(self, node) -> str:
+        return control_plane_id()
 
 
 class NodeEventSerializer(serializers.ModelSerializer):

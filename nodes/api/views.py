@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from nodes import selectors, services
 from nodes.api.serializers import (
+    AgentNodeSerializer,
     DrainSerializer,
     EnrollmentTokenSerializer,
     EnrollSerializer,
@@ -103,6 +104,8 @@ class EnrollViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
         credential = node.credentials.get()
         body = {
             "node": NodeSerializer(node).data,
+            # the owner label and name prefix of the node's containers (runtime.base.Owner)
+            "control_plane": selectors.control_plane_id(),
             "heartbeat_interval_s": node.pool.heartbeat_interval_s,
             "probes": ProbeSerializer([probe] if probe else [], many=True).data,
             **credential_body(credential, credential_secret),
@@ -120,10 +123,10 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
     def node(self):
         return Actor.from_request(self.request).node
 
-    @extend_schema(request=None, responses=NodeSerializer)
+    @extend_schema(request=None, responses=AgentNodeSerializer)
     @action(detail=False, methods=["get"])
     def me(self, request):
-        return Response(NodeSerializer(self.node()).data)
+        return Response(AgentNodeSerializer(self.node()).data)
 
     @extend_schema(request=HeartbeatSerializer, responses={200: dict})
     @action(detail=False, methods=["post"])

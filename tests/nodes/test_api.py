@@ -3,12 +3,14 @@
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from config.builders import gpu_inventory
 from nodes import services
 from nodes.choices import NodeState
-from nodes.models import EnrollmentToken, Node, NodeEvent
+from nodes.models import ControlPlane, EnrollmentToken, Node, NodeEvent
+from nodes.selectors import control_plane_id
 from pools.actors import Actor
 from tests.clients import bearer_client
 
@@ -94,11 +96,24 @@ def test_enroll_with_token_returns_credential_once(api, private_pool, operator):
     assert body["node"]["state"] == "registered" and body["node"]["zone"] == "eu-1a"
     assert body["heartbeat_interval_s"] == private_pool.heartbeat_interval_s
     assert body["probes"] == []
+    # who owns the node's containers: this control plane, by the id it made once
+    assert body["control_plane"] == str(ControlPlane.objects.get().uuid)
     node = Node.objects.get(name="gpu-a")
     assert node.labels == {"team": "ml"} and node.gpus.count() == 1
     # the credential works and makes the private node ready
     hb = bearer_client(body["credential"]).post("/api/v1/agent/heartbeat/", {}, format="json")
     assert hb.status_code == 200 and hb.json()["state"] == "ready"
+    me = bearer_client(body["credential"]).get("/api/v1/agent/me/")
+    assert me.json()["control_plane"] == body["control_plane"]
+
+
+def test_the_control_plane_id_is_made_once_and_kept(db):
+    """One row, whatever reads it (after a flush too), and no second one can be stored."""
+    ControlPlane.objects.all().delete()
+    first = control_plane_id()
+    assert control_plane_id() == first and ControlPlane.objects.count() == 1
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ControlPlane.objects.create(id=2)
 
 
 def test_enroll_refusals(api, private_pool, operator, ready_node):

@@ -9,10 +9,12 @@ import itertools
 import os
 import random
 import urllib.request
+import uuid
 
 import pytest
 
 from worker_agent.client import ApiClient
+from worker_agent.runtime.base import Owner
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.state import AgentState
 
@@ -29,6 +31,11 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
     "application/vnd.oci.image.manifest.v1+json"
 )
+
+
+def make_owner(node_name: str = "test-node") -> Owner:
+    """An owner of its own (a fresh control plane): a test sees only its own containers."""
+    return Owner(str(uuid.uuid4()), next(IDS), node_name)
 
 
 def require_service(available: bool, what: str):
@@ -80,7 +87,7 @@ def agent_parts(tmp_path, control_plane, docker_client):
     state = AgentState(tmp_path / "state")
     state.save_credential({"credential": control_plane.credential})
     client = ApiClient(control_plane.url, state, backoff=0.01)
-    return state, client, DockerRuntime("test-node", client=docker_client)
+    return state, client, DockerRuntime(make_owner(), client=docker_client)
 
 
 @pytest.fixture

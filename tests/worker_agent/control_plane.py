@@ -6,8 +6,10 @@ run the agent against the real one."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
+import uuid
 from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +21,10 @@ class ControlPlane:
         self.requests: list[tuple[str, str, object]] = []
         self.refuse_steps: set[str] = set()  # steps answered 409 fencing_token_mismatch
         self.credential = "cpn_test"
+        # who this control plane is, and the node it enrolls: each test's agent owns its own
+        # containers on the engine every test process shares
+        self.control_plane = str(uuid.uuid4())
+        self.node_id = random.SystemRandom().randrange(1, 2**31)
         self.statuses: list[int] = []  # statuses to answer first, one per request (503 …)
         self.answers: dict[str, dict] = {}  # body answered per path (default {"ok": true})
         self.input_headers: list[dict] = []  # headers of requests for input files
@@ -79,8 +85,9 @@ class ControlPlane:
                 if forced:
                     return self._answer(forced, {"detail": "forced"})
                 if path == "enroll/":
-                    node = {"id": 1, "name": body["name"], "pool": "test"}
+                    node = {"id": plane.node_id, "name": body["name"], "pool": "test"}
                     answer = {"node": node, "credential": plane.credential}
+                    answer["control_plane"] = plane.control_plane
                     return self._answer(201, answer | {"heartbeat_interval_s": 1})
                 if path.startswith("data/"):  # a file an input URL names: no credential
                     plane.input_headers.append(dict(self.headers))
@@ -95,7 +102,8 @@ class ControlPlane:
                 if checkpoint:
                     return self._checkpoint(int(checkpoint.group(1)))
                 if path == "agent/me":
-                    return self._answer(200, {"id": 1, "name": "test-node", "pool": "test"})
+                    node = {"id": plane.node_id, "name": "test-node", "pool": "test"}
+                    return self._answer(200, node | {"control_plane": plane.control_plane})
                 if path == "agent/credential/rotate":
                     plane.credential = "cpn_rotated"
                     return self._answer(201, {"credential": "cpn_rotated"})

@@ -16,12 +16,14 @@ from worker_agent.agent import Agent, AgentError, Config
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.schema import inventory_errors
 
+from .conftest import make_owner
+
 
 @pytest.fixture
 def agent(tmp_path, control_plane):
     config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
     config.node_name, config.poll_s = "node-a", 0.1
-    agent = Agent(config, runtimes={"process": ProcessRuntime("node-a", config.state_dir)})
+    agent = Agent(config, runtimes={"process": ProcessRuntime(make_owner(), config.state_dir)})
     yield agent
     agent.stop()
     agent.shutdown()

@@ -20,7 +20,7 @@ from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 
-from .conftest import IDS
+from .conftest import IDS, make_owner
 from .test_runner import run
 
 pytestmark = pytest.mark.docker
@@ -100,12 +100,12 @@ def test_the_agent_passes_a_checkpoint_request_to_the_running_job(
         "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
     }
     control_plane.assignments = [entry]
-    # a whole agent reconciles every container labelled with its node: a name of its own keeps
-    # it away from the containers of tests running beside it
+    # a whole agent reconciles every container labelled with its owner: an owner of its own
+    # keeps it away from the containers of tests running beside it
     node = f"ckpt-{job}"
     agent = Agent(
         Config(api=control_plane.url, state_dir=str(tmp_path / "state"), node_name=node),
-        runtimes={"docker": DockerRuntime(node, client=docker_client)},
+        runtimes={"docker": DockerRuntime(make_owner(node), client=docker_client)},
     )
     agent.state.save_credential({"credential": control_plane.credential})
     agent.sync()
@@ -138,7 +138,7 @@ def test_the_process_runtime_checkpoints_the_same_way(tmp_path, control_plane):
     runner = Runner(
         a,
         client=ApiClient(control_plane.url, state, backoff=0.01),
-        runtime=ProcessRuntime("test-node", tmp_path / "state"),
+        runtime=ProcessRuntime(make_owner(), tmp_path / "state"),
         workdir=state.attempt_dir(job, 1),
         poll_s=0.2,
     )
@@ -205,7 +205,7 @@ def process_runner(tmp_path, control_plane, command, **changes) -> Runner:
     runner = Runner(
         a,
         client=ApiClient(control_plane.url, state, backoff=0.01, retries=1),
-        runtime=ProcessRuntime("test-node", tmp_path / "state"),
+        runtime=ProcessRuntime(make_owner(), tmp_path / "state"),
         workdir=state.attempt_dir(job, 2),
         poll_s=0.2,
     )

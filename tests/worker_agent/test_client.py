@@ -55,7 +55,7 @@ def test_a_server_that_comes_up_during_the_retries_is_reached(tmp_path, control_
     state.save_credential({"credential": control_plane.credential})
     control_plane.statuses = [503] * 3
     client = ApiClient(control_plane.url, state, retries=5, backoff=0.01)
-    assert client.me()["id"] == 1
+    assert client.me()["id"] == control_plane.node_id
 
 
 def test_a_401_re_reads_the_credential_once(control_plane, tmp_path):

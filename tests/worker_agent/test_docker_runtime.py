@@ -9,7 +9,7 @@ import pytest
 from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import DockerRuntime
 
-from .conftest import IDS
+from .conftest import IDS, make_owner
 
 pytestmark = pytest.mark.docker
 
@@ -31,7 +31,7 @@ def assignment(image, command, **changes) -> Assignment:
 
 @pytest.fixture
 def runtime(docker_client):
-    runtime = DockerRuntime("test-node", client=docker_client)
+    runtime = DockerRuntime(make_owner("test-node"), client=docker_client)
     created = []
     runtime.created = created
     original = runtime.create
@@ -88,6 +88,12 @@ def test_the_container_has_exactly_the_leases_limits(runtime, test_image, workdi
     assert labels["computepool.lease"] == str(a.lease)
     assert labels["computepool.attempt"] == "1"
     assert labels["computepool.node"] == "test-node"
+    # its owner: the control plane's id and the node's id, on the container and its volume
+    owner = runtime.owner
+    assert labels["computepool.control_plane"] == owner.control_plane
+    assert labels["computepool.node_id"] == str(owner.node_id)
+    assert scratch.attrs["Labels"]["computepool.node_id"] == str(owner.node_id)
+    assert container.name == f"computepool-{owner.control_plane}-job{a.job}-l{a.lease}"
     assert labels["computepool.gpu_isolation"] == "none"  # no GPUs
 
 
@@ -224,7 +230,7 @@ def test_a_mig_instance_this_node_cannot_name_is_refused_before_anything_is_crea
 ):
     """Without NVML (no driver here) a leased MIG slice cannot be mapped to its device: the
     attempt fails with runtime_error and leaves no container, volume or network owner."""
-    runtime = DockerRuntime("test-node", client=docker_client)
+    runtime = DockerRuntime(make_owner("test-node"), client=docker_client)
     a = assignment(test_image, ["true"], limits={"gpus": ["MIG-GPU-abc/4/0"]})
     name = runtime.container_name(a)
     with pytest.raises(RuntimeFailure) as refused:

@@ -19,6 +19,8 @@ from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 
+from .conftest import make_owner
+
 FIXTURE = Path(__file__).parent / "fixtures" / "nvml_h100_sxm_x4.json"
 
 
@@ -154,7 +156,7 @@ def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
             "limits": {"memory_mib": 256, "pids": 4096, "gpus": [nvml.devices[0]["uuid"]]},
         }
     )
-    runtime = ProcessRuntime("test-node", tmp_path / "state")
+    runtime = ProcessRuntime(make_owner(), tmp_path / "state")
     handle = runtime.create(a, tmp_path)
     runner = Runner(
         a,

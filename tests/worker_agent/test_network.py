@@ -14,6 +14,7 @@ from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, POOL_NETWORK, DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
+from .conftest import make_owner
 from .test_docker_runtime import assignment as runtime_assignment
 
 
@@ -43,7 +44,7 @@ def servers():
 
 @pytest.fixture
 def runtime(docker_client):
-    runtime = DockerRuntime("test-node-net", client=docker_client)
+    runtime = DockerRuntime(make_owner("test-node-net"), client=docker_client)
     runtime.created = []
     original = runtime.create
 
@@ -179,7 +180,7 @@ def test_a_node_without_iptables_refuses_pool_jobs(
 
 
 def test_the_process_runtime_refuses_an_allow_list(tmp_path):
-    runtime = ProcessRuntime("n", tmp_path)
+    runtime = ProcessRuntime(make_owner(), tmp_path)
     a = assignment("x", ["true"], allow=["pypi.org:443"])
     with pytest.raises(RuntimeFailure) as failure:
         runtime.create(a, tmp_path)

@@ -15,7 +15,7 @@ from worker_agent.probe import probe_script, recovery_result, run_challenge
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
-from .conftest import IDS
+from .conftest import IDS, make_owner
 
 pytestmark = pytest.mark.docker
 SEED = "0123456789abcdef0123456789abcdef"
@@ -46,7 +46,7 @@ def challenge(image: str, **changes) -> dict:
 
 @pytest.fixture
 def docker_runtime(docker_client):
-    return DockerRuntime("test-node", client=docker_client)
+    return DockerRuntime(make_owner("test-node"), client=docker_client)
 
 
 def test_the_probe_container_answers_the_challenge(
@@ -107,7 +107,7 @@ def test_the_script_holds_only_the_challenges_numbers():
 
 
 def test_the_process_runtime_answers_the_same(tmp_path):
-    runtime = ProcessRuntime("test-node", tmp_path / "state")
+    runtime = ProcessRuntime(make_owner(), tmp_path / "state")
     answer = run_challenge(next(IDS), challenge(""), runtime=runtime, workdir=tmp_path / "p")
     assert answer["answers"] == chains(SEED, 2, 40)
     assert answer["memory_mib"] == 16 and answer["gpus"] == []
@@ -229,7 +229,7 @@ def test_the_agent_answers_a_listed_recovery_probe_once(tmp_path, control_plane)
     control_plane.answers["agent/heartbeat"] = {"probes": [probe]}
     agent = Agent(
         Config(api=control_plane.url, state_dir=str(tmp_path / "state"), node_name="test-node"),
-        runtimes={"process": ProcessRuntime("test-node", tmp_path / "state")},
+        runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state")},
     )
     agent.host.nvml = nvml  # the recorded driver in place of a real one
     agent.state.save_credential({"credential": control_plane.credential})

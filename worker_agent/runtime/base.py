@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 DIGEST_MARK = "@sha256:"
-LABEL = "computepool"  # label prefix: computepool.job, .lease, .attempt, .node
+# label prefix: computepool.job, .lease, .attempt, .node (its name, for people), .node_id and
+# .control_plane (who owns the container: the only labels an agent trusts, see Owner)
+LABEL = "computepool"
 # A requested checkpoint: the job gets this signal, has its stop grace period to write its state
 # into $CHECKPOINT_DIR (outputs/checkpoint, uploaded with the outputs as checkpoint.tar), then
 # it is stopped (docs/data-plane.md, "Checkpoints").
@@ -21,6 +24,47 @@ class RuntimeFailure(Exception):
     def __init__(self, reason: str, message: str):
         self.reason, self.message = reason, message
         super().__init__(f"{reason}: {message}")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose containers a runtime creates, finds and removes: one node of one control plane.
+
+    Several agents may share one Docker engine (two control planes on one machine, or two nodes
+    of one). An agent touches only what carries both its control-plane id and its node id as
+    labels, never a container by its name alone; names start with the control-plane id, so
+    two control planes never pick the same one (job and lease ids are unique within each)."""
+
+    control_plane: str  # the control plane's UUID, learned at enrollment
+    node_id: int
+    node_name: str = ""
+
+    def __post_init__(self):
+        # a UUID in its canonical form, or ValueError: it goes into names and label filters
+        object.__setattr__(self, "control_plane", str(uuid.UUID(str(self.control_plane))))
+        object.__setattr__(self, "node_id", int(self.node_id))
+
+    @property
+    def prefix(self) -> str:
+        """The start of every container and volume name of this control plane."""
+        return f"{LABEL}-{self.control_plane}"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            f"{LABEL}.control_plane": self.control_plane,
+            f"{LABEL}.node_id": str(self.node_id),
+            f"{LABEL}.node": self.node_name,
+        }
+
+    def label_filters(self) -> list[str]:
+        """The engine's label filter for what this owner made."""
+        return [f"{LABEL}.control_plane={self.control_plane}", f"{LABEL}.node_id={self.node_id}"]
+
+    def owns(self, labels: dict | None) -> bool:
+        labels = labels or {}
+        return labels.get(f"{LABEL}.control_plane") == self.control_plane and labels.get(
+            f"{LABEL}.node_id"
+        ) == str(self.node_id)
 
 
 @dataclass(frozen=True)
@@ -113,12 +157,11 @@ class Assignment:
         """One run: a job's lease (a new lease is a new attempt, even of the same job)."""
         return (self.job, self.lease)
 
-    def labels(self, node: str = "") -> dict[str, str]:
-        return {
+    def labels(self, owner: Owner) -> dict[str, str]:
+        return owner.labels() | {
             f"{LABEL}.job": str(self.job),
             f"{LABEL}.lease": str(self.lease),
             f"{LABEL}.attempt": str(self.attempt),
-            f"{LABEL}.node": node,
         }
 
     def environment(self) -> dict[str, str]:

@@ -17,6 +17,11 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
   that cannot enforce this (not root, no iptables/nsenter) fails such a job: runtime_error.
 Secrets are passed as environment variables at create: not in the image or the job's
 listings, but visible to whoever can `docker inspect` on the node.
+
+Ownership: several agents may share the engine. Every container and volume carries its owner's
+labels (control-plane id and node id, base.Owner) and a name that starts with the
+control-plane id; the agent finds, adopts and removes only what carries both labels of its own,
+never a container or volume by its name alone (a foreign one in the way fails the attempt).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from worker_agent.runtime.base import (
     Assignment,
     Ended,
     Found,
+    Owner,
     RuntimeFailure,
 )
 
@@ -114,12 +120,13 @@ class DockerRuntime:
 
     def __init__(
         self,
-        node_name: str = "",
+        owner: Owner | None = None,
         client: docker.DockerClient | None = None,
         pause_image: str | None = None,
         nvml=None,
     ):
-        self.node_name = node_name
+        # None until the agent knows who it is (enrollment): nothing is created or found before
+        self.owner = owner
         self.nvml = nvml  # None: the real NVML, loaded when a lease names MIG instances
         self.client = client or docker.from_env(timeout=120)
         self.pause_image = (
@@ -186,8 +193,23 @@ class DockerRuntime:
         return [digest for digest in digests if digest][:IMAGES_MAX]
 
     # ------------------------------------------------------------------ containers
+    def _owned_by(self) -> Owner:
+        if self.owner is None:
+            raise RuntimeFailure("runtime_error", "the agent is not enrolled: no owner to run as")
+        return self.owner
+
+    def _labels(self, assignment: Assignment) -> dict[str, str]:
+        return assignment.labels(self._owned_by())
+
+    def _ours(self, thing) -> bool:
+        """Whether a container (or volume) carries this agent's control-plane and node ids."""
+        labels = getattr(thing, "labels", None)
+        if labels is None:  # a volume: its labels are in its attributes
+            labels = (getattr(thing, "attrs", None) or {}).get("Labels")
+        return self.owner is not None and self.owner.owns(labels)
+
     def container_name(self, assignment: Assignment) -> str:
-        return f"computepool-job{assignment.job}-l{assignment.lease}"
+        return f"{self._owned_by().prefix}-job{assignment.job}-l{assignment.lease}"
 
     def _network(self, assignment: Assignment) -> dict:
         """Mode none: no network. Otherwise the job joins its network owner's namespace, whose
@@ -258,7 +280,7 @@ class DockerRuntime:
                 ["sleep", "2147483647"],
                 name=self.container_name(assignment) + OWNER_SUFFIX,
                 detach=True,
-                labels=assignment.labels(self.node_name) | {ROLE: "network"},
+                labels=self._labels(assignment) | {ROLE: "network"},
                 user=NOBODY,
                 read_only=True,
                 cap_drop=["ALL"],
@@ -280,14 +302,14 @@ class DockerRuntime:
         return owner
 
     def _remove_owner_of(self, name: str) -> None:
-        """The network owner of job container `name` (or named so), if there is one."""
+        """The network owner of job container `name` (or named so), if there is one of ours."""
         if not name.endswith(OWNER_SUFFIX):
             name += OWNER_SUFFIX
         try:
             owner = self.client.containers.get(name)
         except NotFound:
             return
-        if owner.labels.get(ROLE) == "network":
+        if owner.labels.get(ROLE) == "network" and self._ours(owner):
             with contextlib.suppress(NotFound, APIError):
                 owner.remove(force=True, v=True)
 
@@ -300,7 +322,7 @@ class DockerRuntime:
             owner = self.client.containers.get(mode.partition(":")[2])
         except NotFound:
             return None
-        return owner if owner.labels.get(ROLE) == "network" else None
+        return owner if owner.labels.get(ROLE) == "network" and self._ours(owner) else None
 
     def _scratch(self, assignment: Assignment) -> list[Mount]:
         size = assignment.limits.scratch_mib
@@ -314,8 +336,10 @@ class DockerRuntime:
                 "device": "tmpfs",
                 "o": f"size={size}m,uid=65534,gid=65534,mode=0700",
             },
-            labels=assignment.labels(self.node_name),
+            labels=self._labels(assignment),
         )
+        if not self._ours(volume):  # the engine hands back a same-named volume as it is
+            raise RuntimeFailure("runtime_error", f"volume {volume.name} is not this node's")
         return [Mount("/scratch", volume.name, type="volume")]
 
     def create(self, assignment: Assignment, workdir: Path):
@@ -344,8 +368,7 @@ class DockerRuntime:
         options = {
             "name": name,
             # how its GPUs are isolated, for whoever inspects the node's containers
-            "labels": assignment.labels(self.node_name)
-            | {f"{LABEL}.gpu_isolation": limits.gpu_isolation},
+            "labels": self._labels(assignment) | {f"{LABEL}.gpu_isolation": limits.gpu_isolation},
             "environment": environment,
             "user": NOBODY,
             "read_only": True,
@@ -388,18 +411,32 @@ class DockerRuntime:
             raise RuntimeFailure("runtime_error", f"start failed: {exc}") from exc
 
     def _remove_leftover(self, name: str) -> None:
-        """A container of the same attempt left by a crash between create and report."""
-        try:
+        """What a crash between create and report left of the same attempt, when it is ours;
+        a container or volume of that name that is not ours is left alone and fails the run."""
+        for kind, getter, what in (
+            ("container", self.client.containers.get, name),
+            ("container", self.client.containers.get, name + OWNER_SUFFIX),
+            ("volume", self.client.volumes.get, f"{name}-scratch"),
+        ):
+            try:
+                found = getter(what)
+            except NotFound:
+                continue
+            if not self._ours(found):
+                raise RuntimeFailure(
+                    "runtime_error", f"{kind} {what} exists and is not this node's: left alone"
+                )
+        with contextlib.suppress(NotFound):
             self.client.containers.get(name).remove(force=True, v=True)
             log.info("removed leftover container %s", name)
-        except NotFound:
-            pass
         self._remove_owner_of(name)
         self._remove_volume(f"{name}-scratch")
 
     def _remove_volume(self, name: str) -> None:
         try:
-            self.client.volumes.get(name).remove(force=True)
+            volume = self.client.volumes.get(name)
+            if self._ours(volume):
+                volume.remove(force=True)
         except NotFound:
             pass
         except APIError as exc:
@@ -471,7 +508,11 @@ class DockerRuntime:
             container.kill(signal=name)
 
     def remove(self, container) -> None:
-        """The container, its network owner and its scratch volume (deleted when a run ends)."""
+        """The container, its network owner and its scratch volume (deleted when a run ends);
+        only ever one of ours."""
+        if not self._ours(container):
+            log.warning("container %s is not this node's: not removed", container.name)
+            return
         name = container.name
         with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
@@ -509,17 +550,20 @@ class DockerRuntime:
         }
 
     def find(self) -> list[Found]:
-        """This node's job containers (by label), running or ended, for reconciliation; network
-        owners whose job container is gone are removed."""
+        """This node's job containers (by its owner labels), running or ended, for
+        reconciliation; its network owners whose job container is gone are removed."""
         found = []
-        filters = {"label": [f"{LABEL}.job", f"{LABEL}.node={self.node_name}"]}
+        if self.owner is None:
+            return found
+        filters = {"label": [f"{LABEL}.job", *self.owner.label_filters()]}
         # listed sparse, then inspected one by one: one removed in between is skipped (a full
         # list inspects every container itself and fails on the first that is gone)
         containers = []
         for container in self.client.containers.list(all=True, sparse=True, filters=filters):
             with contextlib.suppress(NotFound):
                 container.reload()
-                containers.append(container)
+                if self._ours(container):  # the engine filtered; checked again here
+                    containers.append(container)
         names = {container.name for container in containers}
         for container in containers:
             labels = container.labels

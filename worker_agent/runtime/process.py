@@ -33,7 +33,14 @@ from pathlib import Path
 
 import psutil
 
-from worker_agent.runtime.base import CHECKPOINT_SUBDIR, Assignment, Ended, Found, RuntimeFailure
+from worker_agent.runtime.base import (
+    CHECKPOINT_SUBDIR,
+    Assignment,
+    Ended,
+    Found,
+    Owner,
+    RuntimeFailure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +105,8 @@ def _limits(assignment: Assignment):
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, node_name: str = "", state_dir: str | os.PathLike = "."):
-        self.node_name = node_name
+    def __init__(self, owner: Owner | None = None, state_dir: str | os.PathLike = "."):
+        self.owner = owner  # set by the agent once enrolled; pid files name it
         self.state_dir = Path(state_dir)
         # offered beside Docker for the pools that allow it; each job it runs warns on its own
         log.info("process runtime offered: its jobs run as local processes, NOT isolated")
@@ -151,7 +158,7 @@ class ProcessRuntime:
             raise RuntimeFailure("runtime_error", f"start failed: {exc}") from exc
         handle.pid = handle.popen.pid
         record = {"pid": handle.pid, "job": assignment.job, "lease": assignment.lease}
-        record |= {"attempt": assignment.attempt, "node": self.node_name}
+        record |= {"attempt": assignment.attempt} | (self.owner.labels() if self.owner else {})
         (workdir / PID_FILE).write_text(json.dumps(record))
 
     def poll(self, handle: ProcessHandle) -> Ended | None:
@@ -221,10 +228,15 @@ class ProcessRuntime:
         return {"cpu_millicores": int(cpu * 10), "memory_mib": rss // (1024 * 1024)}
 
     def find(self) -> list[Found]:
+        """The processes this node started (their pid files name its owner labels)."""
         found = []
+        if self.owner is None:
+            return found
         for pid_file in (self.state_dir / "attempts").glob(f"*/{PID_FILE}"):
             try:
                 record = json.loads(pid_file.read_text())
+                if not self.owner.owns(record):
+                    continue
                 handle = ProcessHandle(workdir=pid_file.parent, pid=int(record["pid"]))
                 job, lease = int(record["job"]), int(record["lease"])
             except (OSError, ValueError, KeyError):
