@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint format bench fuzz migrate demo services clean
+.PHONY: run test lint format bench fuzz keyring migrate demo services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ $(VENV)/.test-deps: requirements.txt requirements-test.txt pyproject.toml | $(BI
 	$(BIN)/pip install -q -r requirements-test.txt -e .
 	touch $@ $(VENV)/.run-deps
 
-migrate: $(VENV)/.run-deps
+# the key ring of values encrypted at rest: var/encryption-keys (0600), once, when ENCRYPTION_KEYS
+# is not set (README, Configuration)
+keyring: $(VENV)/.run-deps
+	$(BIN)/python manage.py encryption_key --init-file
+
+migrate: keyring
 	$(BIN)/python manage.py migrate --noinput
 
 demo: migrate

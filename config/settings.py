@@ -225,6 +225,17 @@ SCHEDULER_HEALTH_WINDOW_HOURS = env.int("SCHEDULER_HEALTH_WINDOW_HOURS", default
 LEASE_THROTTLE_RATE = env.str("LEASE_THROTTLE_RATE", default="6000/minute")
 TOKEN_THROTTLE_RATE = env.str("TOKEN_THROTTLE_RATE", default="6000/minute")
 
+# The key ring of values encrypted at rest (tenants' secrets; pools/encryption.py): key id →
+# 32-byte key in URL-safe base64, the first entry current (`ENCRYPTION_KEYS=new=<key>,old=<key>`).
+# Without the variable the file ENCRYPTION_KEYS_FILE holds the ring in the same form (`make run`
+# writes one there once, mode 0600: `manage.py encryption_key --init-file`).
+ENCRYPTION_KEYS_FILE = Path(
+    env.str("ENCRYPTION_KEYS_FILE", default=str(BASE_DIR / "var" / "encryption-keys"))
+)
+ENCRYPTION_KEYS = env.dict("ENCRYPTION_KEYS", default={})
+if not ENCRYPTION_KEYS and ENCRYPTION_KEYS_FILE.is_file():
+    ENCRYPTION_KEYS = env.parse_value(ENCRYPTION_KEYS_FILE.read_text().strip(), dict)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

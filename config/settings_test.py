@@ -17,3 +17,5 @@ CELERY_TASK_ALWAYS_EAGER = True
 PLACEMENT_THROTTLE_RATE = ""
 LEASE_THROTTLE_RATE = ""  # the same for lease creation per tenant and expensive calls per token
 TOKEN_THROTTLE_RATE = ""
+# A fixed key ring (never a real one); rotation tests put another key before it.
+ENCRYPTION_KEYS = {"test-1": "dGVzdC1rZXktb25lLXRlc3Qta2V5LW9uZS10ZXN0LWs="}

@@ -12,9 +12,11 @@ job at a time, and records `artifacts_expired` on the job (its state is unchange
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
+import urllib.parse
 from datetime import timedelta
 
 from django.conf import settings
@@ -48,9 +50,10 @@ REDACT_MIN_CHARS = 4
 
 def job_log_append(*, job: Job, attempt: int, text: str) -> JobLogChunk | None:
     """Appends a chunk of the job's log (at most LOG_CHUNK_MAX_BYTES) and trims the log to its
-    newest LOG_KEEP_BYTES. The values of the job's secrets are masked, so a job that prints
-    its token does not leak it to everyone who may read the job (a value split across two
-    chunks is not caught)."""
+    newest LOG_KEEP_BYTES. The job's secrets are masked (their values and encoded forms,
+    `secret_forms`), so a job that prints its token does not leak it to everyone who may read
+    the job; a value split across two chunks is masked when the log is read (`job_log_tail`).
+    NUL is stored as U+FFFD (PostgreSQL text cannot hold it); the rest of the chunk is kept."""
     if not isinstance(text, str):
         raise ValidationError({"text": "The log text is a string."})
     if len(text.encode()) > LOG_CHUNK_MAX_BYTES:
@@ -67,15 +70,48 @@ def job_log_append(*, job: Job, attempt: int, text: str) -> JobLogChunk | None:
     return chunk
 
 
-def _redact(job: Job, text: str) -> str:
+def secret_forms(job: Job) -> list[tuple[str, str]]:
+    """(what to find, what to show instead) for each secret of the job: its value and the
+    forms a job most often prints it in — base64 (standard and URL-safe, padded or not), hex
+    (lower and upper case) and URL-encoded (%20 or +) — longest first, so that no form is left
+    half masked by a shorter one."""
     names = set((job.secrets or {}).values())
     if not names:
-        return text
-    secrets = TenantSecret.objects.filter(tenant_id=job.tenant_id, name__in=names)
-    for name, value in secrets.values_list("name", "value"):
-        if len(value) >= REDACT_MIN_CHARS and value in text:
-            text = text.replace(value, f"[secret {name}]")
+        return []
+    forms = {}
+    for secret in TenantSecret.objects.filter(tenant_id=job.tenant_id, name__in=names):
+        value = secret.reveal()
+        if len(value) < REDACT_MIN_CHARS:
+            continue
+        raw = value.encode()
+        label = f"[secret {secret.name}]"
+        b64, b64url = base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()
+        for form in (
+            value,
+            b64,
+            b64.rstrip("="),
+            b64url,
+            b64url.rstrip("="),
+            raw.hex(),
+            raw.hex().upper(),
+            urllib.parse.quote(value, safe=""),
+            urllib.parse.quote(value),
+            urllib.parse.quote_plus(value),
+        ):
+            forms.setdefault(form, label)
+    return sorted(forms.items(), key=lambda item: -len(item[0]))
+
+
+def mask(text: str, forms: list[tuple[str, str]]) -> str:
+    for form, label in forms:
+        if form in text:
+            text = text.replace(form, label)
     return text
+
+
+def _redact(job: Job, text: str) -> str:
+    forms = secret_forms(job)
+    return mask(text, forms) if forms else text
 
 
 def _trim_log(job: Job) -> None:
@@ -98,7 +134,8 @@ def job_log_tail(job: Job, lines: int = 1000) -> str:
         newlines += text.count("\n")
         if newlines > lines:
             break
-    log = "".join(reversed(pieces))
+    # masked again as a whole: a value the agent's chunking split in two is caught here
+    log = _redact(job, "".join(reversed(pieces)))
     kept = log.splitlines(keepends=True)[-lines:]
     return "".join(kept)
 

@@ -89,7 +89,7 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
         (lease.job.tenant_id, name) for lease in leases for name in lease.job.secrets.values()
     }
     values = {
-        (s.tenant_id, s.name): s.value
+        (s.tenant_id, s.name): s.reveal()
         for s in TenantSecret.objects.filter(
             tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
         )

@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from . import encryption
 from .choices import Architecture, GpuSharingClass, PlatformRole, TenantRole, TrustLevel
 from .roles import tenant_roles
 from .validation import shape_errors
@@ -397,15 +398,20 @@ class PoolTrustedKey(models.Model):
 
 
 class TenantSecret(models.Model):
-    """A value a tenant's jobs reference by name (`secrets: {ENV: name}`); only the agent that
-    runs the job receives the value, no listing, event or log ever shows it."""
+    """A value a tenant's jobs reference by name (`secrets: {NAME: secret name}`); only the
+    agent that runs the job receives the value, no listing, event or log ever shows it. The
+    value is stored encrypted (pools/encryption.py), bound to its tenant and name."""
 
     objects = VisibleQuerySet.as_manager()
     visibility = Visibility(tenant="tenant")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
     name = models.SlugField(max_length=100)
-    value = models.TextField(help_text="At most 64 KiB (pools.validation.secret_value)")
+    # AES-256-GCM: nonce || ciphertext || tag of the value (at most 64 KiB of UTF-8)
+    ciphertext = models.BinaryField()
+    key_id = models.CharField(
+        max_length=32, help_text="The ENCRYPTION_KEYS entry it is sealed under"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -417,6 +423,23 @@ class TenantSecret(models.Model):
 
     def __str__(self):  # never the value
         return f"{self.tenant}/{self.name}"
+
+    def seal(self, value: str) -> None:
+        """Encrypts `value` under the current key (the caller saves ciphertext and key_id)."""
+        self.key_id, self.ciphertext = encryption.encrypt(value, context=self.context)
+
+    def reveal(self) -> str:
+        return encryption.decrypt(self.key_id, self.ciphertext, context=self.context)
+
+    @property
+    def context(self) -> str:
+        return secret_context(self.tenant_id, self.name)
+
+
+def secret_context(tenant_id: int, name: str) -> str:
+    """What a secret's ciphertext is bound to (the GCM associated data): its tenant and name,
+    so a value copied onto another row does not decrypt there."""
+    return f"pools.TenantSecret:{tenant_id}:{name}"
 
 
 def token_digest(secret: str) -> str:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from scheduling.core import DEFAULT_POLICY
 
-from . import validation
+from . import encryption, validation
 from .actors import Actor
 from .choices import PlatformRole, TenantRole, TokenScope
 from .models import (
@@ -205,10 +205,31 @@ def tenant_secret_set(*, tenant: Tenant, name: str, value: str, now=None) -> Ten
     validation.secret_name(name)
     validation.secret_value(value)
     now = now or timezone.now()
+    secret = TenantSecret(tenant=tenant, name=name)
+    secret.seal(value)
     secret, _ = TenantSecret.objects.update_or_create(
-        tenant=tenant, name=name, defaults={"value": value, "updated_at": now}
+        tenant=tenant,
+        name=name,
+        defaults={"ciphertext": secret.ciphertext, "key_id": secret.key_id, "updated_at": now},
     )
     return secret
+
+
+def tenant_secrets_reencrypt() -> int:
+    """Re-encrypts every secret not sealed under the current key (key rotation: put the new
+    key first in ENCRYPTION_KEYS, run this, then drop the old key); how many it re-sealed.
+    Each row under its own lock, so a secret replaced meanwhile is never overwritten."""
+    current = encryption.current_key_id()
+    done = 0
+    for pk in TenantSecret.objects.exclude(key_id=current).values_list("pk", flat=True):
+        with transaction.atomic():
+            secret = TenantSecret.objects.select_for_update().filter(pk=pk).first()
+            if secret is None or secret.key_id == current:
+                continue
+            secret.seal(secret.reveal())
+            secret.save(update_fields=["ciphertext", "key_id"])
+            done += 1
+    return done
 
 
 def tenant_secret_delete(*, secret: TenantSecret) -> None:

@@ -17,6 +17,7 @@ from nodes.api.views import NodeErrorsMixin
 from nodes.errors import NodeScopeRefused
 from pools import validation
 from pools.actors import Actor
+from pools.api.parsers import TextJSONParser
 from pools.api.permissions import IsNode
 from pools.reasons import Reason
 
@@ -147,7 +148,12 @@ class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
         return Response({"job": job.pk, "state": job.state, "attempts": job.attempts})
 
     @extend_schema(request=LogSerializer, responses={200: dict})
-    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/logs")
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path=r"jobs/(?P<job_id>\d+)/logs",
+        parser_classes=[TextJSONParser],  # a NUL the job printed is U+FFFD, not a 400
+    )
     def logs(self, request, job_id=None):
         job = self.placed_job(job_id)
         serializer = LogSerializer(data=request.data)

@@ -46,6 +46,41 @@ class JSONParser(parsers.JSONParser):
         return data
 
 
+def replace_refused(data):
+    """`data` with NUL and lone surrogates in its strings replaced by U+FFFD (iterative)."""
+
+    def clean(value):
+        return REFUSED_CHARACTERS.sub("\ufffd", value) if isinstance(value, str) else value
+
+    root = [clean(data)]
+    stack = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        value = holder[key]
+        if isinstance(value, dict):
+            value = holder[key] = {clean(k): clean(v) for k, v in value.items()}
+            stack.extend((value, k) for k in value)
+        elif isinstance(value, list):
+            value[:] = [clean(item) for item in value]
+            stack.extend((value, index) for index in range(len(value)))
+    return root[0]
+
+
+class TextJSONParser(JSONParser):
+    """For a body that carries what a program printed (the agent's log chunks): NUL and lone
+    surrogates become U+FFFD instead of refusing the body, so one stray byte never drops the
+    lines around it. The depth limit still holds."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = parsers.JSONParser.parse(self, stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError(TOO_DEEP) from None
+        data = replace_refused(data)
+        check_parsed(data)
+        return data
+
+
 class FormParser(parsers.FormParser):
     def parse(self, stream, media_type=None, parser_context=None):
         data = super().parse(stream, media_type, parser_context)

@@ -530,7 +530,9 @@ def _build_world() -> World:
         body = {"fencing_token": str(lease.fencing_token), "step": step}
         assert agent.post(f"{base}/report", body, format="json").status_code == 200, step
     token = {"fencing_token": str(lease.fencing_token)}
-    assert agent.post(f"{base}/logs", {**token, "text": "hello\n"}).status_code == 200
+    assert (
+        agent.post(f"{base}/logs", {**token, "text": "hello\n"}, format="json").status_code == 200
+    )
     upload = {**token, "files": [SimpleUploadedFile("result.txt", b"42\n")]}
     assert agent.post(f"{base}/outputs", upload).status_code == 201
     lease.refresh_from_db()

@@ -266,7 +266,9 @@ def test_logs_and_outputs_upload_during_and_after_the_run(agent, node_api, tenan
     token = str(lease.fencing_token)
     url = f"/api/v1/agent/jobs/{job.pk}"
 
-    response = node_api.post(f"{url}/logs", {"fencing_token": token, "text": "hello\n"})
+    response = node_api.post(
+        f"{url}/logs", {"fencing_token": token, "text": "hello\n"}, format="json"
+    )
     assert response.status_code == 200
     files = [SimpleUploadedFile("greeting.txt", b"hello\n"), SimpleUploadedFile("b.bin", b"")]
     response = node_api.post(f"{url}/outputs", {"fencing_token": token, "files": files})
@@ -275,12 +277,14 @@ def test_logs_and_outputs_upload_during_and_after_the_run(agent, node_api, tenan
     assert response.json()["outputs"][0]["size"] == 6
     report(node_api, job, lease, "succeeded")
     # the last lines after the end: the attempt's lease is still the job's newest
-    response = node_api.post(f"{url}/logs", {"fencing_token": token, "text": "bye\n"})
+    response = node_api.post(
+        f"{url}/logs", {"fencing_token": token, "text": "bye\n"}, format="json"
+    )
     assert response.status_code == 200
     assert "".join(job.log_chunks.values_list("text", flat=True)) == "hello\nbye\n"
     assert sorted(job.outputs.values_list("name", "size")) == [("b.bin", 0), ("greeting.txt", 6)]
 
-    stale = node_api.post(f"{url}/logs", {"fencing_token": "1", "text": "x"})
+    stale = node_api.post(f"{url}/logs", {"fencing_token": "1", "text": "x"}, format="json")
     assert stale.status_code == 409 and stale.json()["code"] == "fencing_token_mismatch"
     bad = node_api.post(
         f"{url}/outputs",

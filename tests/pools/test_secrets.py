@@ -20,7 +20,7 @@ def test_admin_creates_and_replaces_and_nobody_sees_the_value(api, tenant_admin,
     assert created.json()["name"] == "gh-token" and "value" not in created.json()
     replaced = admin.post(url(), {"name": "gh-token", "value": VALUE + "2"}, format="json")
     assert replaced.status_code == 201
-    assert TenantSecret.objects.get(tenant=tenant, name="gh-token").value == VALUE + "2"
+    assert TenantSecret.objects.get(tenant=tenant, name="gh-token").reveal() == VALUE + "2"
     for client in (admin, api(member)):
         listing = client.get(url())
         assert listing.status_code == 200

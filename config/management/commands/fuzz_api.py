@@ -26,6 +26,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from pools import encryption
+
 DATABASE_PREFIX = "computepool_fuzz"  # + the run's pid: concurrent runs never share one
 CHECKS = "not_a_server_error,response_schema_conformance,content_type_conformance"
 MARKER = "COMPUTEPOOL_FUZZ_DATABASE"  # names the throwaway database in the re-run
@@ -160,6 +162,8 @@ class Command(BaseCommand):
             _database(url, f'CREATE DATABASE "{name}"')
             try:
                 env = {**os.environ, "DATABASE_URL": url, MARKER: name}
+                if not settings.ENCRYPTION_KEYS:  # a throwaway ring for the throwaway database
+                    env["ENCRYPTION_KEYS"] = f"fuzz={encryption.new_key()}"
                 code = subprocess.call([sys.executable, *sys.argv], env=env)
             finally:
                 _database(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
