@@ -171,7 +171,9 @@ class Agent:
             log.info("node %s (%s) resumes", node.get("name"), node.get("id"))
             return
         if not self.config.enroll_token:
-            raise AgentError("not enrolled: give --enroll-token (or WORKER_AGENT_ENROLL_TOKEN)")
+            raise AgentError(
+                "not enrolled: give --enroll-token-file (or WORKER_AGENT_ENROLL_TOKEN)"
+            )
         body = {
             "token": self.config.enroll_token,
             "name": self.node_name,

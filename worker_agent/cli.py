@@ -1,8 +1,11 @@
-"""`python -m worker_agent --api URL --enroll-token T --state-dir DIR`.
+"""`python -m worker_agent --api URL --state-dir DIR [--enroll-token-file FILE]`.
 
-Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN, _STATE_DIR, _RUNTIME,
-_NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag wins over its variable. SIGTERM and
-SIGINT end the loops; containers keep running for the next agent to reconcile.
+Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN_FILE, _STATE_DIR,
+_RUNTIME, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag wins over its variable.
+The enrollment token itself is read from that file or from WORKER_AGENT_ENROLL_TOKEN, never
+from the command line (which every user of the host can read in the process list). One agent
+at a time holds a state dir (a lock in it): a second one there exits. SIGTERM and SIGINT end
+the loops; containers keep running for the next agent to reconcile.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from worker_agent import __version__
 from worker_agent.agent import Agent, AgentError, Config
 from worker_agent.client import ApiUnreachable
 from worker_agent.schema import InventoryInvalid
+from worker_agent.state import AgentState, StateInUse
 
 ENV = "WORKER_AGENT_"
 
@@ -25,9 +30,16 @@ def parser() -> argparse.ArgumentParser:
     def env(name, default=None):
         return os.environ.get(ENV + name, default)
 
-    p = argparse.ArgumentParser(prog="worker_agent", description=__doc__.splitlines()[0])
+    # no abbreviations: `--enroll-token T` must not pass for `--enroll-token-file`
+    p = argparse.ArgumentParser(
+        prog="worker_agent", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     p.add_argument("--api", default=env("API"), help="control plane URL (…/api/v1 implied)")
-    p.add_argument("--enroll-token", default=env("ENROLL_TOKEN", ""), help="cpe_… (first start)")
+    p.add_argument(
+        "--enroll-token-file",
+        default=env("ENROLL_TOKEN_FILE"),
+        help="file holding the cpe_… enrollment token (first start), or WORKER_AGENT_ENROLL_TOKEN",
+    )
     p.add_argument("--state-dir", default=env("STATE_DIR"), help="credential and attempts")
     p.add_argument(
         "--runtime",
@@ -44,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def enrollment_token(path: str | None) -> str:
+    """The enrollment token: from the file when one is named, else WORKER_AGENT_ENROLL_TOKEN."""
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(ENV + "ENROLL_TOKEN", "").strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(
@@ -55,19 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if missing:
         parser().error(f"{' and '.join(missing)} required (or {ENV}API / {ENV}STATE_DIR)")
+    try:
+        enroll_token = enrollment_token(args.enroll_token_file)
+    except OSError as exc:
+        parser().error(f"--enroll-token-file: {exc}")
     config = Config(
         api=args.api,
         state_dir=args.state_dir,
-        enroll_token=args.enroll_token,
+        enroll_token=enroll_token,
         runtime=args.runtime,
         node_name=args.node_name,
         pool=args.pool,
         address=args.address,
         poll_s=args.poll_s,
     )
+    held = AgentState(args.state_dir)
     try:
+        held.hold()  # until this process exits: before anything else touches the dir
         agent = Agent(config)
-    except AgentError as exc:
+    except (AgentError, StateInUse) as exc:
         logging.getLogger("worker_agent").error("%s", exc)
         return 2
 

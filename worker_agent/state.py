@@ -8,6 +8,7 @@ a crash never leaves half a credential and a reader never sees one. The director
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -18,6 +19,11 @@ from worker_agent.runtime.base import Owner
 
 STATE_FILE = "agent.json"  # node and control-plane ids, credential prefix and expiry: not secret
 CREDENTIAL_FILE = "credential"  # the node credential itself: 0600, nothing else in it
+LOCK_FILE = "agent.lock"  # held (flock) by the one agent process using this state dir
+
+
+class StateInUse(Exception):
+    """Another agent process holds this state dir."""
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -52,6 +58,31 @@ class AgentState:
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         self._lock = threading.Lock()
+        self._held = None  # the open lock file while this process holds the dir
+
+    # ---------------------------------------------------------------- one agent per dir
+    def hold(self) -> None:
+        """Take the state dir for this process (released when it exits): two agents on one
+        credential would be one node running two sets of containers."""
+        lock = open(self.dir / LOCK_FILE, "a")  # noqa: SIM115 (kept open: the lock is the fd)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StateInUse(f"another agent is running with the state dir {self.dir}") from None
+        self._held = lock
+
+    @staticmethod
+    def in_use(directory: str | os.PathLike) -> bool:
+        """Whether an agent process holds `directory` now."""
+        try:
+            with open(Path(directory) / LOCK_FILE) as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except FileNotFoundError:
+            return False
+        except BlockingIOError:
+            return True
+        return False
 
     # ---------------------------------------------------------------- the credential
     def credential(self) -> str | None:

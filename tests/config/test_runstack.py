@@ -2,6 +2,8 @@
 local agent enrolls with a real token, or resumes with its stored credential."""
 
 import asyncio
+import shutil
+import uuid
 
 from celery import Celery
 from channels_redis.core import RedisChannelLayer
@@ -11,9 +13,11 @@ from config.management.commands.runstack import (
     _redis_answers,
     agent_command,
     agent_node_status,
+    agent_root,
     start_embedded_redis,
 )
 from nodes import services as node_services
+from nodes.models import ControlPlane
 from worker_agent.state import AgentState
 
 INVENTORY = {"cpu_millicores": 2000, "memory_mib": 4096, "scratch_mib": 0, "gpus": []}
@@ -49,43 +53,86 @@ def _flag(command: list, name: str):
     return command[command.index(name) + 1] if name in command else None
 
 
-def test_a_fresh_agent_enrolls_into_its_pool_with_a_real_token(db, tmp_path):
+def _enroll(plan, name=None):
+    """What the agent does with the plan: enroll with the token of its environment, store."""
+    token = plan.env["WORKER_AGENT_ENROLL_TOKEN"]
+    name = name or _flag(plan.command, "--node-name")
+    node, secret, _ = node_services.node_enroll(secret=token, name=name, inventory=INVENTORY)
+    AgentState(plan.state_dir).save_credential({"credential": secret})
+    AgentState(plan.state_dir).save_node({"id": node.pk, "name": node.name})
+    return node, secret
+
+
+def test_a_fresh_agent_enrolls_into_its_pool_with_a_token_in_its_environment(db, tmp_path):
     call_command("load_demo", verbosity=0)
-    state = tmp_path / "agent" / "dev"
-    command, said = agent_command(api="http://x", pool="dev", runtime="process", state_dir=state)
-    assert command[1:3] == ["-m", "worker_agent"] and _flag(command, "--runtime") == "process"
-    assert _flag(command, "--state-dir") == str(state) and state.is_dir()
-    name = _flag(command, "--node-name")
-    assert said == f"enrolls as {name}"
-    node, _, _ = node_services.node_enroll(
-        secret=_flag(command, "--enroll-token"), name=name, inventory=INVENTORY
+    plan = agent_command(api="http://x", pool="dev", runtime="process", root=tmp_path)
+    assert (
+        plan.command[1:3] == ["-m", "worker_agent"]
+        and _flag(plan.command, "--runtime") == "process"
     )
+    name = _flag(plan.command, "--node-name")
+    # one state dir per node, named after it; the token is never on the command line
+    assert plan.state_dir == tmp_path / name and plan.state_dir.is_dir()
+    assert _flag(plan.command, "--state-dir") == str(plan.state_dir)
+    assert plan.said == f"enrolls as {name}"
+    assert not any(part.startswith("cpe_") for part in plan.command)
+    assert "--enroll-token" not in plan.command
+    node, _ = _enroll(plan)
     assert node.pool.slug == "dev"
-    # The same name again (its state dir was lost): a new name, names are unique in a pool.
-    command, _ = agent_command(api="http://x", pool="dev", runtime="process", state_dir=state)
-    assert _flag(command, "--node-name") == f"{name}-2"
+    # That node's state dir resumes; were it lost, a new name (names are unique in a pool).
+    assert agent_command(api="http://x", pool="dev", runtime="process", root=tmp_path).said == (
+        "resumes its enrolled node"
+    )
+    shutil.rmtree(plan.state_dir)
+    plan = agent_command(api="http://x", pool="dev", runtime="process", root=tmp_path)
+    assert _flag(plan.command, "--node-name") == f"{name}-2"
 
 
 def test_an_enrolled_agent_resumes_and_its_state_is_shown(db, tmp_path):
     call_command("load_demo", verbosity=0)
-    state = tmp_path / "lab"
-    command, _ = agent_command(api="http://x", pool="lab", runtime="docker", state_dir=state)
-    node, secret, _ = node_services.node_enroll(
-        secret=_flag(command, "--enroll-token"), name="local-a", inventory=INVENTORY
-    )
-    AgentState(state).save_credential({"credential": secret})
-    AgentState(state).save_node({"id": node.pk, "name": node.name})
-    command, said = agent_command(api="http://x", pool="lab", runtime="docker", state_dir=state)
-    assert said == "resumes its enrolled node" and "--enroll-token" not in command
-    status = agent_node_status(state)
+    plan = agent_command(api="http://x", pool="lab", runtime="docker", root=tmp_path)
+    _enroll(plan, name="local-a")
+    again = agent_command(api="http://x", pool="lab", runtime="docker", root=tmp_path)
+    assert again.said == "resumes its enrolled node" and again.env == {}
+    assert again.state_dir == plan.state_dir
+    status = agent_node_status(plan.state_dir)
     assert status == "node local-a in pool lab: registered, reachable, no heartbeat yet"
 
 
-def test_a_credential_of_another_database_is_dropped(db, tmp_path):
+def test_the_state_dir_is_per_control_plane_and_node(db, settings, tmp_path):
     call_command("load_demo", verbosity=0)
-    state = tmp_path / "lab"
-    AgentState(state).save_credential({"credential": "cpn_from_elsewhere"})
-    AgentState(state).save_node({"id": 999999, "name": "gone"})
-    command, said = agent_command(api="http://x", pool="lab", runtime="docker", state_dir=state)
-    assert said.startswith("enrolls as") and _flag(command, "--enroll-token")
-    assert not (state / "credential").exists()
+    settings.BASE_DIR = tmp_path
+    assert agent_root() == tmp_path / "var" / "agent" / str(ControlPlane.objects.get().uuid)
+
+
+def test_make_run_twice_never_touches_the_first_agents_credential(db, settings, tmp_path):
+    """A second `make run` on this machine: with another database (another control-plane id)
+    its agent lives under another root; with the same database while the first agent runs
+    (it holds its state dir), it is another node in a dir of its own. The first credential
+    stays as it was."""
+    call_command("load_demo", verbosity=0)
+    settings.BASE_DIR = tmp_path
+    first = agent_command(api="http://x:8000", pool="lab", runtime="docker", root=agent_root())
+    _, secret = _enroll(first)
+    running = AgentState(first.state_dir)
+    running.hold()  # the first agent runs
+    beside = agent_command(api="http://x:8001", pool="lab", runtime="docker", root=agent_root())
+    assert beside.said.startswith("enrolls as") and beside.state_dir != first.state_dir
+    _enroll(beside)
+    ControlPlane.objects.update(uuid=uuid.uuid4())  # what another database says it is
+    other = agent_command(api="http://x:8002", pool="lab", runtime="docker", root=agent_root())
+    assert other.state_dir.parent != first.state_dir.parent
+    assert other.said.startswith("enrolls as")
+    assert AgentState(first.state_dir).credential() == secret
+    assert AgentState(first.state_dir).info()["node_name"] == _flag(first.command, "--node-name")
+
+
+def test_a_credential_of_another_database_is_left_alone(db, tmp_path):
+    call_command("load_demo", verbosity=0)
+    stale = tmp_path / "gone"
+    AgentState(stale).save_credential({"credential": "cpn_from_elsewhere"})
+    AgentState(stale).save_node({"id": 999999, "name": "gone"})
+    plan = agent_command(api="http://x", pool="lab", runtime="docker", root=tmp_path)
+    assert plan.said.startswith("enrolls as") and plan.env["WORKER_AGENT_ENROLL_TOKEN"]
+    assert plan.state_dir != stale
+    assert AgentState(stale).credential() == "cpn_from_elsewhere"

@@ -52,6 +52,7 @@ from pools.models import Quota
 from pools.services import policy_version_publish
 from scheduling import tasks as scheduling_tasks
 from tests.conftest import require_service
+from worker_agent.state import write_private
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTOR = Actor.system("e2e")
@@ -82,7 +83,10 @@ class Agent:
         command += ["--state-dir", str(self.state_dir), "--runtime", "docker"]
         command += ["--node-name", self.node_name, "--address", "127.0.0.1", "--poll-s", "0.3"]
         if not (self.state_dir / "credential").exists():
-            command += ["--enroll-token", self.token]
+            # by file, never on the command line (the process list shows it to every user)
+            token_file = self.state_dir.parent / f"{self.node_name}.enroll-token"
+            write_private(token_file, self.token.encode())
+            command += ["--enroll-token-file", str(token_file)]
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)

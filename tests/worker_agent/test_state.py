@@ -2,8 +2,12 @@
 
 import os
 import stat
+import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from worker_agent.runtime.base import Owner
 from worker_agent.state import AgentState
 
 
@@ -45,3 +49,18 @@ def test_rotation_is_due_after_half_the_lifetime(tmp_path):
 
 def test_no_credential_before_enrollment(tmp_path):
     assert AgentState(tmp_path).credential() is None
+
+
+def test_the_owner_is_the_node_and_control_plane_it_enrolled_with(tmp_path):
+    state = AgentState(tmp_path)
+    assert state.owner() is None  # not enrolled: nothing is created or found
+    plane = str(uuid.uuid4())
+    state.save_node({"id": 7, "name": "gpu-1"}, plane)
+    assert AgentState(tmp_path).owner() == Owner(plane, 7, "gpu-1")
+    state.save_node({"id": 7, "name": "gpu-1"})  # a later `me` without it keeps it
+    assert AgentState(tmp_path).owner().control_plane == plane
+
+
+def test_an_owner_needs_a_real_uuid():
+    with pytest.raises(ValueError):
+        Owner("../../etc", 1)

@@ -3,10 +3,14 @@ local worker agent, so submitted jobs really run.
 
 With no Redis answering at REDIS_URL it serves an embedded Redis-protocol server (fakeredis)
 on a free loopback port, so the broker and the channel layer work with nothing installed.
-The agent (`python -m worker_agent`, state in var/agent/<pool>/) uses the Docker engine when one
-answers and joins the demo pool `lab`; otherwise the local process runtime, which does not
-isolate, in the demo's development pool `dev` (the only one whose policy allows it). On its
-first start it enrolls with a fresh enrollment token; afterwards its stored credential is enough.
+The agent (`python -m worker_agent`) uses the Docker engine when one answers and joins the demo
+pool `lab`; otherwise the local process runtime, which does not isolate, in the demo's
+development pool `dev` (the only one whose policy allows it). Its state is per node, in
+var/agent/<control-plane id>/<node name>/: a second `make run` on this machine (another
+database, so another control-plane id; or the same one while the first agent holds its dir)
+gets a node and a state dir of its own and never touches the first one's credential. On its
+first start it enrolls with a fresh enrollment token, passed in its environment (never on its
+command line); afterwards its stored credential is enough.
 Ctrl-C stops everything it started (the agent leaves running containers to its next start).
 """
 
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -33,6 +37,8 @@ from config.builders import TEST_IMAGE_TAG, build_token
 from config.demo import DEV_POOL, POOL, agent_enrollment_token
 from nodes.choices import NodeState
 from nodes.models import Node
+from nodes.selectors import control_plane_id
+from worker_agent.state import AgentState
 
 REGISTRY = "127.0.0.1:5000"
 DEMO_USER = "alice"  # a member of tenant vision: her API token is written for curl
@@ -113,26 +119,51 @@ def wait_for_http(url: str, timeout: float = 30) -> bool:
     return False
 
 
-def agent_command(*, api: str, pool: str, runtime: str, state_dir: Path) -> tuple[list, str]:
-    """The agent's command line, and what to print about it. A state dir holding a credential
-    resumes that node; otherwise a fresh single-use enrollment token joins `pool`."""
-    if (state_dir / "credential").exists() and not _enrolled_here(state_dir, pool):
-        # A credential of another database (DATABASE_URL changed, `make clean`): useless here.
-        shutil.rmtree(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "worker_agent", "--api", api, "--state-dir", str(state_dir)]
+def agent_root() -> Path:
+    """Where the state dirs of this control plane's local agents live, one per node."""
+    return settings.BASE_DIR / "var" / "agent" / control_plane_id()
+
+
+@dataclass
+class AgentPlan:
+    command: list
+    env: dict  # added to the agent's environment: the enrollment token, when it enrolls
+    state_dir: Path
+    said: str  # what to print about it
+
+
+def agent_command(*, api: str, pool: str, runtime: str, root: Path) -> AgentPlan:
+    """The agent's command line and state dir under `root` (agent_root()). A state dir there of
+    a node of this database in `pool` that no agent holds now resumes that node; otherwise a
+    new node with a state dir of its own joins `pool` with a fresh single-use enrollment
+    token. An existing state dir is never removed or reused for another node."""
+    command = [sys.executable, "-m", "worker_agent", "--api", api]
     command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1"]
-    if (state_dir / "credential").exists():
-        return command, "resumes its enrolled node"
+    for state_dir in sorted(root.iterdir()) if root.is_dir() else ():
+        if (
+            (state_dir / "credential").exists()
+            and _enrolled_here(state_dir, pool)
+            and not AgentState.in_use(state_dir)
+        ):
+            command += ["--state-dir", str(state_dir)]
+            return AgentPlan(command, {}, state_dir, "resumes its enrolled node")
     # The agent's default node name (the hostname) may already exist from an earlier state
-    # dir that was removed: a new name then, since node names are unique in a pool.
+    # dir: a new name then, since node names are unique in a pool and state dirs per node.
     base = f"local-{socket.gethostname()}"[:80]
     name, n = base, 1
-    while Node.objects.filter(pool__slug=pool, name=name).exists():
+    while Node.objects.filter(pool__slug=pool, name=name).exists() or _taken(root / name):
         n += 1
         name = f"{base}-{n}"
-    token = agent_enrollment_token(pool)
-    return [*command, "--enroll-token", token, "--node-name", name], f"enrolls as {name}"
+    state_dir = root / name
+    state_dir.mkdir(parents=True, exist_ok=True)
+    command += ["--state-dir", str(state_dir), "--node-name", name]
+    env = {"WORKER_AGENT_ENROLL_TOKEN": agent_enrollment_token(pool)}
+    return AgentPlan(command, env, state_dir, f"enrolls as {name}")
+
+
+def _taken(state_dir: Path) -> bool:
+    """A state dir holding a credential (of any database) or used by an agent now."""
+    return (state_dir / "credential").exists() or AgentState.in_use(state_dir)
 
 
 def _state_node(state_dir: Path):
@@ -218,7 +249,8 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"  broker, channels {redis_mode}")
         self.stdout.write("  celery           worker with beat (scheduling sweeps)")
-        agent, agent_dir = (None, None) if no_agent else self.plan_agent(host, port)
+        agent = None if no_agent else self.plan_agent(host, port)
+        agent_dir = agent.state_dir if agent else None
         token_file = settings.BASE_DIR / "var" / "demo-token"
         write_demo_token(token_file)
         self.stdout.write(
@@ -230,7 +262,7 @@ class Command(BaseCommand):
         if agent is not None:
             # The agent enrolls over HTTP: start it once the server answers.
             if wait_for_http(f"http://{host}:{port}/healthz"):
-                processes["agent"] = subprocess.Popen(agent, env=env)
+                processes["agent"] = subprocess.Popen(agent.command, env=env | agent.env)
                 self.stdout.write(f"agent started (pid {processes['agent'].pid})")
             else:
                 self.stderr.write("the server did not answer within 30 s: agent not started")
@@ -277,7 +309,7 @@ class Command(BaseCommand):
                     process.kill()
             self.stdout.write("Stopped.")
 
-    def plan_agent(self, host: str, port: int) -> tuple[list, Path]:
+    def plan_agent(self, host: str, port: int) -> AgentPlan:
         """Print what the local agent will be; its command line and state dir."""
         registry, test_image = registry_answers()
         if docker_answers():
@@ -289,12 +321,12 @@ class Command(BaseCommand):
                 "local process runtime — NOT isolating, no Docker engine answers; jobs write to "
                 '"$OUTPUTS_DIR" (there is no /outputs)'
             )
-        state_dir = settings.BASE_DIR / "var" / "agent" / pool
         api = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        command, identity = agent_command(api=api, pool=pool, runtime=runtime, state_dir=state_dir)
+        plan = agent_command(api=api, pool=pool, runtime=runtime, root=agent_root())
         self.stdout.write(f"  worker agent     pool {pool}, {where}")
         self.stdout.write(
-            f"                   {identity}; state in {state_dir.relative_to(settings.BASE_DIR)}"
+            f"                   {plan.said}; state in "
+            f"{plan.state_dir.relative_to(settings.BASE_DIR)}"
         )
         if not registry:
             self.stdout.write(
@@ -304,4 +336,4 @@ class Command(BaseCommand):
         else:
             found = "with" if test_image else "WITHOUT"
             self.stdout.write(f"  image registry   {REGISTRY} ({found} {TEST_IMAGE_TAG})")
-        return command, state_dir
+        return plan
