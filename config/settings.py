@@ -148,10 +148,17 @@ CACHES = {
     },
 }
 
+# A consumer waits for its next event with BZPOPMIN, which Redis answers after 5 s when nothing
+# came (channels_redis's `brpop_timeout`). redis-py 8 gives every read a 5 s socket_timeout by
+# default, so the idle wait raced it and lost: TimeoutError, and the socket closed (1011). The
+# read timeout is longer than the blocking pop, and still bounds a Redis that stopped answering.
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = 15
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}]
+        },
     }
 }
 

@@ -7,6 +7,7 @@ are published on commit, and the consumers read the database from another thread
 
 from __future__ import annotations
 
+import copy
 import uuid
 from contextlib import contextmanager
 
@@ -20,11 +21,12 @@ from config.routing import websocket_urlpatterns
 
 @contextmanager
 def own_channel_layer(hosts=None):
-    """The real channel layer (Redis at REDIS_URL, or `hosts`) under a fresh key prefix."""
-    layer = {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": hosts or [settings.REDIS_URL], "prefix": f"t{uuid.uuid4().hex}"},
-    }
+    """The project's channel layer (settings.CHANNEL_LAYERS: Redis at REDIS_URL, or `hosts`)
+    under a fresh key prefix."""
+    layer = copy.deepcopy(settings.CHANNEL_LAYERS["default"])
+    layer["CONFIG"]["prefix"] = f"t{uuid.uuid4().hex}"
+    if hosts:
+        layer["CONFIG"]["hosts"] = hosts
     with override_settings(CHANNEL_LAYERS={"default": layer}):
         yield
 

@@ -7,6 +7,7 @@ import uuid
 
 from celery import Celery
 from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from django.core.management import call_command
 
 from config.management.commands.runstack import (
@@ -28,11 +29,17 @@ def test_embedded_redis_serves_the_channel_layer_and_the_celery_broker():
     assert _redis_answers(url)
 
     async def live_event_round_trip():
-        layer = RedisChannelLayer(hosts=[url])
+        # the project's layer settings, on the embedded server: a receive that waits past one
+        # blocking pop (BZPOPMIN answers nil after brpop_timeout) still gets the event
+        (host,) = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]
+        layer = RedisChannelLayer(hosts=[host | {"address": url}])
         channel = await layer.new_channel()
         await layer.group_add("tenant-1", channel)
+        receive = asyncio.create_task(layer.receive(channel))
+        await asyncio.sleep(layer.brpop_timeout + 1)
+        assert not receive.done()  # still waiting, no TimeoutError
         await layer.group_send("tenant-1", {"type": "job.event", "event": {"job": 7}})
-        return await asyncio.wait_for(layer.receive(channel), 5)
+        return await asyncio.wait_for(receive, 5)
 
     assert asyncio.run(live_event_round_trip())["event"] == {"job": 7}
     with Celery(broker=url).connection() as connection:
