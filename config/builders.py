@@ -26,7 +26,7 @@ from nodes.choices import NodeState
 from nodes.inventory import gpu_model_fields, normalize_inventory
 from nodes.models import GpuDevice, Node, NodeEvent
 from pools.actors import Actor
-from pools.choices import TenantRole, TokenScope
+from pools.choices import TenantRole
 from pools.models import AllowedRegistry, PoolTrustedKey, PriorityClass
 from pools.reasons import Reason
 from pools.registry import resolve
@@ -130,9 +130,10 @@ def build_secret(tenant, name: str = "api-token", value: str = "s3cr3t-value-42"
     return tenant_secret_set(tenant=tenant, name=name, value=value)
 
 
-def build_token(user, *, scopes=(TokenScope.READ, TokenScope.WRITE), name: str = "test") -> str:
-    """An API token's secret for `user` (a CLI's bearer credential)."""
-    return api_token_issue(user=user, name=name, scopes=list(scopes))[1]
+def build_token(user, *, scopes=None, name: str = "test") -> str:
+    """An API token's secret for `user` (a CLI's bearer credential); no scopes given: the
+    service's default (pools.services.DEFAULT_TOKEN_SCOPES)."""
+    return api_token_issue(user=user, name=name, scopes=None if scopes is None else list(scopes))[1]
 
 
 def build_node_credential(node) -> str:

@@ -31,6 +31,8 @@ app.conf.beat_schedule = {
     # pool capacity sampled for the operators' utilisation charts (scheduling/health.py)
     "scheduling-sample-capacity": {"task": "scheduling.sample_capacity", "schedule": 60.0},
     "pools-purge-api-tokens": {"task": "pools.purge_api_tokens", "schedule": 3600.0},
+    # operators' support grants past their expiry: the event (reads refuse them at once)
+    "pools-expire-support-grants": {"task": "pools.expire_support_grants", "schedule": 60.0},
     "nodes-heartbeat-sweep": {"task": "nodes.heartbeat_sweep", "schedule": 10.0},
     "nodes-inventory-reconcile": {"task": "nodes.inventory_reconcile_sweep", "schedule": 60.0},
     "leases-expire": {"task": "leases.expire_leases", "schedule": 5.0},

@@ -44,6 +44,7 @@ PEOPLE = [
     ("bob", "bob-demo-pass", {"nlp": TenantRole.ADMIN}, []),
     ("olga", "olga-demo-pass", {}, [PlatformRole.OPERATOR]),
     ("paula", "paula-demo-pass", {}, [PlatformRole.POLICY_ADMIN]),
+    ("sasha", "sasha-demo-pass", {}, [PlatformRole.SHAPE_ADMIN]),
 ]
 PRIORITIES = [
     # name, value, preemptible, description, minimum tenant role to submit at it

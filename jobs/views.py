@@ -21,7 +21,12 @@ from pools.api.throttles import check_placement_rate
 from pools.choices import GpuSharingClass, TenantRole
 from pools.models import PriorityClass
 from pools.roles import tenant_roles
-from pools.selectors import pools_visible_to, shapes_visible_to, tenants_visible_to
+from pools.selectors import (
+    pools_visible_to,
+    shapes_visible_to,
+    tenant_data_readable,
+    tenants_visible_to,
+)
 from pools.statemachine import Refusal
 
 from . import artifacts, selectors, services
@@ -272,13 +277,16 @@ def _usage_rows(job, lease) -> list[dict]:
     return out
 
 
-def _job_context(job) -> dict:
+def _job_context(request, job) -> dict:
     lease = job.leases.select_related("node").order_by("-created_at", "-id").first()
+    # an operator sees the job's metadata; its logs and outputs only under a support grant
+    readable = tenant_data_readable(_actor(request), job.tenant_id)
     return {
         "job": job,
         "lease": lease,
         "usage": _usage_rows(job, lease),
-        "outputs": list(artifacts.job_outputs(job)),
+        "data_readable": readable,
+        "outputs": list(artifacts.job_outputs(job)) if readable else [],
         "is_active": job.state in ACTIVE,
         "has_ended": job.state in TERMINAL,
     }
@@ -288,7 +296,9 @@ def _job_context(job) -> dict:
 def job_detail(request, pk):
     job = _job_or_404(request, pk)
     events = list(job.events.order_by("pk")[:TIMELINE_MAX])
-    return render(request, "console/job_detail.html", {**_job_context(job), "events": events})
+    return render(
+        request, "console/job_detail.html", {**_job_context(request, job), "events": events}
+    )
 
 
 @login_required
@@ -301,7 +311,7 @@ def job_timeline(request, pk):
     if not after.isdigit():
         return HttpResponseBadRequest("after: an event id (a whole number).")
     events = list(job.events.filter(pk__gt=int(after)).order_by("pk")[:TIMELINE_MAX])
-    context = {**_job_context(job), "events": events, "oob": True}
+    context = {**_job_context(request, job), "events": events, "oob": True}
     return render(request, "console/_timeline_update.html", context)
 
 
@@ -309,6 +319,9 @@ def job_timeline(request, pk):
 @require_GET
 def job_log(request, pk):
     job = _job_or_404(request, pk)
+    if not tenant_data_readable(_actor(request), job.tenant_id):
+        context = {"job": job, "data_readable": False}
+        return render(request, "console/_job_log.html", context, status=403)
     context = {"job": job, "log": artifacts.job_log_tail(job, LOG_TAIL_LINES)}
     context["has_ended"], context["lines"] = job.state in TERMINAL, LOG_TAIL_LINES
     return render(request, "console/_job_log.html", context)

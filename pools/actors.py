@@ -109,6 +109,10 @@ class Actor:
         return self.has_role(PlatformRole.POLICY_ADMIN)
 
     @property
+    def is_shape_admin(self) -> bool:
+        return self.has_role(PlatformRole.SHAPE_ADMIN)
+
+    @property
     def tenant_roles(self) -> dict[int, str]:
         """tenant id → role of this person's memberships."""
         return tenant_roles(self.user) if self.is_person else {}

@@ -16,6 +16,8 @@ class PlatformRole(models.TextChoices):
 
     OPERATOR = "operator", "Operator"
     POLICY_ADMIN = "policy_admin", "Policy admin"
+    # defines the catalogue of shapes; changes no scheduling policy (quotas, priorities, ...)
+    SHAPE_ADMIN = "shape_admin", "Shape admin"
 
 
 class GpuSharingClass(models.TextChoices):
@@ -44,9 +46,24 @@ class Architecture(models.TextChoices):
 
 
 class TokenScope(models.TextChoices):
-    READ = "read", "Read"
+    READ = "read", "Read (jobs, leases, pools: metadata)"
+    LOGS_READ = "logs:read", "Read job logs"
+    OUTPUTS_READ = "outputs:read", "Retrieve job outputs"
     WRITE = "write", "Write (submit, lease, cancel)"
     OPERATE = "operate", "Operate nodes (operators only)"
+
+
+class SupportGrantState(models.TextChoices):
+    """A tenant admin's grant to one operator to read the tenant's logs and outputs."""
+
+    ACTIVE = "active", "Active"
+    REVOKED = "revoked", "Revoked"
+    EXPIRED = "expired", "Expired"
+
+
+SUPPORT_GRANT_TRANSITIONS = {
+    SupportGrantState.ACTIVE: frozenset({SupportGrantState.REVOKED, SupportGrantState.EXPIRED}),
+}
 
 
 class DrainPolicy(models.TextChoices):

@@ -11,8 +11,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import encryption
-from .choices import Architecture, GpuSharingClass, PlatformRole, TenantRole, TrustLevel
+from .choices import (
+    Architecture,
+    GpuSharingClass,
+    PlatformRole,
+    SupportGrantState,
+    TenantRole,
+    TrustLevel,
+)
 from .roles import tenant_roles
+from .statemachine import EventBase
 from .validation import shape_errors
 from .visibility import Visibility, VisibleQuerySet
 
@@ -440,6 +448,51 @@ def secret_context(tenant_id: int, name: str) -> str:
     """What a secret's ciphertext is bound to (the GCM associated data): its tenant and name,
     so a value copied onto another row does not decrypt there."""
     return f"pools.TenantSecret:{tenant_id}:{name}"
+
+
+class SupportGrant(models.Model):
+    """A tenant admin lets one operator read the tenant's job logs and outputs, until
+    `expires_at` or a revocation (pools.services.support_grant_*; checked on every read by
+    pools.selectors.tenant_data_readable). Without one, operators see jobs' metadata only."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant")  # the tenant's people; operators (all rows)
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="support_grants")
+    operator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="support_grants"
+    )
+    granted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=200, help_text="Why: a ticket, an incident")
+    state = models.CharField(
+        max_length=10, choices=SupportGrantState.choices, default=SupportGrantState.ACTIVE
+    )
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["operator", "tenant", "state"])]
+
+    def __str__(self):
+        return f"support of {self.operator} for {self.tenant} ({self.state})"
+
+    def is_active(self, now) -> bool:
+        return self.state == SupportGrantState.ACTIVE and self.expires_at > now
+
+
+class SupportGrantEvent(EventBase):
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="grant__tenant")
+    subject_field = "grant"
+    grant = models.ForeignKey(SupportGrant, on_delete=models.CASCADE, related_name="events")
+
+    class Meta(EventBase.Meta):
+        pass
 
 
 def token_digest(secret: str) -> str:

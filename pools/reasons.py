@@ -79,6 +79,10 @@ class Reason(models.TextChoices):
     DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
     CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
     CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"
+    # tenants: an operator's support grant (reading a tenant's logs and outputs)
+    SUPPORT_GRANTED = "support_granted", "A tenant admin granted an operator support access"
+    SUPPORT_REVOKED = "support_revoked", "A tenant admin revoked a support grant"
+    SUPPORT_EXPIRED = "support_expired", "A support grant reached its expiry"
     # robustness: one bad row never stops a pass or a sweep
     SCHEDULING_ERROR = "scheduling_error", "The scheduler could not process this job"
     SWEEP_FAILED = "sweep_failed", "A periodic sweep failed on this row; the others went on"

@@ -24,6 +24,10 @@ def is_policy_admin(user) -> bool:
     return has_platform_role(user, PlatformRole.POLICY_ADMIN)
 
 
+def is_shape_admin(user) -> bool:
+    return has_platform_role(user, PlatformRole.SHAPE_ADMIN)
+
+
 def tenant_roles(user) -> dict[int, str]:
     """tenant id → role for a person's memberships."""
     if user is None or not getattr(user, "is_authenticated", False):
@@ -36,4 +40,6 @@ def tenant_roles(user) -> dict[int, str]:
 
 
 def is_tenant_admin(user, tenant_id: int) -> bool:
-    return tenant_roles(user).get(tenant_id) == TenantRole.ADMIN or is_operator(user)
+    """Holds the admin role in the tenant itself. Operators never do (they hold no membership,
+    pools.services.member_add): a tenant's members, secrets and support grants are its own."""
+    return tenant_roles(user).get(tenant_id) == TenantRole.ADMIN

@@ -15,7 +15,13 @@ from scheduling.core import DEFAULT_POLICY
 
 from . import encryption, validation
 from .actors import Actor
-from .choices import PlatformRole, TenantRole, TokenScope
+from .choices import (
+    SUPPORT_GRANT_TRANSITIONS,
+    PlatformRole,
+    SupportGrantState,
+    TenantRole,
+    TokenScope,
+)
 from .models import (
     ApiToken,
     ComputePool,
@@ -24,26 +30,33 @@ from .models import (
     Membership,
     SchedulingPolicy,
     SchedulingPolicyVersion,
+    SupportGrant,
+    SupportGrantEvent,
     Tenant,
     TenantSecret,
     new_token_secret,
     token_digest,
 )
+from .reasons import Reason
 from .roles import has_platform_role, is_operator
+from .statemachine import TransitionRefused, transition
 
-# Models a policy admin edits in the Django admin.
-POLICY_MODELS = (
-    "resourceshape",
-    "priorityclass",
-    "quota",
-    "creditaccount",
-    "creditcharge",
-    "schedulingpolicy",
-    "schedulingpolicyversion",
-    "allowedregistry",
-    "computepool",
-    "pooltrustedkey",
-)
+# The models each admin role edits in the Django admin: shape admins define the catalogue,
+# policy admins the scheduling policy (quotas, credit, priorities, registries, versions).
+ADMIN_MODELS = {
+    PlatformRole.SHAPE_ADMIN: ("resourceshape",),
+    PlatformRole.POLICY_ADMIN: (
+        "priorityclass",
+        "quota",
+        "creditaccount",
+        "creditcharge",
+        "schedulingpolicy",
+        "schedulingpolicyversion",
+        "allowedregistry",
+        "computepool",
+        "pooltrustedkey",
+    ),
+}
 
 
 def membership_set(*, user, tenant: Tenant, role: str = TenantRole.MEMBER) -> Membership:
@@ -64,16 +77,17 @@ def member_add(*, tenant: Tenant, username: str, role: str) -> Membership | None
 
 
 def platform_role_grant(*, user, role: str) -> None:
-    """Operators and policy admins are groups; policy admins also get the admin permissions."""
+    """Platform roles are groups; the admin roles also get their models' admin permissions
+    (ADMIN_MODELS, set again on every grant) and the admin site."""
     group, _ = Group.objects.get_or_create(name=role)
-    if role == PlatformRole.POLICY_ADMIN and not group.permissions.exists():
+    if role in ADMIN_MODELS:
         group.permissions.set(
             Permission.objects.filter(
-                content_type__app_label="pools", content_type__model__in=POLICY_MODELS
+                content_type__app_label="pools", content_type__model__in=ADMIN_MODELS[role]
             )
         )
     user.groups.add(group)
-    if role == PlatformRole.POLICY_ADMIN and not user.is_staff:
+    if role in ADMIN_MODELS and not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
     user.__dict__.pop("_platform_roles", None)
@@ -117,7 +131,13 @@ def policy_version_publish(
     )
 
 
-DEFAULT_TOKEN_SCOPES = (TokenScope.READ, TokenScope.WRITE)
+# What a token holds when its request names no scopes: everything but `operate`.
+DEFAULT_TOKEN_SCOPES = (
+    TokenScope.READ,
+    TokenScope.LOGS_READ,
+    TokenScope.OUTPUTS_READ,
+    TokenScope.WRITE,
+)
 
 
 def api_token_issue(
@@ -257,3 +277,83 @@ def credit_top_up(account: CreditAccount, amount, *, by: str, note: str = "", no
             note=f"{by}: {note}" if note else by,
             created_at=now,
         )
+
+
+SUPPORT_GRANT_MAX_TTL = timedelta(days=7)
+
+
+@transaction.atomic
+def support_grant_create(
+    *, tenant: Tenant, operator: str, ttl: timedelta, reason: str, actor: Actor, now=None
+) -> SupportGrant:
+    """A tenant admin (`actor`, checked by the caller) lets the operator named `operator` read
+    the tenant's job logs and outputs for `ttl` (at most SUPPORT_GRANT_MAX_TTL); recorded as a
+    `support_granted` event. A name that is no active operator is a field error."""
+    now = now or timezone.now()
+    user = get_user_model().objects.filter(username=operator, is_active=True).first()
+    if user is None or not is_operator(user):
+        raise ValidationError({"operator": "Name an active operator."})
+    if not timedelta(0) < ttl <= SUPPORT_GRANT_MAX_TTL:
+        raise ValidationError({"ttl_hours": "A support grant lasts between 1 hour and 7 days."})
+    grant = SupportGrant.objects.create(
+        tenant=tenant,
+        operator=user,
+        granted_by=actor.user,
+        reason=reason,
+        created_at=now,
+        state_changed_at=now,
+        expires_at=now + ttl,
+    )
+    SupportGrantEvent.record(
+        grant,
+        actor=actor,
+        from_state="",
+        to_state=SupportGrantState.ACTIVE,
+        reason=Reason.SUPPORT_GRANTED,
+        message=f"{user.get_username()} may read {tenant.slug}'s logs and outputs until "
+        f"{grant.expires_at:%Y-%m-%d %H:%M} UTC",
+        at=now,
+        data={"operator": user.get_username(), "reason": reason},
+    )
+    return grant
+
+
+def support_grant_revoke(*, grant: SupportGrant, actor: Actor, now=None) -> SupportGrant:
+    """Ends the grant before its expiry (409 once it has ended)."""
+    now = now or timezone.now()
+    return transition(
+        SupportGrant,
+        grant.pk,
+        to=SupportGrantState.REVOKED,
+        allowed=SUPPORT_GRANT_TRANSITIONS,
+        event_model=SupportGrantEvent,
+        actor=actor,
+        reason=Reason.SUPPORT_REVOKED,
+        message=f"revoked by {actor.label}",
+        now=now,
+        changes={"revoked_at": now},
+    )
+
+
+def support_grants_expire(*, now) -> int:
+    """Records the expiry of every active grant past its `expires_at` (the reads refuse them
+    from that moment on anyway: pools.selectors.tenant_data_readable)."""
+    due = SupportGrant.objects.filter(state=SupportGrantState.ACTIVE, expires_at__lte=now)
+    expired = 0
+    for pk in due.values_list("pk", flat=True):
+        try:
+            transition(
+                SupportGrant,
+                pk,
+                to=SupportGrantState.EXPIRED,
+                allowed=SUPPORT_GRANT_TRANSITIONS,
+                event_model=SupportGrantEvent,
+                actor=Actor.system("support-grant-expiry"),
+                reason=Reason.SUPPORT_EXPIRED,
+                message="reached its expiry",
+                now=now,
+            )
+            expired += 1
+        except TransitionRefused:  # revoked or expired meanwhile by another worker
+            continue
+    return expired

@@ -9,3 +9,8 @@ from . import services
 @shared_task(name="pools.purge_api_tokens")
 def purge_api_tokens() -> int:
     return services.api_tokens_purge(now=timezone.now())
+
+
+@shared_task(name="pools.expire_support_grants")
+def expire_support_grants() -> int:
+    return services.support_grants_expire(now=timezone.now())

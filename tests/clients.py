@@ -3,7 +3,6 @@
 from rest_framework.test import APIClient
 
 from config.builders import build_node_credential, build_token
-from pools.choices import TokenScope
 
 
 def bearer_client(secret: str | None = None) -> APIClient:
@@ -13,8 +12,9 @@ def bearer_client(secret: str | None = None) -> APIClient:
     return client
 
 
-def client_for(user=None, scopes=(TokenScope.READ, TokenScope.WRITE), *, node=None) -> APIClient:
-    """A person's token client, a node agent's credential client, or anonymous (neither)."""
+def client_for(user=None, scopes=None, *, node=None) -> APIClient:
+    """A person's token client (scopes: the default, pools.services.DEFAULT_TOKEN_SCOPES), a
+    node agent's credential client, or anonymous (neither)."""
     if node is not None:
         return bearer_client(build_node_credential(node))
     return bearer_client(build_token(user, scopes=scopes) if user is not None else None)

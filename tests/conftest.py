@@ -80,6 +80,11 @@ def policy_admin(db):
 
 
 @pytest.fixture
+def shape_admin(db):
+    return build_person("sadmin", platform_role=PlatformRole.SHAPE_ADMIN)
+
+
+@pytest.fixture
 def api():
     """client_for(user, scopes): an API client holding a bearer token of `user`."""
     return client_for

@@ -6,6 +6,7 @@ from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from jobs import artifacts, selectors, services
@@ -19,6 +20,8 @@ from leases.api.serializers import idempotency_key
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
+from pools.choices import TokenScope
+from pools.selectors import tenant_data_readable
 from pools.validation import BIGINT_MAX
 
 EVENTS_MAX = 1000
@@ -33,11 +36,20 @@ def _query_int(request, name: str, default: int, *, minimum: int, maximum: int |
         raise serializers.ValidationError({name: exc.detail}) from None
 
 
+class SupportGrantRequired(PermissionDenied):
+    default_detail = (
+        "Operators read a tenant's logs and outputs only under a support grant from one of "
+        "its admins (POST /api/v1/tenants/{slug}/support-grants)."
+    )
+    default_code = "support_grant_required"
+
+
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPerson]
     # submit and explain only: per token (TokenThrottle), per tenant (see placement_tenant)
     throttle_classes = [TokenThrottle, PlacementThrottle]
     serializer_class = JobSerializer
+    required_scope = None  # read or write by method; logs and outputs set their own
     filterset_fields = {
         "state": ["exact", "in"],
         "tenant__slug": ["exact"],
@@ -115,29 +127,47 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         why it runs where it does (the placement's decision record)."""
         return Response(selectors.job_explanation(self.get_object()))
 
+    def data_object(self):
+        """The job whose logs or outputs are read: visible, and its tenant's data readable by
+        the caller (an operator: only under a support grant), checked on every read."""
+        job = self.get_object()
+        if not tenant_data_readable(Actor.from_request(self.request), job.tenant_id):
+            raise SupportGrantRequired()
+        return job
+
     @extend_schema(
         parameters=[OpenApiParameter("tail", int, description="Last N lines (1..10000)")],
         responses={(200, "text/plain"): str},
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], required_scope=TokenScope.LOGS_READ)
     def logs(self, request, pk=None):
         """The job's log as text: its last `tail` lines (default 1000), every attempt."""
         lines = _query_int(request, "tail", 1000, minimum=1, maximum=artifacts.LOG_TAIL_MAX_LINES)
-        text = artifacts.job_log_tail(self.get_object(), lines)
+        text = artifacts.job_log_tail(self.data_object(), lines)
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     @extend_schema(responses=JobOutputSerializer(many=True))
-    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list
+    @action(
+        detail=True,
+        methods=["get"],
+        pagination_class=None,  # a plain list
+        required_scope=TokenScope.OUTPUTS_READ,
+    )
     def outputs(self, request, pk=None):
         """The files the newest attempt wrote to /outputs: name, size, sha256."""
-        outputs = artifacts.job_outputs(self.get_object())
+        outputs = artifacts.job_outputs(self.data_object())
         return Response(JobOutputSerializer(outputs, many=True).data)
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
-    @action(detail=True, methods=["get"], url_path=r"outputs/(?P<name>[^/]+)")
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path=r"outputs/(?P<name>[^/]+)",
+        required_scope=TokenScope.OUTPUTS_READ,
+    )
     def output_file(self, request, pk=None, name=None):
         """One output file of the newest attempt, as an attachment."""
-        output = artifacts.job_outputs(self.get_object()).filter(name=name).first()
+        output = artifacts.job_outputs(self.data_object()).filter(name=name).first()
         if output is None:
             raise Http404("This job has no output of this name.")
         response = FileResponse(

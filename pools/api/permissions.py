@@ -8,44 +8,60 @@ from pools.choices import TokenScope
 from pools.models import ApiToken
 
 
-class TokenScopeAllows(BasePermission):
-    """A token acts only within its scopes; a browser session acts with the user's rights."""
+def missing_scope(request, view) -> str:
+    """The token scope this request needs and the caller's token lacks; "" when none is
+    missing (a browser session acts with the user's rights, not a token's scopes)."""
+    token = request.auth
+    if not isinstance(token, ApiToken):
+        return ""
+    needed = TokenScope.READ if request.method in SAFE_METHODS else TokenScope.WRITE
+    needed = getattr(view, "required_scope", None) or needed
+    return "" if token.allows(needed) else needed
 
-    message = "This token's scopes do not allow this request."
+
+class TokenScopeAllows(BasePermission):
+    """A token acts only within its scopes (403 `scope_missing`, naming the scope)."""
 
     def has_permission(self, request, view):
-        token = request.auth
-        if not isinstance(token, ApiToken):
-            return True
-        needed = TokenScope.READ if request.method in SAFE_METHODS else TokenScope.WRITE
-        needed = getattr(view, "required_scope", None) or needed
-        return token.allows(needed)
+        if scope := missing_scope(request, view):
+            self.message = f"This token lacks the {scope} scope that this request needs."
+            self.code = "scope_missing"
+            return False
+        return True
 
 
 class IsPerson(BasePermission):
-    """A signed-in person (not a node credential) with the token scope the request needs."""
+    """A signed-in person (not a node credential) with the token scope the request needs; a
+    token without it is refused with 403 `scope_missing`, naming the scope."""
 
     message = "Authentication as a person is required."
 
     def has_permission(self, request, view):
-        if not Actor.from_request(request).is_person:
+        if not Actor.from_request(request).is_person or not self.has_role(request):
             return False
-        return TokenScopeAllows().has_permission(request, view)
+        scopes = TokenScopeAllows()
+        if not scopes.has_permission(request, view):
+            self.message, self.code = scopes.message, scopes.code
+            return False
+        return True
+
+    def has_role(self, request) -> bool:
+        """Subclasses: the role this permission needs (checked before the token's scope, so a
+        caller without the role is told so, not that a scope is missing)."""
+        return True
 
 
 class IsOperator(IsPerson):
     message = "Only operators may do this."
 
-    def has_permission(self, request, view):
-        return super().has_permission(request, view) and Actor.from_request(request).is_operator
+    def has_role(self, request) -> bool:
+        return Actor.from_request(request).is_operator
 
 
 class IsPolicyAdminOrReadOnly(IsPerson):
     message = "Only policy admins may change policy."
 
-    def has_permission(self, request, view):
-        if not super().has_permission(request, view):
-            return False
+    def has_role(self, request) -> bool:
         return request.method in SAFE_METHODS or Actor.from_request(request).is_policy_admin
 
 
@@ -73,11 +89,23 @@ class IsPersonOrNode(BasePermission):
     message = "Authentication as a person or a node is required."
 
     def has_permission(self, request, view):
-        return IsNode().has_permission(request, view) or IsPerson().has_permission(request, view)
+        if IsNode().has_permission(request, view):
+            return True
+        person = IsPerson()
+        allowed = person.has_permission(request, view)
+        if not allowed and getattr(person, "code", None):  # a person's token without the scope
+            self.message, self.code = person.message, person.code
+        return allowed
 
 
 class IsNodeOrOperator(BasePermission):
     message = "Only the node's agent (or an operator) reports usage."
 
     def has_permission(self, request, view):
-        return IsNode().has_permission(request, view) or IsOperator().has_permission(request, view)
+        if IsNode().has_permission(request, view):
+            return True
+        operator = IsOperator()
+        allowed = operator.has_permission(request, view)
+        if not allowed and getattr(operator, "code", None):
+            self.message, self.code = operator.message, operator.code
+        return allowed

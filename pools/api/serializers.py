@@ -4,13 +4,15 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from pools import validation
-from pools.choices import TenantRole, TokenScope
+from pools.choices import SupportGrantState, TenantRole, TokenScope
 from pools.models import (
     REQUEST_FIELDS,
     ApiToken,
     ComputePool,
     ResourceShape,
     SchedulingPolicyVersion,
+    SupportGrant,
+    SupportGrantEvent,
     Tenant,
     TenantSecret,
 )
@@ -43,6 +45,46 @@ class TenantSecretSerializer(serializers.ModelSerializer):
     def validate_name(self, name):
         validation.secret_name(name)
         return name
+
+
+class SupportGrantEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_label")
+
+    class Meta:
+        model = SupportGrantEvent
+        fields = ["at", "actor", "from_state", "to_state", "reason", "message"]
+
+
+class SupportGrantSerializer(serializers.ModelSerializer):
+    """A tenant admin's grant to one operator: POST {operator, reason, ttl_hours}."""
+
+    operator = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    granted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    state = serializers.SerializerMethodField()
+    events = SupportGrantEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = SupportGrant
+        fields = [
+            "id",
+            "operator",
+            "reason",
+            "state",
+            "granted_by",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "events",
+        ]
+        read_only_fields = fields
+
+    def get_state(self, grant) -> str:
+        """What the grant allows now: an active grant past its expiry reads `expired` even
+        before the sweep records it."""
+        now = self.context.get("now")
+        if grant.state == SupportGrantState.ACTIVE and now and grant.expires_at <= now:
+            return SupportGrantState.EXPIRED
+        return grant.state
 
 
 class MembershipSerializer(serializers.Serializer):
@@ -182,3 +224,11 @@ class QuotaSerializer(serializers.Serializer):
     period_end = serializers.DateTimeField()
     dimensions = serializers.DictField(child=serializers.DictField())
     balance = serializers.DecimalField(max_digits=18, decimal_places=4, allow_null=True)
+
+
+class SupportGrantCreateSerializer(KnownFieldsOnly, serializers.Serializer):
+    operator = serializers.CharField(max_length=150, help_text="The operator's username")
+    reason = serializers.CharField(
+        max_length=200, validators=[validation.printable], help_text="A ticket, an incident"
+    )
+    ttl_hours = serializers.IntegerField(min_value=1, max_value=24 * 7, default=24)

@@ -1,6 +1,7 @@
 from datetime import timedelta
 
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view, permission_classes
@@ -16,6 +17,8 @@ from pools.api.serializers import (
     PolicyVersionSerializer,
     PoolSerializer,
     ShapeSerializer,
+    SupportGrantCreateSerializer,
+    SupportGrantSerializer,
     TenantSecretSerializer,
     TenantSerializer,
 )
@@ -24,8 +27,9 @@ from pools.models import ApiToken, TenantSecret
 
 MEMBER_ADD_ANSWER = (
     "Added with this role if the username names an active person who may join a tenant "
-    "(platform operators and policy admins may not); the member list shows who belongs."
+    "(holders of a platform role may not); the member list shows who belongs."
 )
+ADMINS_ONLY = "Only this tenant's admins {}."
 
 
 @extend_schema(responses={200: dict})
@@ -58,13 +62,14 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
     )
     @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list
     def members(self, request, slug=None):
-        """Tenant admins (and operators) manage who belongs to their tenant, and with what role.
-
-        Adding answers 202 with the same body whether or not the username names someone who
-        may join (see services.member_add): the member list shows who was added."""
+        """Tenant admins manage who belongs to their tenant, and with what role; operators may
+        read the list. Adding answers 202 with the same body whether or not the username names
+        someone who may join (see services.member_add): the member list shows who was added."""
         tenant = self.get_object()
-        if not Actor.from_request(request).is_tenant_admin(tenant.pk):
-            raise PermissionDenied("Only this tenant's admins manage its members.")
+        actor = Actor.from_request(request)
+        reading = request.method == "GET" and actor.is_operator
+        if not (reading or actor.is_tenant_admin(tenant.pk)):
+            raise PermissionDenied(ADMINS_ONLY.format("manage its members"))
         if request.method == "POST":
             serializer = MembershipSerializer(data=request.data)
             serializer.is_valid(raise_exception=True)
@@ -80,13 +85,16 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=TenantSecretSerializer, responses=TenantSecretSerializer(many=True))
     @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list
     def secrets(self, request, slug=None):
-        """The tenant's secrets, by name: members list them, admins create or replace one
-        (POST {name, value}). Values are never returned, to anyone."""
+        """The tenant's secrets, by name: its members list them, its admins create or replace
+        one (POST {name, value}); nobody else, operators included. Values are never returned,
+        to anyone."""
         tenant = self.get_object()
         actor = Actor.from_request(request)
+        if tenant.pk not in actor.tenant_roles:
+            raise PermissionDenied("Only this tenant's people see its secrets.")
         if request.method == "POST":
             if not actor.is_tenant_admin(tenant.pk):
-                raise PermissionDenied("Only this tenant's admins manage its secrets.")
+                raise PermissionDenied(ADMINS_ONLY.format("manage its secrets"))
             serializer = TenantSecretSerializer(data=request.data)
             serializer.is_valid(raise_exception=True)
             secret = services.tenant_secret_set(tenant=tenant, **serializer.validated_data)
@@ -101,12 +109,56 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
         tenant = self.get_object()
         actor = Actor.from_request(request)
         if not actor.is_tenant_admin(tenant.pk):
-            raise PermissionDenied("Only this tenant's admins manage its secrets.")
+            raise PermissionDenied(ADMINS_ONLY.format("manage its secrets"))
         secret = get_object_or_404(
             TenantSecret.objects.visible_to(actor).filter(tenant=tenant), name=name
         )
         services.tenant_secret_delete(secret=secret)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request=SupportGrantCreateSerializer,
+        responses={200: SupportGrantSerializer(many=True), 201: SupportGrantSerializer},
+    )
+    @action(detail=True, methods=["get", "post"], url_path="support-grants", pagination_class=None)
+    def support_grants(self, request, slug=None):
+        """Support grants: a tenant admin lets one operator read the tenant's job logs and
+        outputs for `ttl_hours` (POST {operator, reason, ttl_hours}); its admins and the
+        operators list them, each with its events (granted, revoked, expired)."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        now = timezone.now()
+        if not (
+            actor.is_tenant_admin(tenant.pk) or (request.method == "GET" and actor.is_operator)
+        ):
+            raise PermissionDenied(ADMINS_ONLY.format("grant support access"))
+        if request.method == "POST":
+            body = SupportGrantCreateSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            grant = services.support_grant_create(
+                tenant=tenant,
+                operator=body.validated_data["operator"],
+                ttl=timedelta(hours=body.validated_data["ttl_hours"]),
+                reason=body.validated_data["reason"],
+                actor=actor,
+                now=now,
+            )
+            data = SupportGrantSerializer(grant, context={"now": now}).data
+            return Response(data, status=status.HTTP_201_CREATED)
+        grants = selectors.support_grants_visible_to(actor, tenant).prefetch_related("events")
+        return Response(SupportGrantSerializer(grants, many=True, context={"now": now}).data)
+
+    @extend_schema(request=None, responses=SupportGrantSerializer)
+    @action(detail=True, methods=["delete"], url_path=r"support-grants/(?P<grant_id>[0-9]{1,18})")
+    def support_grant(self, request, slug=None, grant_id=None):
+        """A tenant admin revokes a grant (200 with the grant; 409 once it has ended)."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        if not actor.is_tenant_admin(tenant.pk):
+            raise PermissionDenied(ADMINS_ONLY.format("revoke support access"))
+        grant = get_object_or_404(selectors.support_grants_visible_to(actor, tenant), pk=grant_id)
+        grant = services.support_grant_revoke(grant=grant, actor=actor)
+        return Response(SupportGrantSerializer(grant, context={"now": timezone.now()}).data)
 
 
 class PoolViewSet(viewsets.ReadOnlyModelViewSet):

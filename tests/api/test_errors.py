@@ -45,9 +45,10 @@ def test_401_for_a_bad_token(db):
 
 
 def test_403_for_a_read_only_token_writing(api, member, cpu_shape):
-    assert_one_shape(
-        api(member, ["read"]).post(JOBS, job(), format="json"), 403, "permission_denied"
+    body = assert_one_shape(
+        api(member, ["read"]).post(JOBS, job(), format="json"), 403, "scope_missing"
     )
+    assert "write scope" in body["message"]  # it says which scope is missing (#17)
 
 
 def test_404_for_another_tenants_job(api, member, outsider, cpu_shape):

@@ -1,4 +1,4 @@
-"""Who may do what (#13): every /api/v1 route and method against eleven kinds of caller, each
+"""Who may do what (#13, #17): every /api/v1 route and method against thirteen kinds of caller, each
 answered with its exact status, on real objects (two tenants' jobs, leases, a node with its
 running job and another node, tokens that are read-only, expired or revoked).
 
@@ -36,9 +36,9 @@ from leases import services as lease_services
 from nodes import services as node_services
 from nodes.services import enrollment_token_issue
 from pools.actors import Actor
-from pools.choices import PlatformRole, TenantRole, TokenScope
+from pools.choices import PlatformRole, TenantRole
 from pools.models import ApiToken, ResourceShape
-from pools.services import api_token_revoke
+from pools.services import api_token_revoke, support_grant_create
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
 
@@ -48,7 +48,9 @@ ACTORS = (
     "member",
     "tenant_admin",
     "operator",
+    "support",  # an operator under the tenant admin's support grant for vision
     "policy_admin",
+    "shape_admin",
     "node",  # the credential of the node that runs the member's job
     "other_node",  # another node's credential
     "read_only",  # the member's token with the read scope only
@@ -69,331 +71,390 @@ class Row:
 
 # 401: no or a dead credential. 403: a permission (role, scope, person vs node) refuses.
 # 404: not visible to the caller (another tenant's, another node's, or nobody's but its owner).
-#                                                    anon out mem adm op  pad nod oth ro  exp rev
+# The columns, in ACTORS' order: anon out mem adm op sup pad sha nod oth ro exp rev
 ROWS = [
-    Row("GET", "me", "me", "401 200 200 200 200 200 403 403 200 401 401"),
+    Row("GET", "me", "me", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
     # tenants: their people (and operators, policy admins) see them; admins manage members
-    Row("GET", "tenants", "tenants", "401 200 200 200 200 200 403 403 200 401 401"),
-    Row("GET", "tenants/{slug}", "tenants/vision", "401 404 200 200 200 200 403 403 200 401 401"),
+    Row("GET", "tenants", "tenants", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "GET",
+        "tenants/{slug}",
+        "tenants/vision",
+        "401 404 200 200 200 200 200 404 403 403 200 401 401",
+    ),
     Row(
         "GET",
         "tenants/{slug}/members",
         "tenants/vision/members",
-        "401 404 403 200 200 403 403 403 403 401 401",
+        "401 404 403 200 200 200 403 404 403 403 403 401 401",
     ),
     Row(
         "POST",
         "tenants/{slug}/members",
         "tenants/vision/members",
-        "401 404 403 202 202 403 403 403 403 401 401",
+        "401 404 403 202 403 403 403 404 403 403 403 401 401",
         {"user": "newcomer", "role": "member"},
     ),
     Row(
         "GET",
         "tenants/{slug}/secrets",
         "tenants/vision/secrets",
-        "401 404 200 200 200 200 403 403 200 401 401",
+        "401 404 200 200 403 403 403 404 403 403 200 401 401",
     ),
     Row(
         "POST",
         "tenants/{slug}/secrets",
         "tenants/vision/secrets",
-        "401 404 403 201 201 403 403 403 403 401 401",
+        "401 404 403 201 403 403 403 404 403 403 403 401 401",
         {"name": "db-password", "value": "hunter22"},
     ),
     Row(
         "DELETE",
         "tenants/{slug}/secrets/{name}",
         "tenants/vision/secrets/api-token",
-        "401 404 403 204 204 403 403 403 403 401 401",
+        "401 404 403 204 403 403 403 404 403 403 403 401 401",
+    ),
+    # support grants: a tenant admin lets one operator read its logs and outputs for a while
+    Row(
+        "GET",
+        "tenants/{slug}/support-grants",
+        "tenants/vision/support-grants",
+        "401 404 403 200 200 200 403 404 403 403 403 401 401",
+    ),
+    Row(
+        "POST",
+        "tenants/{slug}/support-grants",
+        "tenants/vision/support-grants",
+        "401 404 403 201 403 403 403 404 403 403 403 401 401",
+        {"operator": "operator", "reason": "ticket 17", "ttl_hours": 2},
+    ),
+    Row(
+        "DELETE",
+        "tenants/{slug}/support-grants/{grant_id}",
+        "tenants/vision/support-grants/{w.grant.pk}",
+        "401 404 403 200 403 403 403 404 403 403 403 401 401",
     ),
     # pools and shapes: shared infrastructure, every person reads; policy admins change policy
-    Row("GET", "compute-pools", "compute-pools", "401 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "GET",
+        "compute-pools",
+        "compute-pools",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
+    ),
     Row(
         "GET",
         "compute-pools/{pk}",
         "compute-pools/{w.pool.pk}",
-        "401 200 200 200 200 200 403 403 200 401 401",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
     ),
     Row(
         "GET",
         "compute-pools/{pk}/shapes",
         "compute-pools/matrix/shapes",
-        "401 200 200 200 200 200 403 403 200 401 401",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
     ),
-    Row("GET", "pools", "pools", "401 200 200 200 200 200 403 403 200 401 401"),
-    Row("GET", "pools/{slug}", "pools/matrix", "401 200 200 200 200 200 403 403 200 401 401"),
+    Row("GET", "pools", "pools", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "GET", "pools/{slug}", "pools/matrix", "401 200 200 200 200 200 200 200 403 403 200 401 401"
+    ),
     Row(
         "GET",
         "pools/{slug}/policy-versions",
         "pools/matrix/policy-versions",
-        "401 200 200 200 200 200 403 403 200 401 401",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
     ),
     Row(
         "POST",
         "pools/{slug}/policy-versions",
         "pools/matrix/policy-versions",
-        "401 403 403 403 403 201 403 403 403 401 401",
+        "401 403 403 403 403 403 201 403 403 403 403 401 401",
         {"weights": {"bin_pack": 1}},
     ),
     Row(
         "GET",
         "pools/{slug}/capacity",
         "pools/matrix/capacity",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
     ),
-    Row("GET", "shapes", "shapes", "401 200 200 200 200 200 403 403 200 401 401"),
-    Row("GET", "shapes/{pk}", "shapes/{w.shape.pk}", "401 200 200 200 200 200 403 403 200 401 401"),
+    Row("GET", "shapes", "shapes", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "GET",
+        "shapes/{pk}",
+        "shapes/{w.shape.pk}",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
+    ),
     # tokens: each person's own, operators included
-    Row("GET", "tokens", "tokens", "401 200 200 200 200 200 403 403 200 401 401"),
-    Row("POST", "tokens", "tokens", "401 201 201 201 201 201 403 403 403 401 401", {"name": "t"}),
+    Row("GET", "tokens", "tokens", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "POST",
+        "tokens",
+        "tokens",
+        "401 201 201 201 201 201 201 201 403 403 403 401 401",
+        {"name": "t"},
+    ),
     Row(
         "GET",
         "tokens/{pk}",
         "tokens/{w.spare_token.pk}",
-        "401 404 200 404 404 404 403 403 200 401 401",
+        "401 404 200 404 404 404 404 404 403 403 200 401 401",
     ),
     Row(
         "POST",
         "tokens/{pk}/revoke",
         "tokens/{w.spare_token.pk}/revoke",
-        "401 404 200 404 404 404 403 403 403 401 401",
+        "401 404 200 404 404 404 404 404 403 403 403 401 401",
     ),
     # jobs: the tenant's people submit, read, cancel; logs and outputs alike; operators see all
-    Row("GET", "jobs", "jobs", "401 200 200 200 200 200 403 403 200 401 401"),
-    Row("POST", "jobs", "jobs", "401 400 201 201 400 400 403 403 403 401 401", "job"),
-    Row("GET", "jobs/{pk}", "jobs/{w.job.pk}", "401 404 200 200 200 404 403 403 200 401 401"),
+    Row("GET", "jobs", "jobs", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row("POST", "jobs", "jobs", "401 400 201 201 400 400 400 400 403 403 403 401 401", "job"),
+    Row(
+        "GET", "jobs/{pk}", "jobs/{w.job.pk}", "401 404 200 200 200 200 404 404 403 403 200 401 401"
+    ),
     Row(
         "POST",
         "jobs/{pk}/cancel",
         "jobs/{w.job.pk}/cancel",
-        "401 404 200 200 200 404 403 403 403 401 401",
+        "401 404 200 200 200 200 404 404 403 403 403 401 401",
     ),
     Row(
         "GET",
         "jobs/{pk}/events",
         "jobs/{w.job.pk}/events",
-        "401 404 200 200 200 404 403 403 200 401 401",
+        "401 404 200 200 200 200 404 404 403 403 200 401 401",
     ),
     Row(
         "GET",
         "jobs/{pk}/explain",
         "jobs/{w.job.pk}/explain",
-        "401 404 200 200 200 404 403 403 200 401 401",
+        "401 404 200 200 200 200 404 404 403 403 200 401 401",
     ),
     Row(
         "GET",
         "jobs/{pk}/logs",
         "jobs/{w.job.pk}/logs",
-        "401 404 200 200 200 404 403 403 200 401 401",
+        "401 404 200 200 403 200 404 404 403 403 403 401 401",
     ),
     Row(
         "GET",
         "jobs/{pk}/outputs",
         "jobs/{w.job.pk}/outputs",
-        "401 404 200 200 200 404 403 403 200 401 401",
+        "401 404 200 200 403 200 404 404 403 403 403 401 401",
     ),
     Row(
         "GET",
         "jobs/{pk}/outputs/{name}",
         "jobs/{w.job.pk}/outputs/result.txt",
-        "401 404 200 200 200 404 403 403 200 401 401",
+        "401 404 200 200 403 200 404 404 403 403 403 401 401",
     ),
     # leases: the tenant's people, operators, and the agent of the node holding them
-    Row("GET", "compute-leases", "compute-leases", "401 200 200 200 200 200 200 200 200 401 401"),
+    Row(
+        "GET",
+        "compute-leases",
+        "compute-leases",
+        "401 200 200 200 200 200 200 200 200 200 200 401 401",
+    ),
     Row(
         "POST",
         "compute-leases",
         "compute-leases",
-        "401 400 201 201 201 400 403 403 403 401 401",
+        "401 400 201 201 201 201 400 400 403 403 403 401 401",
         "lease",
     ),
     Row(
         "GET",
         "compute-leases/accounting",
         "compute-leases/accounting",
-        "401 200 200 200 200 200 403 403 200 401 401",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
     ),
     Row(
         "GET",
         "compute-leases/{pk}",
         "compute-leases/{w.lease.pk}",
-        "401 404 200 200 200 404 200 404 200 401 401",
+        "401 404 200 200 200 200 404 404 200 404 200 401 401",
     ),
     Row(
         "GET",
         "compute-leases/{pk}/events",
         "compute-leases/{w.lease.pk}/events",
-        "401 404 200 200 200 404 200 404 200 401 401",
+        "401 404 200 200 200 200 404 404 200 404 200 401 401",
     ),
     Row(
         "POST",
         "compute-leases/{pk}/commit",
         "compute-leases/{w.reserved.pk}/commit",
-        "401 404 200 200 200 404 200 404 403 401 401",
+        "401 404 200 200 200 200 404 404 200 404 403 401 401",
         "reserved_token",
     ),
     Row(
         "POST",
         "compute-leases/{pk}/renew",
         "compute-leases/{w.lease.pk}/renew",
-        "401 404 200 200 200 404 200 404 403 401 401",
+        "401 404 200 200 200 200 404 404 200 404 403 401 401",
         "lease_token",
     ),
     Row(
         "POST",
         "compute-leases/{pk}/release",
         "compute-leases/{w.lease.pk}/release",
-        "401 404 200 200 200 404 200 404 403 401 401",
+        "401 404 200 200 200 200 404 404 200 404 403 401 401",
         "lease_token",
     ),
     Row(
         "POST",
         "compute-leases/{pk}/usage",
         "compute-leases/{w.lease.pk}/usage",
-        "401 403 403 403 200 403 200 404 403 401 401",
+        "401 403 403 403 200 200 403 403 200 404 403 401 401",
         "usage",
     ),
-    Row("GET", "quotas", "quotas", "401 200 200 200 200 200 403 403 200 401 401"),
+    Row("GET", "quotas", "quotas", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
     # nodes and enrollment: operators (their actions need the `operate` scope)
-    Row("GET", "nodes", "nodes", "401 403 403 403 200 403 403 403 403 401 401"),
-    Row("GET", "nodes/{pk}", "nodes/{w.node.pk}", "401 403 403 403 200 403 403 403 403 401 401"),
+    Row("GET", "nodes", "nodes", "401 403 403 403 200 200 403 403 403 403 403 401 401"),
+    Row(
+        "GET",
+        "nodes/{pk}",
+        "nodes/{w.node.pk}",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
+    ),
     Row(
         "GET",
         "nodes/{pk}/events",
         "nodes/{w.node.pk}/events",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
     ),
     Row(
         "POST",
         "nodes/{pk}/drain",
         "nodes/{w.node.pk}/drain",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
         {"message": "maintenance"},
     ),
     Row(
         "POST",
         "nodes/{pk}/cancel-drain",
         "nodes/{w.node.pk}/cancel-drain",
-        "401 403 403 403 409 403 403 403 403 401 401",
+        "401 403 403 403 409 409 403 403 403 403 403 401 401",
         {},
     ),
     Row(
         "POST",
         "nodes/{pk}/quarantine",
         "nodes/{w.node.pk}/quarantine",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
         {"message": "flaky GPU"},
     ),
     Row(
         "POST",
         "nodes/{pk}/release",
         "nodes/{w.node.pk}/release",
-        "401 403 403 403 409 403 403 403 403 401 401",
+        "401 403 403 403 409 409 403 403 403 403 403 401 401",
         {},
     ),
     Row(
         "POST",
         "nodes/{pk}/retire",
         "nodes/{w.node.pk}/retire",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
         {},
     ),
     Row(
         "POST",
         "nodes/{pk}/revoke-credentials",
         "nodes/{w.node.pk}/revoke-credentials",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
         {},
     ),
     Row(
         "POST",
         "nodes/{pk}/rotate-credential",
         "nodes/{w.node.pk}/rotate-credential",
-        "401 403 403 403 201 403 403 403 403 401 401",
+        "401 403 403 403 201 201 403 403 403 403 403 401 401",
     ),
     Row(
         "GET",
         "enrollment-tokens",
         "enrollment-tokens",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
     ),
     Row(
         "POST",
         "enrollment-tokens",
         "enrollment-tokens",
-        "401 403 403 403 201 403 403 403 403 401 401",
+        "401 403 403 403 201 201 403 403 403 403 403 401 401",
         {"pool": "matrix"},
     ),
     Row(
         "GET",
         "enrollment-tokens/{pk}",
         "enrollment-tokens/{w.enrollment_token.pk}",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
     ),
     Row(
         "POST",
         "enrollment-tokens/{pk}/revoke",
         "enrollment-tokens/{w.enrollment_token.pk}/revoke",
-        "401 403 403 403 200 403 403 403 403 401 401",
+        "401 403 403 403 200 200 403 403 403 403 403 401 401",
     ),
     # enrollment: the enrollment token in the body is the credential; a node cannot enroll
-    Row("POST", "enroll", "enroll", "201 201 201 201 201 201 403 403 201 201 201", "enroll"),
+    Row(
+        "POST", "enroll", "enroll", "201 201 201 201 201 201 201 201 403 403 201 201 201", "enroll"
+    ),
     # the agent: node credentials only, each acting on its own node and its own jobs
-    Row("GET", "agent/me", "agent/me", "401 403 403 403 403 403 200 200 403 401 401"),
+    Row("GET", "agent/me", "agent/me", "401 403 403 403 403 403 403 403 200 200 403 401 401"),
     Row(
         "POST",
         "agent/heartbeat",
         "agent/heartbeat",
-        "401 403 403 403 403 403 200 200 403 401 401",
+        "401 403 403 403 403 403 403 403 200 200 403 401 401",
         {},
     ),
     Row(
         "POST",
         "agent/inventory",
         "agent/inventory",
-        "401 403 403 403 403 403 202 202 403 401 401",
+        "401 403 403 403 403 403 403 403 202 202 403 401 401",
         "inventory",
     ),
-    Row("GET", "agent/probes", "agent/probes", "401 403 403 403 403 403 200 200 403 401 401"),
+    Row(
+        "GET", "agent/probes", "agent/probes", "401 403 403 403 403 403 403 403 200 200 403 401 401"
+    ),
     Row(
         "POST",
         "agent/probes/{probe_id}/result",
         "agent/probes/{w.probe.pk}/result",
-        "401 403 403 403 403 403 200 404 403 401 401",
+        "401 403 403 403 403 403 403 403 200 404 403 401 401",
         {"result": {"passed": False}},
     ),
     Row(
         "POST",
         "agent/credential/rotate",
         "agent/credential/rotate",
-        "401 403 403 403 403 403 201 201 403 401 401",
+        "401 403 403 403 403 403 403 403 201 201 403 401 401",
     ),
     Row(
         "GET",
         "agent/assignments",
         "agent/assignments",
-        "401 403 403 403 403 403 200 200 403 401 401",
+        "401 403 403 403 403 403 403 403 200 200 403 401 401",
     ),
     Row(
         "POST",
         "agent/jobs/{job_id}/report",
         "agent/jobs/{w.job.pk}/report",
-        "401 403 403 403 403 403 200 403 403 401 401",
+        "401 403 403 403 403 403 403 403 200 403 403 401 401",
         "report",
     ),
     Row(
         "POST",
         "agent/jobs/{job_id}/logs",
         "agent/jobs/{w.job.pk}/logs",
-        "401 403 403 403 403 403 200 403 403 401 401",
+        "401 403 403 403 403 403 403 403 200 403 403 401 401",
         "log",
     ),
     Row(
         "POST",
         "agent/jobs/{job_id}/outputs",
         "agent/jobs/{w.job.pk}/outputs",
-        "401 403 403 403 403 403 201 403 403 401 401",
+        "401 403 403 403 403 403 403 403 201 403 403 401 401",
         "outputs",
         multipart=True,
     ),
@@ -401,13 +462,13 @@ ROWS = [
         "GET",
         "agent/jobs/{job_id}/checkpoint",
         "agent/jobs/{w.job.pk}/checkpoint",
-        "401 403 403 403 403 403 404 403 403 401 401",
+        "401 403 403 403 403 403 403 403 404 403 403 401 401",
     ),
     Row(
         "POST",
         "agent/jobs/{job_id}/checkpointed",
         "agent/jobs/{w.job.pk}/checkpointed",
-        "401 403 403 403 403 403 200 403 403 401 401",
+        "401 403 403 403 403 403 403 403 200 403 403 401 401",
         "lease_token",
     ),
 ]
@@ -434,6 +495,8 @@ class World:
     secrets: dict  # actor → bearer secret
     jobs: dict  # tenant slug → job ids
     leases: dict  # tenant slug → lease ids
+
+    grant: object  # the tenant admin's support grant for vision to `support`
 
     def client(self, actor):
         return bearer_client(self.secrets.get(actor))
@@ -496,15 +559,29 @@ def _build_world() -> World:
         "outsider": build_person("outsider", tenant=nlp),
         "tenant_admin": build_person("tadmin", tenant=vision, role=TenantRole.ADMIN),
         "operator": build_person("operator", platform_role=PlatformRole.OPERATOR),
+        "support": build_person("support", platform_role=PlatformRole.OPERATOR),
         "policy_admin": build_person("padmin", platform_role=PlatformRole.POLICY_ADMIN),
+        "shape_admin": build_person("sadmin", platform_role=PlatformRole.SHAPE_ADMIN),
     }
     build_person("newcomer")
     build_secret(vision, "api-token")
-    all_scopes = (TokenScope.READ, TokenScope.WRITE, TokenScope.OPERATE)
+    person_scopes = ("read", "logs:read", "outputs:read", "write")
     secrets = {
-        name: build_token(user, scopes=all_scopes if name == "operator" else ("read", "write"))
+        name: build_token(
+            user,
+            scopes=(*person_scopes, "operate")
+            if name in ("operator", "support")
+            else person_scopes,
+        )
         for name, user in people.items()
     }
+    grant = support_grant_create(
+        tenant=vision,
+        operator="support",
+        ttl=timedelta(hours=1),
+        reason="ticket 17",
+        actor=Actor.for_user(people["tenant_admin"]),
+    )
     secrets["read_only"] = build_token(member, scopes=("read",))
     secrets["expired"] = build_token(member, name="expired")
     ApiToken.objects.filter(user=member, name="expired").update(
@@ -574,6 +651,7 @@ def _build_world() -> World:
         enrollment_token=enrollment_token,
         enroll_secret=enroll_secret,
         secrets=secrets,
+        grant=grant,
         jobs={"vision": {job.pk}, "nlp": {other_job.pk}},
         leases={
             "vision": {lease.pk, reserved.pk},
@@ -644,7 +722,7 @@ def _visible_ids(world, actor, kind):
         return rows["vision"]
     if actor == "outsider":
         return rows["nlp"]
-    if actor == "operator":
+    if actor in ("operator", "support"):
         return rows["vision"] | rows["nlp"]
     if actor == "node" and kind == "leases":
         return rows["vision"] | rows["nlp"]  # every lease on this node
@@ -662,8 +740,10 @@ def _check_list(world, actor, row, response):
     elif row.route in ("tenants", "compute-leases/accounting"):
         items = body["results"] if row.route == "tenants" else body
         tenants = {item["slug" if row.route == "tenants" else "tenant"] for item in items}
-        if actor in ("operator", "policy_admin"):
+        if actor in ("operator", "support", "policy_admin"):
             assert {"vision", "nlp"} <= tenants, (row.route, actor)
+        elif actor == "shape_admin":  # defines shapes: sees no tenant
+            assert tenants == set(), (row.route, actor)
         else:
             assert tenants == ({"nlp"} if actor == "outsider" else {"vision"}), (row.route, actor)
     elif row.route == "tokens":

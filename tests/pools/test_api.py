@@ -110,8 +110,11 @@ def test_tenant_admins_manage_members_and_nobody_else_does(
         "nlp",
         "vision",
     ]
-    api(operator).post(url, {"user": "member", "role": "admin"}, format="json")
-    assert {"user": "member", "role": "admin"} in api(operator).get(url).json()
+    # operators read the list; only the tenant's admins change it (#17: an operator who could
+    # add an account of theirs as admin would grant themselves the tenant's logs)
+    refused = api(operator).post(url, {"user": "member", "role": "admin"}, format="json")
+    assert refused.status_code == 403
+    assert {"user": "member", "role": "member"} in api(operator).get(url).json()
     bad_role = api(tenant_admin).post(url, {"user": "member", "role": "owner"}, format="json")
     assert bad_role.status_code == 400 and "role" in bad_role.json()
 

@@ -209,7 +209,14 @@ def _api_routes(patterns, prefix=""):
             yield entry.name, regex
 
 
-SAMPLE = {"pk": "1", "slug": "test", "probe_id": "1", "job_id": "1", "name": "out"}
+SAMPLE = {
+    "pk": "1",
+    "slug": "test",
+    "probe_id": "1",
+    "job_id": "1",
+    "name": "out",
+    "grant_id": "1",
+}
 
 
 def test_every_api_route_answers_with_and_without_the_slash_and_never_redirects(operator, pool):

@@ -87,8 +87,8 @@ def test_bounded_string_lists_are_accepted(api, member, pool):
     assert response.json()["resources"]["regions"] == ["eu-west"]
 
 
-def test_the_admin_refuses_a_shape_with_a_malformed_list(client, policy_admin, pool):
-    client.force_login(policy_admin)
+def test_the_admin_refuses_a_shape_with_a_malformed_list(client, shape_admin, pool):
+    client.force_login(shape_admin)
     form = {
         "pool": pool.pk,
         "name": "bad",

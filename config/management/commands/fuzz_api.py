@@ -89,10 +89,12 @@ def seed() -> dict[str, str]:
         "outsider": build_person("outsider", tenant=nlp),
         "operator": build_person("operator", platform_role=PlatformRole.OPERATOR),
         "policy_admin": build_person("padmin", platform_role=PlatformRole.POLICY_ADMIN),
+        "shape_admin": build_person("sadmin", platform_role=PlatformRole.SHAPE_ADMIN),
     }
-    scopes = {"operator": ("read", "write", "operate")}
+    everything = ("read", "logs:read", "outputs:read", "write")
+    scopes = {"operator": (*everything, "operate")}
     tokens = {
-        role: build_token(user, scopes=scopes.get(role, ("read", "write")), name="fuzz")
+        role: build_token(user, scopes=scopes.get(role, everything), name="fuzz")
         for role, user in people.items()
     }
     tokens["read_only"] = build_token(people["member"], scopes=("read",), name="fuzz-read")
