@@ -3,6 +3,7 @@
 // htmx elements listening for it (hx-trigger="live-event from:body") fetch what changed. A
 // dropped socket reconnects with backoff, and since a reconnection fires "live-event" too, a
 // timeline fetches the events it missed: it asks for those after its last one (?after=<id>).
+// A socket the server refuses is not retried.
 (function () {
   "use strict";
 
@@ -10,19 +11,51 @@
     document.body.dispatchEvent(new CustomEvent("live-event"));
   }
 
+  // Whether a socket's failed handshake was the server refusing it (403: not signed in any more,
+  // not allowed, a foreign origin) rather than no server: the browser shows both as code 1006,
+  // so ask the page itself over HTTP. Any answer below 500 (a redirect to sign-in included)
+  // means a server is there and refused the socket; no answer or a 5xx (a proxy whose upstream
+  // is down) means try again.
+  async function serverAnswers() {
+    try {
+      const response = await fetch(location.href, {
+        method: "HEAD",
+        cache: "no-store",
+        credentials: "same-origin",
+        redirect: "manual",
+      });
+      return response.type === "opaqueredirect" || response.status < 500;
+    } catch {
+      return false;
+    }
+  }
+
   // The one reconnecting websocket of the console (ops-live.js uses it too): `path` is
   // "/ws/…/"; `opened(first)` runs on every (re)connection, `message(event)` on each message,
-  // `show(state, text)` when the connection's state changes. Backoff 0.5 s → 5 s; a refusal
-  // (4401 not signed in, 4403 not allowed) is final.
+  // `show(state, text)` when the connection's state changes. A dropped socket reconnects with
+  // backoff 0.5 s → 5 s. A refusal is final: a close with 4401 (not signed in) or 4403 (not
+  // allowed), or a handshake refused by a server that still answers (see serverAnswers).
   window.followSocket = function (path, { opened, message, show }) {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const url = `${scheme}://${location.host}${path}`;
     let delay = 500;
     let first = true;
 
+    function refused() {
+      show("refused", "Live updates are not available for this page (reload to try again).");
+    }
+
+    function retry() {
+      show("reconnecting", "Connection lost; reconnecting…");
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 5000);
+    }
+
     function connect() {
       const socket = new WebSocket(url);
+      let accepted = false;
       socket.onopen = () => {
+        accepted = true;
         delay = 500;
         show("open");
         opened(first);
@@ -30,13 +63,9 @@
       };
       socket.onmessage = message;
       socket.onclose = (event) => {
-        if (event.code === 4401 || event.code === 4403) {
-          show("refused", "Live updates are not available for this page.");
-          return;
-        }
-        show("reconnecting", "Connection lost; reconnecting…");
-        setTimeout(connect, delay);
-        delay = Math.min(delay * 2, 5000);
+        if (event.code === 4401 || event.code === 4403) refused();
+        else if (accepted) retry();
+        else serverAnswers().then((answers) => (answers ? refused() : retry()));
       };
     }
     connect();

@@ -341,3 +341,33 @@ class TestJobsConsole(ChannelsLiveServerTestCase):
         with chromium_page() as page:
             page.goto(f"{self.live_server_url}/")
             expect(page).to_have_url(f"{self.live_server_url}/accounts/login/?next=/")
+
+    def test_a_socket_the_server_refuses_is_not_retried(self):
+        # No job 999999: the consumer refuses the handshake (403), which the browser shows as
+        # code 1006, like a server that is down. The page asks the server and stops.
+        refused = "/ws/jobs/999999/"
+        follow = """path => window.followSocket(path, {
+            opened() {}, message() {}, show(state) { document.body.dataset.probe = state; },
+        })"""
+        with chromium_page() as page:
+            sign_in(page, self.live_server_url, "alice", "pw-alice")
+            attempts = []
+            page.on("websocket", lambda socket: attempts.append(socket.url))
+            page.evaluate(follow, refused)
+            page.wait_for_selector("body[data-probe=refused]", state="attached")
+            page.wait_for_timeout(3000)  # the old page retried after 0.5, 1, 2 s …
+            assert [url for url in attempts if url.endswith(refused)] == [
+                self.live_server_url.replace("http", "ws") + refused
+            ]
+            # With no server answering (the page's own HEAD fails too) it keeps trying.
+            attempts.clear()
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.abort() if route.request.method == "HEAD" else route.continue_()
+                ),
+            )
+            page.evaluate(follow, refused)
+            page.wait_for_selector("body[data-probe=reconnecting]", state="attached")
+            page.wait_for_timeout(2500)
+            assert len([url for url in attempts if url.endswith(refused)]) >= 2
