@@ -2,7 +2,8 @@
 
 Logs are chunks in the database (the newest LOG_KEEP_BYTES per job are kept). Outputs are files
 in Django's default storage (MEDIA_ROOT unless configured otherwise) under
-outputs/<job>/<attempt>/<name>, each with its size and sha256. Neither is a state change: no
+outputs/<job>/<attempt>/<a random key> (the name is in the row: jobs.models.output_upload_to),
+each with its size and sha256. Neither is a state change: no
 event is written.
 
 Retention: `output_retention_days` (pool knob, default 30) after a job ended, a daily sweep

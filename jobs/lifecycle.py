@@ -25,7 +25,7 @@ from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
 
-from .choices import JobState
+from .choices import TERMINAL, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent, JobOutput
 from .services import job_finish, job_release_leases, job_transition
@@ -46,6 +46,24 @@ FAILURES = frozenset(
     }
 )
 STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed")
+END_STEPS = ("succeeded", "failed", "checkpointed")
+# Why the agent skipped a member of /outputs (worker_agent/outputs.py SKIP_REASONS)
+OUTPUT_SKIP_REASONS = (
+    "symlink",
+    "hardlink",
+    "fifo",
+    "device",
+    "directory",
+    "other",
+    "name",
+    "reserved",
+    "too_large",
+    "too_many",
+    "read_limit",
+    "refused",
+    "failed",
+)
+OUTPUTS_SKIPPED_MAX = 100
 # The pool policy knobs the agent's assignment reads (pools/validation.py checks them).
 AGENT_KNOBS = {"allow_process_runtime": False, "startup_timeout_s": 300, "stop_grace_s": 10}
 DEFAULT_PIDS = 1024
@@ -256,6 +274,8 @@ def job_report(
     message: str = "",
     route: dict | None = None,
     pull_seconds: float | None = None,
+    outputs_skipped: list | None = None,
+    outputs_skipped_total: int | None = None,
     now=None,
 ) -> Job:
     """One step the agent reports. Raises TransitionRefused (409) when the token is stale or
@@ -265,6 +285,8 @@ def job_report(
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         lease = fenced_lease(job, node, fencing_token)
+        if outputs_skipped and step in END_STEPS and job.state not in TERMINAL:
+            _outputs_skipped(job, actor, outputs_skipped, outputs_skipped_total, now)
         if step == "pulling":
             job = _pulling(job, actor, reason, message, pull_seconds, now)
             if pull_seconds is not None:  # per image on the node (docs/nodes.md)
@@ -347,6 +369,25 @@ def job_request_checkpoint(
 def _checkpointable(job: Job) -> None:
     if not job.checkpointable:  # stateful work that cannot checkpoint is never asked to
         raise TransitionRefused("not_checkpointable", f"job {job.pk} is not checkpointable")
+
+
+def _outputs_skipped(job: Job, actor: Actor, skipped: list, total: int | None, now) -> None:
+    """What the agent did not upload of what the job left in /outputs, and why (an event,
+    state unchanged; docs/data-plane.md "Outputs and checkpoints")."""
+    total = max(total or 0, len(skipped))
+    listed = ", ".join(f"{entry['name']} ({entry['reason']})" for entry in skipped[:5])
+    more = f" and {total - 5} more" if total > 5 else ""
+    event = JobEvent.record(
+        job,
+        actor=actor,
+        from_state=job.state,
+        to_state=job.state,
+        reason=Reason.OUTPUTS_SKIPPED,
+        message=f"{total} output(s) not uploaded: {listed}{more}"[:1000],
+        at=now,
+        data={"skipped": skipped, "total": total},
+    )
+    transaction.on_commit(lambda: publish_job_event(job, event))
 
 
 def _pulling(job: Job, actor: Actor, reason, message, pull_seconds, now) -> Job:

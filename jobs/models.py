@@ -1,3 +1,5 @@
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -143,7 +145,10 @@ class JobLogChunk(models.Model):
 
 
 def output_upload_to(instance: "JobOutput", filename: str) -> str:
-    return f"outputs/{instance.job_id}/{instance.attempt}/{instance.name}"
+    """A key of its own per stored file, never the output's name: a name is up to 255
+    characters (more bytes than one path component may have), and the storage's suffix for a
+    name already taken would make it longer still. The name lives in the row."""
+    return f"outputs/{instance.job_id}/{instance.attempt}/{uuid.uuid4().hex}"
 
 
 class JobOutput(models.Model):

@@ -71,6 +71,7 @@ class Reason(models.TextChoices):
     RUNTIME_ERROR = "runtime_error", "The container runtime failed to run it"
     RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
     ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
+    OUTPUTS_SKIPPED = "outputs_skipped", "Files the job left were not uploaded (links, FIFOs …)"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"

@@ -23,6 +23,7 @@ from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
+from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class AgentError(Exception):
 class Config:
     api: str
     state_dir: str
+    work_dir: str = ""  # the work root (default `<state dir>.work`): never inside the state dir
     enroll_token: str = ""
     runtime: str = "auto"  # auto | docker | process
     node_name: str = ""
@@ -67,7 +69,7 @@ def machine_id() -> str:
     return ""
 
 
-def make_runtimes(choice: str, state_dir: str) -> dict:
+def make_runtimes(choice: str, work: WorkRoot) -> dict:
     """The runtimes this agent offers, the primary first. `process` is always present for the
     pools that allow it (the control plane sends runtime "process" nowhere else). Their owner
     is set once the agent knows who it is (Agent.start)."""
@@ -79,7 +81,7 @@ def make_runtimes(choice: str, state_dir: str) -> dict:
             raise AgentError("--runtime docker, but no Docker engine answers")
         else:
             log.warning("no Docker engine answers: only the local process runtime (NOT isolating)")
-    runtimes["process"] = ProcessRuntime(state_dir=state_dir)
+    runtimes["process"] = ProcessRuntime(work_dir=work.dir)
     return runtimes
 
 
@@ -88,12 +90,17 @@ class Agent:
         self.config = config
         self.stop_event = threading.Event()
         self.state = AgentState(config.state_dir)
+        try:
+            work_dir = config.work_dir or default_work_root(config.state_dir)
+            self.work = WorkRoot(work_dir, self.state.dir)
+        except WorkRootError as exc:
+            raise AgentError(str(exc)) from exc
         self.client = ApiClient(config.api, self.state, stop=self.stop_event)
-        self.host = host or Host(config.state_dir)
+        self.host = host or Host(self.work.dir)  # the disk jobs write to
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
         )
-        self.runtimes = runtimes or make_runtimes(config.runtime, config.state_dir)
+        self.runtimes = runtimes or make_runtimes(config.runtime, self.work)
         self.primary = next(iter(self.runtimes.values()))
         self.address = config.address or default_address()
         self.heartbeat_interval = config.heartbeat_interval_s
@@ -242,7 +249,7 @@ class Agent:
 
     def probe_answer(self, probe: dict) -> dict:
         """The result of one probe, by its kind."""
-        workdir = self.state.dir / "probes" / str(int(probe["id"]))
+        workdir = self.work.probe_dir(probe["id"])
         if probe["kind"] == "recovery":
             docker = self.runtimes.get("docker")  # the device container needs the engine
             return recovery_result(probe, nvml=self.host.nvml, runtime=docker, workdir=workdir)
@@ -318,7 +325,7 @@ class Agent:
             assignment,
             client=self.client,
             runtime=runtime,  # None: reported failed runtime_error, nothing started
-            workdir=self.state.attempt_dir(assignment.job, assignment.attempt),
+            workdir=self.work.attempt_dir(assignment.job, assignment.attempt),
             address=self.address,
             found=found,
             gpu_usage=self.host.gpu_usage,

@@ -1,83 +1,34 @@
 """A job's checkpoint as it travels between attempts (docs/data-plane.md, "Checkpoints").
 
-Packing: the regular files below the attempt's outputs/checkpoint/ ($CHECKPOINT_DIR), as one
-plain tar with paths `checkpoint/…`, never following a link the job made. Restoring: the next
-attempt downloads the newest earlier checkpoint from its own API (with its node credential),
-checks its sha256 against the assignment's, and unpacks it into its own empty
-outputs/checkpoint/ before the job starts. The archive came from a job's directory, so it is
-unpacked as untrusted: regular files only, relative paths under `checkpoint/` without `.`,
-`..` or empty parts, no links, devices or special modes, each file created anew (never
-through an existing path), within a total size and a number of files.
+Packing is part of the outputs' upload (worker_agent/outputs.py): the regular files below
+/outputs/checkpoint ($CHECKPOINT_DIR), read through the runtime's archive of the stopped
+container, streamed as one plain tar `checkpoint.tar` with paths `checkpoint/…`.
+
+Restoring: the next attempt streams the newest earlier checkpoint from its own API (with its
+node credential) straight into its created, not yet started container, through the runtime's
+archive API (`put_archive` of /outputs): never through a path on the node. The archive came
+from a job, so it is rewritten on the way as untrusted: regular files only, relative paths
+under `checkpoint/` without `.`, `..` or empty parts, each folder and file owned by the job's
+user (0755 / 0644), within a total size and a number of files. Its sha256 is checked against
+the assignment's when the download ends; a mismatch fails the attempt before the container
+starts (and the container, with whatever was unpacked into it, is removed).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import stat
 import tarfile
-from pathlib import Path
 
+from worker_agent import tarstream
 from worker_agent.client import ApiError, ApiUnreachable
-from worker_agent.runtime.base import CHECKPOINT_SUBDIR, RuntimeFailure
+from worker_agent.outputs import CHECKPOINT_ARCHIVE, OUTPUTS
+from worker_agent.runtime.base import CHECKPOINT_SUBDIR, JOB_USER_ID, RuntimeFailure
 
 log = logging.getLogger(__name__)
 
-ARCHIVE = "checkpoint.tar"  # its name among the outputs
+ARCHIVE = CHECKPOINT_ARCHIVE
 RESTORE_MAX_BYTES = 16 * 1024**3  # the download, and the files unpacked from it
 RESTORE_MAX_FILES = 100_000
-NOBODY = 65534  # the containers' user: it must be able to rewrite what it saved
-
-
-def pack(root: Path, target: Path) -> bool:
-    """Writes the regular files below `root` into the tar `target` as `<root name>/…`; False
-    (and no file) when there are none."""
-    members = []
-    for folder, dirs, names in os.walk(root, followlinks=False):
-        dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(folder, name)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            handle = os.fdopen(fd, "rb")
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                handle.close()
-                continue
-            members.append((os.path.relpath(path, root.parent), info, handle))
-    if not members:
-        return False
-    with tarfile.open(target, "w") as tar:
-        for arcname, info, handle in members:
-            entry = tarfile.TarInfo(arcname)
-            entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), 0o644
-            with handle:
-                tar.addfile(entry, handle)
-    return True
-
-
-def restore(client, assignment, workdir: Path) -> int:
-    """Downloads the assignment's checkpoint, verifies it and unpacks it into
-    workdir/outputs/checkpoint/; how many files it restored. A checkpoint that cannot be had
-    or does not verify fails the attempt (runtime_error): the job must not start without the
-    state it was promised."""
-    archive = workdir / "restore.tar"  # beside outputs/, out of the job's reach
-    try:
-        digest = client.checkpoint(assignment.job, archive, RESTORE_MAX_BYTES)
-        if digest != assignment.restore["sha256"]:
-            raise RuntimeFailure(
-                "runtime_error",
-                f"the checkpoint's sha256 is {digest[:12]}…, not the assignment's "
-                f"{assignment.restore['sha256'][:12]}…",
-            )
-        return unpack(archive, workdir / "outputs" / CHECKPOINT_SUBDIR)
-    except (ApiError, ApiUnreachable) as exc:
-        raise RuntimeFailure("runtime_error", f"checkpoint not downloaded: {exc}") from exc
-    finally:
-        archive.unlink(missing_ok=True)
 
 
 def safe_parts(name: str) -> list[str] | None:
@@ -90,61 +41,66 @@ def safe_parts(name: str) -> list[str] | None:
     return parts[1:]
 
 
-def unpack(archive: Path, root: Path) -> int:
-    """The regular files of `archive` under `checkpoint/` into the (empty) folder `root`;
-    everything else is skipped with a warning. Returns how many files it wrote."""
-    written, size = 0, 0
+def restore(client, assignment, runtime, handle) -> int:
+    """Streams the assignment's checkpoint into the created container's /outputs/checkpoint;
+    how many files it restored. A checkpoint that cannot be had or does not verify fails the
+    attempt (runtime_error): the job must not start without the state it was promised."""
+    restored = Restored(assignment.restore["sha256"])
     try:
-        with tarfile.open(archive, "r:") as tar:  # plain tar, as packed
-            for member in tar:
-                parts = safe_parts(member.name)
-                if parts is None or not member.isreg():
-                    log.warning(
-                        "checkpoint member %r skipped (not a plain file)", member.name[:200]
-                    )
-                    continue
-                size += member.size
-                if written >= RESTORE_MAX_FILES or size > RESTORE_MAX_BYTES:
-                    raise RuntimeFailure("runtime_error", "the checkpoint is too large to restore")
-                folder = _folders(root, parts[:-1])
-                if folder is None:
-                    continue
-                try:  # created anew: never through a file or link already there
-                    fd = os.open(
-                        folder / parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                    )
-                except OSError as exc:
-                    log.warning("checkpoint member %r skipped: %s", member.name[:200], exc)
-                    continue
-                with os.fdopen(fd, "wb") as out, tar.extractfile(member) as data:
-                    shutil.copyfileobj(data, out, 1024 * 1024)
-                _own(folder / parts[-1], directory=False)
-                written += 1
-    except tarfile.TarError as exc:
-        raise RuntimeFailure("runtime_error", f"the checkpoint is not a tar: {exc}") from exc
-    return written
+        with client.checkpoint(assignment.job, RESTORE_MAX_BYTES) as download:
+            runtime.put_archive(handle, OUTPUTS, restored.tar(download))
+    except (ApiError, ApiUnreachable) as exc:
+        raise RuntimeFailure("runtime_error", f"checkpoint not downloaded: {exc}") from exc
+    if restored.error is not None:  # raised inside the stream: the engine may have hidden it
+        raise restored.error
+    return restored.files
 
 
-def _folders(root: Path, parts: list[str]) -> Path | None:
-    """root/parts…, each folder made by us (or already a real folder, not a link)."""
-    folder = root
-    for part in parts:
-        folder = folder / part
+class Restored:
+    """The tar the runtime unpacks: the download's plain files, rewritten as the job's."""
+
+    def __init__(self, sha256: str):
+        self.sha256, self.files, self.error = sha256, 0, None
+
+    def tar(self, download):
         try:
-            os.mkdir(folder)
-            _own(folder, directory=True)
-        except FileExistsError:
+            yield from self._members(download)
+        except RuntimeFailure as exc:
+            self.error = exc
+            raise
+        except (OSError, tarfile.TarError) as exc:
+            self.error = RuntimeFailure("runtime_error", f"the checkpoint is not a tar: {exc}")
+            raise self.error from exc
+
+    def _members(self, download):
+        owner = {"uid": JOB_USER_ID}
+        folders = {CHECKPOINT_SUBDIR}
+        yield tarstream.header(CHECKPOINT_SUBDIR, kind=tarfile.DIRTYPE, **owner)
+        chunks = download.chunks()
+        tar = tarstream.open_stream(tarstream.reader(chunks))
+        for member in tar:
+            parts = safe_parts(member.name)
+            if parts is None or not member.isreg():
+                log.warning("checkpoint member %r skipped (not a plain file)", member.name[:200])
+                continue
+            if self.files >= RESTORE_MAX_FILES:
+                raise RuntimeFailure("runtime_error", "the checkpoint is too large to restore")
+            for depth in range(1, len(parts)):
+                folder = "/".join([CHECKPOINT_SUBDIR, *parts[:depth]])
+                if folder not in folders:
+                    folders.add(folder)
+                    yield tarstream.header(folder, kind=tarfile.DIRTYPE, **owner)
+            name = "/".join([CHECKPOINT_SUBDIR, *parts])
+            yield tarstream.header(name, size=member.size, mtime=member.mtime, **owner)
+            yield from tarstream.data_of(tar, member)
+            yield tarstream.padding(member.size)
+            self.files += 1
+        for _ in chunks:  # the rest of the download, for its digest
             pass
-        if folder.is_symlink() or not folder.is_dir():
-            log.warning("checkpoint folder %s skipped (not a folder)", folder)
-            return None
-    return folder
-
-
-def _own(path: Path, *, directory: bool) -> None:
-    """As outputs/ itself: the job's user (nobody in a container) may rewrite its state."""
-    if os.geteuid() == 0:
-        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
-        os.chmod(path, 0o755 if directory else 0o644)
-    else:
-        os.chmod(path, 0o777 if directory else 0o666)
+        if download.sha256 != self.sha256:
+            raise RuntimeFailure(
+                "runtime_error",
+                f"the checkpoint's sha256 is {download.sha256[:12]}…, not the assignment's "
+                f"{self.sha256[:12]}…",
+            )
+        yield tarstream.END

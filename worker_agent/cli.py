@@ -1,10 +1,10 @@
 """`python -m worker_agent --api URL --state-dir DIR [--enroll-token-file FILE]`.
 
 Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN_FILE, _STATE_DIR,
-_RUNTIME, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag wins over its variable.
-The enrollment token itself is read from that file or from WORKER_AGENT_ENROLL_TOKEN, never
-from the command line (which every user of the host can read in the process list). One agent
-at a time holds a state dir (a lock in it): a second one there exits. SIGTERM and SIGINT end
+_WORK_DIR, _RUNTIME, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag wins over its
+variable. The enrollment token itself is read from that file or from WORKER_AGENT_ENROLL_TOKEN,
+never from the command line (which every user of the host can read in the process list). One
+agent at a time holds a state dir (a lock in it): a second one there exits. SIGTERM and SIGINT end
 the loops; containers keep running for the next agent to reconcile.
 """
 
@@ -40,7 +40,12 @@ def parser() -> argparse.ArgumentParser:
         default=env("ENROLL_TOKEN_FILE"),
         help="file holding the cpe_… enrollment token (first start), or WORKER_AGENT_ENROLL_TOKEN",
     )
-    p.add_argument("--state-dir", default=env("STATE_DIR"), help="credential and attempts")
+    p.add_argument("--state-dir", default=env("STATE_DIR"), help="the node credential")
+    p.add_argument(
+        "--work-dir",
+        default=env("WORK_DIR", ""),
+        help="jobs' files (default: <state dir>.work; never inside the state dir)",
+    )
     p.add_argument(
         "--runtime",
         default=env("RUNTIME", "auto"),
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(
         api=args.api,
         state_dir=args.state_dir,
+        work_dir=args.work_dir,
         enroll_token=enroll_token,
         runtime=args.runtime,
         node_name=args.node_name,

@@ -5,11 +5,16 @@ on a 401 (another thread may just have rotated it)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import itertools
 import logging
 import threading
 
 import requests
+from urllib3.fields import RequestField
+from urllib3.filepost import choose_boundary
 
 from worker_agent import __version__
 from worker_agent.state import AgentState
@@ -122,6 +127,8 @@ class ApiClient:
         for _field, (_name, handle, *_rest) in kwargs.get("files") or []:
             if hasattr(handle, "seek"):
                 handle.seek(0)
+        if isinstance(kwargs.get("data"), StreamedUpload):
+            kwargs["data"].seek(0)
 
     @staticmethod
     def _decode(response: requests.Response, method: str, path: str):
@@ -162,46 +169,127 @@ class ApiClient:
         body = {"fencing_token": fencing_token, "text": text}
         return self.request("POST", f"agent/jobs/{int(job)}/logs", json=body)
 
-    def outputs(self, job: int, fencing_token: str, files: list) -> dict:
-        """`files`: (name, open binary file) pairs, sent as multipart `files` parts."""
-        parts = [("files", (name, handle, "application/octet-stream")) for name, handle in files]
+    def output(self, job: int, fencing_token: str, name: str, size: int, opener) -> dict:
+        """One output streamed as the multipart upload `fencing_token` + `files`: `opener()`
+        gives its data (exactly `size` bytes, in chunks) and is called again for a retry, so
+        nothing of it is kept on the node or in memory."""
+        body = StreamedUpload(fencing_token, name, size, opener)
         return self.request(
             "POST",
             f"agent/jobs/{int(job)}/outputs",
-            data={"fencing_token": fencing_token},
-            files=parts,
+            data=body,
+            headers={"Content-Type": body.content_type},
             timeout=max(self.timeout, 300),
         )
 
-    def checkpoint(self, job: int, target, max_bytes: int) -> str:
-        """Streams the checkpoint of the job's earlier attempt (`GET agent/jobs/{id}/checkpoint`)
-        into the file `target`; its sha256 (hex). Always from this API: the node credential
-        goes nowhere else, whatever URL an assignment names. Raises ApiError (also when it is
-        larger than `max_bytes`) or ApiUnreachable."""
+    @contextlib.contextmanager
+    def checkpoint(self, job: int, max_bytes: int):
+        """The checkpoint of the job's earlier attempt (`GET agent/jobs/{id}/checkpoint`) as a
+        Download: its chunks, read once, and their sha256 once read. Always from this API: the
+        node credential goes nowhere else, whatever URL an assignment names. Raises ApiError
+        (also when it is larger than `max_bytes`) or ApiUnreachable."""
         path = f"agent/jobs/{int(job)}/checkpoint"
         for attempt in range(self.retries + 1):
             if attempt:
                 self.stop.wait(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
             headers = {"Authorization": f"Bearer {self.state.credential()}"}
             try:
-                with self.session.get(
+                response = self.session.get(
                     f"{self.base}/{path}", headers=headers, stream=True, timeout=self.timeout
-                ) as response:
-                    # a 401 may be a rotation by another thread: the next try re-reads it
-                    if response.status_code in RETRY_STATUSES | {401} and attempt < self.retries:
-                        continue
-                    if response.status_code >= 400:
-                        raise ApiError(response.status_code, response.text[:300], "GET", path)
-                    digest, size = hashlib.sha256(), 0
-                    with open(target, "wb") as f:
-                        for block in response.iter_content(1024 * 1024):
-                            size += len(block)
-                            if size > max_bytes:
-                                raise ApiError(413, f"more than {max_bytes} bytes", "GET", path)
-                            digest.update(block)
-                            f.write(block)
-                    return digest.hexdigest()
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt >= self.retries or self.stop.is_set():
                     raise ApiUnreachable(f"GET {path}: {exc}") from exc
+                continue
+            with response:
+                # a 401 may be a rotation by another thread: the next try re-reads it
+                if response.status_code in RETRY_STATUSES | {401} and attempt < self.retries:
+                    continue
+                if response.status_code >= 400:
+                    raise ApiError(response.status_code, response.text[:300], "GET", path)
+                yield Download(response, max_bytes, path)
+                return
         raise ApiUnreachable(f"GET {path}: no answer")
+
+
+class Download:
+    """A streamed answer's chunks, counted against a limit and hashed on the way."""
+
+    def __init__(self, response, max_bytes: int, path: str):
+        self._response, self.max_bytes, self.path = response, max_bytes, path
+        self.digest, self.size = hashlib.sha256(), 0
+
+    def chunks(self):
+        try:
+            for block in self._response.iter_content(1024 * 1024):
+                self.size += len(block)
+                if self.size > self.max_bytes:
+                    raise ApiError(413, f"more than {self.max_bytes} bytes", "GET", self.path)
+                self.digest.update(block)
+                yield block
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise ApiUnreachable(f"GET {self.path}: {exc}") from exc
+
+    @property
+    def sha256(self) -> str:
+        return self.digest.hexdigest()
+
+
+class StreamedUpload(io.RawIOBase):
+    """A multipart body of one file whose length is known up front (so it goes out with a
+    Content-Length, streamed): the `fencing_token` part, the file's part head, its data
+    from `opener()`, the closing boundary. seek(0) (a retry) opens the data again."""
+
+    def __init__(self, fencing_token: str, name: str, size: int, opener):
+        boundary = choose_boundary()
+        self.content_type = f"multipart/form-data; boundary={boundary}"
+        token = RequestField(name="fencing_token", data=fencing_token)
+        token.make_multipart()
+        part = RequestField(name="files", data=b"", filename=name)
+        part.make_multipart(content_type="application/octet-stream")
+        self._head = (
+            f"--{boundary}\r\n".encode()
+            + token.render_headers().encode()
+            + fencing_token.encode()
+            + f"\r\n--{boundary}\r\n".encode()
+            + part.render_headers().encode()
+        )
+        self._tail = f"\r\n--{boundary}--\r\n".encode()
+        self.size, self._opener = size, opener
+        self.len = len(self._head) + size + len(self._tail)  # requests' length
+        self.seek(0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) != (0, 0):
+            raise OSError("a streamed upload only rewinds to its start")
+        self._pieces = itertools.chain([self._head], self._data(), [self._tail])
+        self._buffer, self._offset, self._position = b"", 0, 0
+        return 0
+
+    def tell(self) -> int:
+        return self._position
+
+    def _data(self):
+        sent = 0
+        for block in self._opener():
+            sent += len(block)
+            if sent > self.size:
+                raise OSError(f"the output grew past its {self.size} bytes")
+            yield block
+        if sent != self.size:
+            raise OSError(f"the output has {sent} bytes, not {self.size}")
+
+    def readinto(self, target) -> int:
+        while self._offset >= len(self._buffer):
+            self._buffer, self._offset = next(self._pieces, None), 0
+            if self._buffer is None:
+                self._buffer = b""
+                return 0
+        size = min(len(target), len(self._buffer) - self._offset)
+        target[:size] = memoryview(self._buffer)[self._offset : self._offset + size]
+        self._offset += size
+        self._position += size
+        return size

@@ -4,10 +4,12 @@ reported with the lease's fencing token (docs/data-plane.md).
 `starting` is reported BEFORE the container starts: it commits the lease, and a refusal (409:
 the job was cancelled or moved meanwhile) means nothing is started at all. Inputs are fetched
 into the attempt's inputs/ before start; logs are posted in chunks while the job runs; whatever
-the job wrote to outputs/ is uploaded when it ends, before the final report (which releases the
-lease). An attempt after a checkpoint first restores it into outputs/checkpoint/
-(worker_agent/checkpoint.py). A job that leaves the assignments is stopped with its grace
-period and removed, and nothing more is reported for it. When the agent itself stops, runners
+the job wrote to /outputs is read through the runtime's archive of the stopped container and
+uploaded when it ends, before the final report (which releases the lease; worker_agent/
+outputs.py). An attempt after a checkpoint first restores it into the created container's
+/outputs/checkpoint, through the same archive API (worker_agent/checkpoint.py). A job that
+leaves the assignments is stopped with its grace period and removed, and nothing more is
+reported for it. When the agent itself stops, runners
 leave their containers running for the next agent to reconcile (`found`).
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import stat
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ import requests
 
 from worker_agent import checkpoint as checkpoints
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
+from worker_agent.outputs import Outputs
 from worker_agent.runtime.base import (
     CHECKPOINT_SIGNAL,
     CHECKPOINT_SUBDIR,
@@ -39,8 +42,6 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
-OUTPUT_FILES_MAX = 256
-OUTPUTS_PER_REQUEST = 16
 INPUT_MAX_BYTES = 4 * 1024**3
 NOBODY = 65534
 PHASE_STATE = {
@@ -49,7 +50,6 @@ PHASE_STATE = {
     "running": "running",
     "checkpointing": "checkpointing",
 }
-CHECKPOINT_ARCHIVE = checkpoints.ARCHIVE  # outputs/checkpoint/, uploaded as one output
 
 
 class Fenced(Exception):
@@ -148,16 +148,16 @@ class Runner(threading.Thread):
         self.phase = "starting"
         self._report("starting")
         self._prepare_dirs()
-        if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
-            restored = self._before(
-                deadline,
-                "restoring the checkpoint",
-                lambda: checkpoints.restore(self.client, a, self.workdir),
-            )
-            log.info("job %s: %d checkpoint files restored", a.job, restored)
         self._before(deadline, "fetching inputs", self._fetch_inputs)
         handle = self.runtime.create(a, self.workdir)
         try:
+            if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
+                restored = self._before(
+                    deadline,
+                    "restoring the checkpoint",
+                    lambda: checkpoints.restore(self.client, a, self.runtime, handle),
+                )
+                log.info("job %s: %d checkpoint files restored", a.job, restored)
             self.runtime.start(handle)
             self._follower = self.runtime.follow_logs(handle)
             while not self.runtime.running(handle) and self.runtime.poll(handle) is None:
@@ -251,9 +251,10 @@ class Runner(threading.Thread):
         if self._follower is not None:
             self._follower.join(5)
         self._flush_logs()
-        self._upload_outputs()
+        skipped = self._upload_outputs(handle)
         code = getattr(ended, "exit_code", None)
-        self._report("checkpointed", message=f"checkpoint written; the job exited with {code}")
+        message = f"checkpoint written; the job exited with {code}"
+        self._report("checkpointed", message=message, **skipped)
         self.phase = "ended"
         self.runtime.remove(handle)
         self._clean_workdir()
@@ -262,9 +263,11 @@ class Runner(threading.Thread):
         if self._follower is not None:
             self._follower.join(5)
         self._flush_logs()
-        self._upload_outputs()
+        skipped = self._upload_outputs(handle)
         self.outcome = ended
-        self._report(ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message)
+        self._report(
+            ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message, **skipped
+        )
         self.phase = "ended"
         self.runtime.remove(handle)
         self._clean_workdir()
@@ -343,51 +346,16 @@ class Runner(threading.Thread):
                 raise RuntimeFailure("runtime_error", f"input {name}: {exc}") from exc
             os.chmod(target, 0o644)
 
-    def _upload_outputs(self) -> None:
-        """Top-level regular files of outputs/, never following a link the job made."""
-        outputs = self.workdir / "outputs"
-        if not outputs.is_dir():
-            return
-        files = []
-        archive = self._checkpoint_archive(outputs / CHECKPOINT_SUBDIR)
-        if archive is not None:
-            files.append((CHECKPOINT_ARCHIVE, archive))
-        for entry in sorted(os.scandir(outputs), key=lambda e: e.name):
-            if entry.name == CHECKPOINT_ARCHIVE and archive is not None:
-                log.warning("job %s: its own %s skipped (the checkpoint's)", self.job, entry.name)
-                continue
-            if entry.is_dir(follow_symlinks=False) and entry.name == CHECKPOINT_SUBDIR:
-                continue
-            if not entry.is_file(follow_symlinks=False) or not plain_name(entry.name):
-                log.warning("job %s: output %r skipped (not a plain file)", self.job, entry.name)
-                continue
-            if len(files) >= OUTPUT_FILES_MAX:
-                log.warning("job %s: more than %d outputs; rest skipped", self.job, len(files))
-                break
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError as exc:
-                log.warning("job %s: output %s unreadable: %s", self.job, entry.name, exc)
-                continue
-            handle = os.fdopen(fd, "rb")
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                handle.close()
-                continue
-            files.append((entry.name, handle))
+    def _upload_outputs(self, handle) -> dict:
+        """What the stopped container left in /outputs, read through the runtime's archive
+        (worker_agent/outputs.py); the final report's fields for what was skipped."""
+        token = self.assignment.fencing_token
+        outputs = Outputs(self.runtime, handle, self.client, self.job, token)
         try:
-            for start in range(0, len(files), OUTPUTS_PER_REQUEST):
-                batch = files[start : start + OUTPUTS_PER_REQUEST]
-                self.client.outputs(self.job, self.assignment.fencing_token, batch)
-        except (ApiError, ApiUnreachable) as exc:
-            log.warning("job %s: outputs not uploaded: %s", self.job, exc)
-        finally:
-            for _, handle in files:
-                handle.close()
-
-    def _checkpoint_archive(self, root: Path):
-        """The checkpoint as one tar (open for reading), or None when the job wrote none."""
-        target = self.workdir / CHECKPOINT_ARCHIVE  # beside outputs/, out of the job's reach
-        return open(target, "rb") if checkpoints.pack(root, target) else None
+            outputs.upload()
+        except (ApiError, ApiUnreachable, RuntimeFailure, OSError, tarfile.TarError) as exc:
+            log.warning("job %s: outputs not (all) uploaded: %s", self.job, exc)
+        return outputs.report()
 
     def _clean_workdir(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -3,7 +3,8 @@ the control plane's id: the owner of its containers, runtime.base.Owner).
 
 Files are replaced atomically (write a temporary file created with mode 0600, fsync, rename), so
 a crash never leaves half a credential and a reader never sees one. The directory itself is
-0700: attempt directories (inputs, outputs) live below it.
+0700, and it holds nothing of any job: attempts live below the work root
+(worker_agent/workroot.py), which never contains it.
 """
 
 from __future__ import annotations
@@ -141,11 +142,3 @@ class AgentState:
     def _update(self, **values) -> None:
         info = self.info() | values
         write_private(self.dir / STATE_FILE, json.dumps(info, indent=2).encode())
-
-    # ---------------------------------------------------------------- attempts
-    def attempt_dir(self, job: int, attempt: int) -> Path:
-        """Where one attempt's inputs/, outputs/ (and, for the process runtime, scratch/ and
-        its log) live; created on first use."""
-        path = self.dir / "attempts" / f"job{int(job)}-a{int(attempt)}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path

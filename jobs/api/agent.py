@@ -41,6 +41,11 @@ class RouteSerializer(serializers.Serializer):
         return {str(int(port)): host_port for port, host_port in value.items()}
 
 
+class SkippedOutputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=255, allow_blank=True, trim_whitespace=False)
+    reason = serializers.ChoiceField(choices=lifecycle.OUTPUT_SKIP_REASONS)
+
+
 class ReportSerializer(serializers.Serializer):
     fencing_token = serializers.RegexField(FENCING_TOKEN)
     step = serializers.ChoiceField(choices=lifecycle.STEPS)
@@ -60,6 +65,16 @@ class ReportSerializer(serializers.Serializer):
     pull_seconds = serializers.FloatField(
         min_value=0, max_value=86400, required=False, allow_null=True, default=None
     )
+    # what the agent did not upload of /outputs, with the end of the attempt
+    outputs_skipped = serializers.ListField(
+        child=SkippedOutputSerializer(),
+        max_length=lifecycle.OUTPUTS_SKIPPED_MAX,
+        required=False,
+        default=list,
+    )
+    outputs_skipped_total = serializers.IntegerField(
+        min_value=0, max_value=2**31 - 1, required=False, allow_null=True, default=None
+    )
 
     def validate(self, data):
         if data["step"] == "failed":
@@ -71,6 +86,8 @@ class ReportSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"exit_code": "The non-zero exit code."})
         elif data["step"] != "pulling" and data["reason"]:
             raise serializers.ValidationError({"reason": "Only a failure or a pull has one."})
+        if data["outputs_skipped"] and data["step"] not in lifecycle.END_STEPS:
+            raise serializers.ValidationError({"outputs_skipped": "Only the end of an attempt."})
         if data["step"] == "succeeded" and data["exit_code"] not in (None, 0):
             raise serializers.ValidationError({"exit_code": "A success exits with 0."})
         return data

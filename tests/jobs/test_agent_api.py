@@ -294,6 +294,40 @@ def test_logs_and_outputs_upload_during_and_after_the_run(agent, node_api, tenan
     assert job.outputs.count() == 2
 
 
+def test_skipped_outputs_come_with_the_final_report_as_an_event(agent, node_api, tenant):
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    run(node_api, job, lease)
+    skipped = [{"name": "checkpoint", "reason": "symlink"}, {"name": "pipe", "reason": "fifo"}]
+    response = report(
+        node_api, job, lease, "succeeded", outputs_skipped=skipped, outputs_skipped_total=3
+    )
+    assert response.status_code == 200
+    event = job.events.get(reason=Reason.OUTPUTS_SKIPPED)
+    assert event.data == {"skipped": skipped, "total": 3}
+    assert event.from_state == event.to_state == JobState.RUNNING
+    assert "checkpoint (symlink)" in event.message and "1 more" not in event.message
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"step": "running", "outputs_skipped": [{"name": "x", "reason": "fifo"}]},
+        {"step": "succeeded", "outputs_skipped": [{"name": "x", "reason": "because"}]},
+        {"step": "succeeded", "outputs_skipped": [{"name": "x" * 256, "reason": "fifo"}]},
+        {"step": "succeeded", "outputs_skipped": [{"name": "x", "reason": "fifo"}] * 101},
+        {"step": "succeeded", "outputs_skipped": "symlink"},
+    ],
+)
+def test_malformed_skipped_outputs_are_400(agent, node_api, tenant, body):
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    run(node_api, job, lease)
+    response = report(node_api, job, lease, **body)
+    assert response.status_code == 400 and "outputs_skipped" in response.json()["errors"]
+    assert not job.events.filter(reason=Reason.OUTPUTS_SKIPPED).exists()
+
+
 def test_agent_endpoints_refuse_people(agent, tenant, member, api):
     job, _ = place(submit_job(agent.node.pool, tenant))
     client = api(member)

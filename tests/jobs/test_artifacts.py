@@ -77,7 +77,10 @@ def test_outputs_are_stored_listed_and_downloaded(api, member, job, media):
         job=job, attempt=1, name="greeting.txt", fileobj=io.BytesIO(content)
     )
     assert stored.size == 6 and stored.sha256 == hashlib.sha256(content).hexdigest()
-    assert (media / "outputs" / str(job.pk) / "1" / "greeting.txt").read_bytes() == content
+    # under a key of its own below the attempt's folder; the name is the row's
+    assert stored.file.name.startswith(f"outputs/{job.pk}/1/")
+    assert "greeting" not in stored.file.name
+    assert (media / stored.file.name).read_bytes() == content
     client = api(member)
     listing = client.get(f"/api/v1/jobs/{job.pk}/outputs").json()
     assert [(o["name"], o["size"], o["sha256"]) for o in listing] == [

@@ -23,7 +23,9 @@ from .conftest import make_owner
 def agent(tmp_path, control_plane):
     config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
     config.node_name, config.poll_s = "node-a", 0.1
-    agent = Agent(config, runtimes={"process": ProcessRuntime(make_owner(), config.state_dir)})
+    agent = Agent(
+        config, runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state.work")}
+    )
     yield agent
     agent.stop()
     agent.shutdown()

@@ -17,8 +17,9 @@ from worker_agent.client import ApiClient
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import DockerRuntime
-from worker_agent.runtime.process import ProcessRuntime
+from worker_agent.runtime.process import ProcessHandle, ProcessRuntime
 from worker_agent.state import AgentState
+from worker_agent.workroot import WorkRoot
 
 from .conftest import IDS, make_owner
 from .test_runner import run
@@ -138,8 +139,8 @@ def test_the_process_runtime_checkpoints_the_same_way(tmp_path, control_plane):
     runner = Runner(
         a,
         client=ApiClient(control_plane.url, state, backoff=0.01),
-        runtime=ProcessRuntime(make_owner(), tmp_path / "state"),
-        workdir=state.attempt_dir(job, 1),
+        runtime=ProcessRuntime(make_owner(), tmp_path / "work"),
+        workdir=WorkRoot(tmp_path / "work", state.dir).attempt_dir(job, 1),
         poll_s=0.2,
     )
     runner.start()
@@ -205,8 +206,8 @@ def process_runner(tmp_path, control_plane, command, **changes) -> Runner:
     runner = Runner(
         a,
         client=ApiClient(control_plane.url, state, backoff=0.01, retries=1),
-        runtime=ProcessRuntime(make_owner(), tmp_path / "state"),
-        workdir=state.attempt_dir(job, 2),
+        runtime=ProcessRuntime(make_owner(), tmp_path / "work"),
+        workdir=WorkRoot(tmp_path / "work", state.dir).attempt_dir(job, 2),
         poll_s=0.2,
     )
     runner.start()
@@ -251,59 +252,56 @@ def tar_of(*files, links=()) -> bytes:
     return buffer.getvalue()
 
 
-def test_unpacking_writes_only_plain_files_below_the_checkpoint_folder(tmp_path):
-    archive = tmp_path / "restore.tar"
-    archive.write_bytes(
-        tar_of(
-            ("checkpoint/state", b"saved"),
-            ("checkpoint/model/weights.bin", b"w"),
-            ("checkpoint/../escaped", b"x"),
-            ("checkpoint/./dot", b"x"),
-            ("/etc/absolute", b"x"),
-            ("elsewhere/file", b"x"),
-            ("checkpoint", b"x"),
-            ("checkpoint/planted/x", b"x"),
-            links=[
-                ("checkpoint/link", tarfile.SYMTYPE, "/etc/passwd"),
-                ("checkpoint/hard", tarfile.LNKTYPE, "checkpoint/state"),
-                ("checkpoint/fifo", tarfile.FIFOTYPE, ""),
-                ("checkpoint/evil", tarfile.SYMTYPE, ".."),
-                ("checkpoint/evil/through", tarfile.REGTYPE, ""),
-            ],
-        )
+def test_restoring_writes_only_plain_files_below_the_checkpoint_folder(tmp_path, control_plane):
+    """Through the process runtime's put_archive (the engine's, for containers): what the
+    archive names is rewritten as plain files below checkpoint/ and unpacked nowhere else."""
+    archive = tar_of(
+        ("checkpoint/state", b"saved"),
+        ("checkpoint/model/weights.bin", b"w"),
+        ("checkpoint/../escaped", b"x"),
+        ("checkpoint/./dot", b"x"),
+        ("/etc/absolute", b"x"),
+        ("elsewhere/file", b"x"),
+        ("checkpoint", b"x"),
+        ("checkpoint/planted/x", b"x"),
+        links=[
+            ("checkpoint/link", tarfile.SYMTYPE, "/etc/passwd"),
+            ("checkpoint/hard", tarfile.LNKTYPE, "checkpoint/state"),
+            ("checkpoint/fifo", tarfile.FIFOTYPE, ""),
+            ("checkpoint/evil", tarfile.SYMTYPE, ".."),
+            ("checkpoint/evil/through", tarfile.REGTYPE, ""),
+        ],
     )
-    root = tmp_path / "work" / "outputs" / "checkpoint"
+    state = AgentState(tmp_path / "state")
+    state.save_credential({"credential": control_plane.credential})
+    job = next(IDS)
+    control_plane.checkpoints[job] = archive
+    a = Assignment.parse(
+        {
+            "job": job,
+            "lease": 1,
+            "fencing_token": "1",
+            "restore": {"sha256": hashlib.sha256(archive).hexdigest()},
+        }
+    )
+    workdir = WorkRoot(tmp_path / "work", state.dir).attempt_dir(job, 2)
+    root = workdir / "outputs" / "checkpoint"
     root.mkdir(parents=True)
     (tmp_path / "outside").mkdir()
     (root / "planted").symlink_to(tmp_path / "outside")  # never written through
+    runtime = ProcessRuntime(make_owner(), tmp_path / "work")
+    client = ApiClient(control_plane.url, state, backoff=0.01, retries=1)
 
-    # the skipped link `evil` leaves evil/through a plain file in a folder of its own
-    assert checkpoint.unpack(archive, root) == 3
+    # four plain files are sent (the skipped link `evil` leaves evil/through a plain file in a
+    # folder of its own); planted/x is not written through the link already there
+    assert checkpoint.restore(client, a, runtime, ProcessHandle(workdir=workdir)) == 4
 
     found = {
         os.path.relpath(os.path.join(folder, name), tmp_path)
         for folder, _, names in os.walk(tmp_path)
         for name in names
+        if "state" not in folder
     }
-    assert found == {
-        "restore.tar",
-        "work/outputs/checkpoint/state",
-        "work/outputs/checkpoint/model/weights.bin",
-        "work/outputs/checkpoint/evil/through",
-    }
+    prefix = os.path.relpath(root, tmp_path)
+    assert found == {f"{prefix}/state", f"{prefix}/model/weights.bin", f"{prefix}/evil/through"}
     assert (root / "state").read_bytes() == b"saved"
-
-
-def test_packing_then_unpacking_round_trips_and_skips_links(tmp_path):
-    source = tmp_path / "a" / "checkpoint"
-    (source / "deep").mkdir(parents=True)
-    (source / "state").write_bytes(b"saved")
-    (source / "deep" / "more").write_bytes(b"more")
-    (source / "leak").symlink_to("/etc/passwd")
-    assert checkpoint.pack(source, tmp_path / "c.tar")
-    target = tmp_path / "b" / "checkpoint"
-    target.mkdir(parents=True)
-    assert checkpoint.unpack(tmp_path / "c.tar", target) == 2
-    assert (target / "deep" / "more").read_bytes() == b"more"
-    assert not (target / "leak").exists()
-    assert not checkpoint.pack(tmp_path / "empty", tmp_path / "d.tar")

@@ -18,6 +18,7 @@ from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
+from worker_agent.workroot import WorkRoot
 
 from .conftest import make_owner
 
@@ -156,13 +157,13 @@ def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
             "limits": {"memory_mib": 256, "pids": 4096, "gpus": [nvml.devices[0]["uuid"]]},
         }
     )
-    runtime = ProcessRuntime(make_owner(), tmp_path / "state")
+    runtime = ProcessRuntime(make_owner(), tmp_path / "work")
     handle = runtime.create(a, tmp_path)
     runner = Runner(
         a,
         client=None,
         runtime=runtime,
-        workdir=state.attempt_dir(7, 1),
+        workdir=WorkRoot(tmp_path / "work", state.dir).attempt_dir(7, 1),
         gpu_usage=lambda uuids: gpu_usage(nvml, uuids),
     )
     runtime.start(handle)

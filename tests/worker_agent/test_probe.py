@@ -107,7 +107,7 @@ def test_the_script_holds_only_the_challenges_numbers():
 
 
 def test_the_process_runtime_answers_the_same(tmp_path):
-    runtime = ProcessRuntime(make_owner(), tmp_path / "state")
+    runtime = ProcessRuntime(make_owner(), tmp_path / "state.work")
     answer = run_challenge(next(IDS), challenge(""), runtime=runtime, workdir=tmp_path / "p")
     assert answer["answers"] == chains(SEED, 2, 40)
     assert answer["memory_mib"] == 16 and answer["gpus"] == []
@@ -229,7 +229,7 @@ def test_the_agent_answers_a_listed_recovery_probe_once(tmp_path, control_plane)
     control_plane.answers["agent/heartbeat"] = {"probes": [probe]}
     agent = Agent(
         Config(api=control_plane.url, state_dir=str(tmp_path / "state"), node_name="test-node"),
-        runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state")},
+        runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state.work")},
     )
     agent.host.nvml = nvml  # the recorded driver in place of a real one
     agent.state.save_credential({"credential": control_plane.credential})

@@ -8,6 +8,7 @@ import pytest
 
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
+from worker_agent.workroot import WorkRoot
 
 from .conftest import IDS
 
@@ -30,7 +31,12 @@ def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
         "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
     } | changes
     a = Assignment.parse(data)
-    runner = Runner(a, client=client, runtime=runtime, workdir=state.attempt_dir(job, 1))
+    runner = Runner(
+        a,
+        client=client,
+        runtime=runtime,
+        workdir=WorkRoot(state.dir.parent / "work", state.dir).attempt_dir(job, 1),
+    )
     runner.poll_s = 0.2
     runner.start()
     if wait:

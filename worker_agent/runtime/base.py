@@ -15,6 +15,7 @@ LABEL = "computepool"
 # it is stopped (docs/data-plane.md, "Checkpoints").
 CHECKPOINT_SIGNAL = "SIGUSR1"
 CHECKPOINT_SUBDIR = "checkpoint"
+JOB_USER_ID = 65534  # nobody: the containers' user and group, owner of what is given to them
 
 
 class RuntimeFailure(Exception):

@@ -6,7 +6,8 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
   MemorySwap); a pids limit; GPUs as the exact device UUIDs / MIG instances of the lease;
 - a read-only root filesystem, /tmp a small tmpfs, /scratch a volume of the leased size
   (a size-capped tmpfs volume: RAM-backed, so it also counts against the container's memory),
-  /outputs a per-attempt host directory (rw), /inputs one read-only;
+  /outputs a per-attempt directory below the work root (rw; read back and restored only
+  through the engine's archive API, never by host path), /inputs one read-only;
 - user nobody (65534:65534), every capability dropped, no-new-privileges, never privileged,
   no host namespaces (private IPC, no pid/net/uts/userns host mode), no Docker socket mounted;
 - network `none`, or the pool network with egress limited to the allow-list: a small
@@ -39,7 +40,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, LogConfig, Mount
 
-from worker_agent import netpolicy
+from worker_agent import netpolicy, tarstream
 from worker_agent.host import architecture
 from worker_agent.inventory import container_device_ids, load_nvml
 from worker_agent.runtime.base import (
@@ -441,6 +442,29 @@ class DockerRuntime:
             pass
         except APIError as exc:
             log.warning("volume %s not removed: %s", name, exc)
+
+    # ------------------------------------------------------------------ files, through the engine
+    def get_archive(self, container, path: str):
+        """`path` inside the container (stopped: nothing changes under it), as a tar stream read
+        through the engine's archive API, its mounts included: the engine resolves the path in
+        the container's own filesystem and never follows a link the job made out of it. A
+        readable binary file; None when the path does not exist there."""
+        try:
+            chunks, _stat = container.get_archive(path, chunk_size=tarstream.CHUNK)
+        except NotFound:
+            return None
+        except DockerException as exc:
+            raise RuntimeFailure("runtime_error", f"reading {path}: {exc}") from exc
+        return tarstream.reader(chunks)
+
+    def put_archive(self, container, path: str, chunks) -> None:
+        """Unpacks the tar stream `chunks` into `path` of the created (not started) container,
+        through the engine (each member owned as its header says)."""
+        try:
+            if not container.put_archive(path, chunks):
+                raise RuntimeFailure("runtime_error", f"the engine refused the files for {path}")
+        except DockerException as exc:
+            raise RuntimeFailure("runtime_error", f"writing {path}: {exc}") from exc
 
     def poll(self, container) -> Ended | None:
         """None while the container runs (or is being created); how it ended otherwise."""

@@ -26,6 +26,7 @@ import os
 import resource
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from worker_agent import tarstream
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
     Assignment,
@@ -105,9 +107,9 @@ def _limits(assignment: Assignment):
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, owner: Owner | None = None, state_dir: str | os.PathLike = "."):
+    def __init__(self, owner: Owner | None = None, work_dir: str | os.PathLike = "."):
         self.owner = owner  # set by the agent once enrolled; pid files name it
-        self.state_dir = Path(state_dir)
+        self.work_dir = Path(work_dir)  # the work root: attempts/<job>-a<n>/
         # offered beside Docker for the pools that allow it; each job it runs warns on its own
         log.info("process runtime offered: its jobs run as local processes, NOT isolated")
 
@@ -160,6 +162,34 @@ class ProcessRuntime:
         record = {"pid": handle.pid, "job": assignment.job, "lease": assignment.lease}
         record |= {"attempt": assignment.attempt} | (self.owner.labels() if self.owner else {})
         (workdir / PID_FILE).write_text(json.dumps(record))
+
+    # the files of an attempt, as the Docker runtime hands them out: tar streams
+    def get_archive(self, handle: ProcessHandle, path: str):
+        """`path` ("/outputs/…", below the attempt's directory) as a tar stream written by a
+        thread into a pipe: links as links (never followed), FIFOs and devices as such (never
+        opened). The job ran as the agent's own user, so this reads nothing it could not."""
+        local = handle.workdir / path.strip("/")
+        if not os.path.lexists(local):
+            return None
+        read, write = os.pipe()
+
+        def pack():
+            with (
+                contextlib.suppress(OSError, tarfile.TarError),
+                open(write, "wb") as out,
+                tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                tar.add(local, arcname=local.name)  # stops at a reader that went away
+
+        threading.Thread(target=pack, daemon=True, name=f"archive-{local.name}").start()
+        return open(read, "rb")
+
+    def put_archive(self, handle: ProcessHandle, path: str, chunks) -> None:
+        root = handle.workdir / path.strip("/")
+        try:
+            tarstream.extract_plain(tarstream.reader(chunks), root)
+        except (OSError, tarfile.TarError) as exc:
+            raise RuntimeFailure("runtime_error", f"writing {path}: {exc}") from exc
 
     def poll(self, handle: ProcessHandle) -> Ended | None:
         if handle.popen is not None:
@@ -232,7 +262,7 @@ class ProcessRuntime:
         found = []
         if self.owner is None:
             return found
-        for pid_file in (self.state_dir / "attempts").glob(f"*/{PID_FILE}"):
+        for pid_file in (self.work_dir / "attempts").glob(f"*/{PID_FILE}"):
             try:
                 record = json.loads(pid_file.read_text())
                 if not self.owner.owns(record):
