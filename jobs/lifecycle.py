@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.models import Lease
-from leases.services import lease_commit, lease_set_route
+from leases.services import lease_commit, lease_record_final_report, lease_set_route
 from nodes.models import GpuDevice
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
@@ -64,6 +64,9 @@ OUTPUT_SKIP_REASONS = (
     "failed",
 )
 OUTPUTS_SKIPPED_MAX = 100
+# After its lease ended, a node's last log lines and output files are still taken this long
+# past the pool's stop grace (unless the agent's final report is already in): `lease_ended`.
+CALLBACK_MARGIN = timedelta(seconds=30)
 # The pool policy knobs the agent's assignment reads (pools/validation.py checks them).
 AGENT_KNOBS = {"allow_process_runtime": False, "startup_timeout_s": 300, "stop_grace_s": 10}
 DEFAULT_PIDS = 1024
@@ -237,28 +240,52 @@ def _lease_gpu_isolation(lease) -> str:
 # --- reports ------------------------------------------------------------------------------
 
 
-def fenced_lease(job: Job, node, fencing_token) -> Lease:
-    """The job's current holding lease, if it is on `node` and carries `fencing_token`."""
-    lease = job.leases.filter(state__in=HOLDING).order_by("-id").first()
-    if lease is None or lease.node_id != node.pk or str(lease.fencing_token) != str(fencing_token):
-        raise TransitionRefused(
-            "fencing_token_mismatch",
-            f"Stale fencing token: job {job.pk} is not held by that lease on this node.",
-        )
-    return lease
-
-
-def upload_lease(job: Job, node, fencing_token) -> Lease:
-    """Logs and outputs may arrive after the end was reported (the lease released then): they
-    are accepted under the job's newest lease, held or ended, when it is this node's and
-    carries the token. An attempt placed since has a newer lease, so an old attempt's uploads
-    never mix with a new one's."""
+def _newest_lease(job: Job, node, fencing_token) -> Lease:
+    """The job's newest lease (held or ended), if it is on `node` and carries the token. A job
+    holds at most one lease at a time, and a new attempt's is newer than every earlier one."""
     lease = job.leases.order_by("-id").first()
     if lease is None or lease.node_id != node.pk or str(lease.fencing_token) != str(fencing_token):
         raise TransitionRefused(
             "fencing_token_mismatch",
             f"Stale fencing token: job {job.pk}'s newest lease is not that one on this node.",
         )
+    return lease
+
+
+def fenced_lease(job: Job, node, fencing_token) -> Lease:
+    """The job's current holding lease, if it is on `node` and carries `fencing_token`; a
+    report under it once it ended is refused `lease_ended`."""
+    lease = _newest_lease(job, node, fencing_token)
+    if lease.state not in HOLDING:
+        raise TransitionRefused(
+            "lease_ended", f"Lease {lease.pk} of job {job.pk} is {lease.state}: nothing to report."
+        )
+    return lease
+
+
+def upload_lease(job: Job, node, fencing_token, now=None) -> Lease:
+    """Logs and outputs may arrive after the end (the lease released then): they are accepted
+    under the job's newest lease, held or ended, when it is this node's and carries the token,
+    until the agent's final report under it is in or `stop_grace_s` + CALLBACK_MARGIN have
+    passed since it ended (then 409 `lease_ended`). An attempt placed since has a newer lease,
+    so an old attempt's uploads never mix with a new one's."""
+    now = now or timezone.now()
+    lease = _newest_lease(job, node, fencing_token)
+    if lease.final_report_at is not None:
+        raise TransitionRefused(
+            "lease_ended",
+            f"Lease {lease.pk} of job {job.pk} ended with the agent's final report "
+            f"at {lease.final_report_at:%H:%M:%S}: no more logs or outputs under it.",
+        )
+    if lease.state not in HOLDING:
+        grace = timedelta(seconds=pool_agent_knobs(job.pool)["stop_grace_s"])
+        ended = lease.ended_at or lease.state_changed_at
+        if now >= ended + grace + CALLBACK_MARGIN:
+            raise TransitionRefused(
+                "lease_ended",
+                f"Lease {lease.pk} of job {job.pk} ended at {ended:%H:%M:%S}, longer ago than "
+                f"the stop grace and {CALLBACK_MARGIN.seconds} s: no more logs or outputs.",
+            )
     return lease
 
 
@@ -287,6 +314,8 @@ def job_report(
         lease = fenced_lease(job, node, fencing_token)
         if outputs_skipped and step in END_STEPS and job.state not in TERMINAL:
             _outputs_skipped(job, actor, outputs_skipped, outputs_skipped_total, now)
+        if step in END_STEPS:  # written with the report's own changes, or not at all
+            lease_record_final_report(lease=lease, now=now)
         if step == "pulling":
             job = _pulling(job, actor, reason, message, pull_seconds, now)
             if pull_seconds is not None:  # per image on the node (docs/nodes.md)

@@ -75,6 +75,9 @@ class Lease(models.Model):
     expires_at = models.DateTimeField(db_index=True)
     committed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # When the node's agent made its final report under this lease (the job's end, a
+    # checkpoint): its callbacks after that are refused (409 lease_ended, jobs/lifecycle.py).
+    final_report_at = models.DateTimeField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
     # What the keyed reserve asked for (pool, resources, duration or window), so a retry with
     # the same key and another body is refused instead of answered with this lease.

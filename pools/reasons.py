@@ -40,6 +40,7 @@ class Reason(models.TextChoices):
     UNCERTAIN_DEADLINE = "uncertain_deadline", "Uncertain past its deadline"
     RESERVATION_UNCLAIMED = "reservation_unclaimed", "Reservation not claimed within tolerance"
     BACKFILL_WINDOW_CLOSED = "backfill_window_closed", "Backfill ended: the reservation was claimed"
+    LEASE_ENDED = "lease_ended", "Its lease has ended: the node's callbacks for it are refused"
     # jobs
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"

@@ -194,6 +194,14 @@ def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "",
         )
 
 
+def lease_record_final_report(*, lease: Lease, now=None) -> None:
+    """The node's agent made its final report under this lease (no state change, no event:
+    the job's event is the report): its callbacks after this are refused (`lease_ended`)."""
+    Lease.objects.filter(pk=lease.pk, final_report_at__isnull=True).update(
+        final_report_at=now or timezone.now()
+    )
+
+
 def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
     """committed → uncertain: the node's agent stopped answering; capacity stays held."""
     now = now or timezone.now()
