@@ -1,9 +1,17 @@
-"""The refusals of a reserve and how an explanation of the core reads in them. Pure: no ORM."""
+"""The refusals of a reserve and how an explanation of the core reads in them. Pure: no ORM.
+
+Every explanation anyone is shown (409/422 bodies, a job's `pending_reason`, explain, the
+console) passes `explanation_dict`: where another tenant's lease must end before the request
+fits, it tells a coarse window (`fits_within`: "within the hour", "in 1–4 hours" …), never the
+time (`fits_at` is null); only a wait on the requester's own leases is told exactly."""
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from pools.statemachine import Refusal
 from scheduling.core import types as core
+from scheduling.core.explain import FREES_UP, coarse_window
 
 
 class NoCapacity(Refusal):
@@ -33,27 +41,47 @@ class IdempotencyKeyReused(Refusal):
     code = "idempotency_key_reused"
 
 
-def nearest_miss_dict(near: core.NearMiss | None) -> dict | None:
+def _window(near: core.NearMiss | None, now) -> str | None:
+    """The coarse window in which capacity frees up for the request, or None (no wait known)."""
+    if near is None or not hasattr(near.fits_at, "tzinfo"):
+        return None
+    return coarse_window((near.fits_at - now).total_seconds())
+
+
+def _coarse(text: str, window: str | None, near: core.NearMiss | None) -> str:
+    """The core's words for a wait on another tenant's lease, with the window added."""
+    if window is None or near is None or near.fits_exact:
+        return text
+    return text.replace(FREES_UP, f"{FREES_UP} {window}")
+
+
+def nearest_miss_dict(near: core.NearMiss | None, now=None) -> dict | None:
     if near is None:
         return None
+    window = _window(near, now or timezone.now())
+    exact = near.fits_at is not None and near.fits_exact
     return {
         "node": near.node,
         "reason": near.reason,
         "lacking": dict(near.lacking),
-        "message": near.message,
-        # when capacity frees up: the leases that must end first, and where it would then fit
-        "fits_at": near.fits_at.isoformat() if near.fits_at else None,
+        "message": _coarse(near.message, window, near),
+        # when capacity frees up: exactly only when the leases that must end are all the
+        # requester's own; always as a coarse window; where it would then fit
+        "fits_at": near.fits_at.isoformat() if exact and window else None,
+        "fits_within": window,
         "fits_on": near.fits_on or None,
         "after_leases": list(near.after_leases),
     }
 
 
-def explanation_dict(explanation: core.Explanation, **extra) -> dict:
+def explanation_dict(explanation: core.Explanation, *, now=None, **extra) -> dict:
+    near = explanation.nearest_miss
+    now = now or timezone.now()
     return {
-        "message": explanation.message,
+        "message": _coarse(explanation.message, _window(near, now), near),
         "total_nodes": explanation.total_nodes,
         "reasons": dict(explanation.reasons),
-        "nearest_miss": nearest_miss_dict(explanation.nearest_miss),
+        "nearest_miss": nearest_miss_dict(near, now),
         "policy_version": explanation.policy_version,
         **extra,
     }

@@ -12,9 +12,11 @@ be null: unknown). Two estimates meet in the window:
   would not fit even then gets no window.
 
 The window starts at the later of the two lower bounds and ends at the later of the upper
-ones, then widens outward to the steps of `LADDER_S`, so it never tells an exact position in
-the queue. It holds nothing else: no job or lease ids, no tenant, nothing of another tenant's
-work beyond what the pool's totals imply. Written for all jobs in one statement; jobs no longer
+ones, then widens outward to the steps of `LADDER_S` — the coarse windows of every explanation
+(now, 1 h, 4 h, 24 h, 7 days; scheduling.core.explain.COARSE_WINDOWS) — so it never tells an
+exact position in the queue, nor when another tenant's lease ends. It holds nothing else: no
+job or lease ids, no tenant, nothing of another tenant's work beyond what the pool's totals
+imply. Written for all jobs in one statement; jobs no longer
 queued have theirs emptied (and the API shows it only while queued).
 """
 
@@ -31,6 +33,7 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from leases.models import gpu_share
 from pools.reasons import Reason
+from scheduling.core.explain import COARSE_WINDOWS
 from scheduling.core.queue import order, queue_class
 from scheduling.fairshare import (
     holding_leases,
@@ -41,9 +44,10 @@ from scheduling.fairshare import (
 )
 
 VELOCITY_WINDOW_S = 900
-# seconds from now that a window's bounds snap to (earliest down, latest up); past the last
-# step the latest is unknown
-LADDER_S = (0, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 43200, 86400, 172800, 604800)
+# seconds from now that a window's bounds snap to (earliest down, latest up): the coarse
+# windows, never finer (#17: capacity coming free is other tenants' leases ending); past the
+# last step the latest is unknown
+LADDER_S = (0, *(bound for bound, _ in COARSE_WINDOWS), 7 * 86400)
 
 
 def refresh(pool_id: int, now=None) -> int:

@@ -430,7 +430,8 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult, timings
         elif outcome.explanation is not None:
             key = id(outcome.explanation)
             if key not in explained:
-                explained[key] = NoCapacity(explanation_dict(outcome.explanation)).explanation
+                explanation = explanation_dict(outcome.explanation, now=now)
+                explained[key] = NoCapacity(explanation).explanation
             planned.explanation = explained[key]
         plan.append(planned)
     if members:

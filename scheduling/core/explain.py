@@ -1,6 +1,7 @@
 """Why a request fits nowhere: rejected nodes counted per reason, the nearest miss (what the
 closest node lacks), and when ending leases would make room (only the requester's own leases
-are named)."""
+are named, and only their ends are told exactly: where another tenant's lease must end first,
+the text says `FREES_UP` and the adapter, which knows the time, adds a coarse window)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,21 @@ def fits_after_leases(req: Request, node: NodeView, ctx: ScoreContext):
     return None
 
 
+FREES_UP = "when capacity frees up"
+# Coarse windows (seconds from now → words) for a wait that depends on another tenant's lease:
+# its end is not the requester's business, so an explanation never tells it more exactly.
+COARSE_WINDOWS = ((3600, "within the hour"), (4 * 3600, "in 1–4 hours"), (86400, "in 4–24 hours"))
+BEYOND_WINDOWS = "in more than a day"
+
+
+def coarse_window(seconds: float) -> str:
+    """The coarse window a wait of `seconds` falls in."""
+    for bound, words in COARSE_WINDOWS:
+        if seconds < bound:
+            return words
+    return BEYOND_WINDOWS
+
+
 def _when(moment) -> str:
     if hasattr(moment, "strftime"):
         offset = moment.utcoffset() if hasattr(moment, "utcoffset") else None
@@ -152,14 +168,15 @@ def _when(moment) -> str:
 
 def _wait_text(needed: tuple[LeaseEnd, ...], moment, tenant: str) -> tuple[str, tuple[str, ...]]:
     """The wait and the lease ids it may name: only the requester's own. Another tenant's
-    leases, and when each of them ends, are not its business; when capacity frees up is."""
+    leases, and when each of them ends, are not its business: the text says no time at all
+    (`FREES_UP`), the adapter adds a coarse window (leases.explain)."""
     own = tuple(x.lease_id for x in needed if not x.tenant or x.tenant == tenant)
     when = _when(moment)
     if len(own) < len(needed):
         yours = ""
         if own:
             yours = f" (your lease{'s' if len(own) > 1 else ''} {', '.join(own)} among them)"
-        return f"when capacity frees up at {when}{yours}", own
+        return f"{FREES_UP}{yours}", own
     if len(own) == 1:
         return f"when lease {own[0]} ends at {when}", own
     return f"when leases {', '.join(own)} have ended ({when})", own
@@ -203,6 +220,7 @@ def explain(req, nodes, rejected, policy, message="", reasons=None) -> Explanati
     if wait:
         moment, wait_node, needed = wait
         waiting, lease_ids = _wait_text(needed, moment, req.tenant)
+        exact = len(lease_ids) == len(needed)  # only the requester's own leases must end
         if near is None:
             text = f"would fit on {wait_node.name} {waiting}"
             lacking = _lacking(req, wait_node, rejected[wait_node.name]) or {}
@@ -212,7 +230,12 @@ def explain(req, nodes, rejected, policy, message="", reasons=None) -> Explanati
         else:
             text = f"{near.message}, or on {wait_node.name} {waiting}"
         near = replace(
-            near, message=text, fits_at=moment, fits_on=wait_node.name, after_leases=lease_ids
+            near,
+            message=text,
+            fits_at=moment,
+            fits_exact=exact,
+            fits_on=wait_node.name,
+            after_leases=lease_ids,
         )
     if not message:
         summary = ", ".join(f"{n} {code}" for code, n in counts.most_common())

@@ -360,8 +360,11 @@ class NearMiss:
     lacking: Mapping[str, int]
     message: str
     # When capacity frees up: the earliest time some node could take the request once the
-    # leases ending by then are gone (None when no lease end would make room).
+    # leases ending by then are gone (None when no lease end would make room). Exact only for
+    # the requester (`fits_exact`) when every lease that must end is its own; otherwise it is
+    # for the planner alone (the queue's gate), and what anyone is told is a coarse window.
     fits_at: Any = None
+    fits_exact: bool = True
     fits_on: str = ""
     after_leases: tuple[str, ...] = ()  # the leases that must end first (last one at fits_at)
 

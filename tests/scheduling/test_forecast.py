@@ -73,11 +73,12 @@ def test_a_queued_job_gets_a_class_and_a_window(fpool):
         assert set(each) == KEYS
     assert got[first.pk]["queue_class"] == "standard"
     assert got[second.pk]["queue_class"] == "short"
-    # capacity frees at 540 s (snapped down to 5 min); one placement in 15 min: the head's
-    # latest is 2 × 900 s = 30 min, the next one's 2 × 2 × 900 s = 1 h
-    assert seconds_from_now(got[first.pk]["earliest"]) == 300
-    assert seconds_from_now(got[first.pk]["latest"]) == 1800
-    assert seconds_from_now(got[second.pk]["earliest"]) == 300
+    # capacity frees at 540 s (the other tenant's job: snapped down to now); one placement in
+    # 15 min: the head's latest is 2 × 900 s = 30 min, the next one's 2 × 2 × 900 s = 1 h,
+    # both snapped up to the coarse window's 1 h (#17)
+    assert seconds_from_now(got[first.pk]["earliest"]) == 0
+    assert seconds_from_now(got[first.pk]["latest"]) == 3600
+    assert seconds_from_now(got[second.pk]["earliest"]) == 0
     assert seconds_from_now(got[second.pk]["latest"]) == 3600
     assert got[never.pk] == {"queue_class": "standard", "earliest": None, "latest": None}
     # nothing of the other tenant: three fields, a class and two timestamps (or unknown)

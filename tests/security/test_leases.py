@@ -156,7 +156,7 @@ def test_a_lease_of_a_running_job_is_still_renewed(lpool, tenant, lnode, member)
 # --- 2. explanations name only the caller's own leases ---------------------------------------
 
 
-def test_an_explanation_gives_the_time_but_not_another_tenants_lease(
+def test_an_explanation_gives_a_window_but_not_another_tenants_lease(
     lpool, tenant, other_tenant, lnode, member
 ):
     theirs = reserve(lpool, other_tenant, cpu=4000)  # the other tenant fills the node
@@ -167,9 +167,11 @@ def test_an_explanation_gives_the_time_but_not_another_tenants_lease(
     payload = response.json()
     near = payload["nearest_miss"]
     assert near["fits_on"] == "n1"
-    assert near["fits_at"][:19] == theirs.expires_at.isoformat()[:19]
+    # not when their lease ends (#17): a coarse window
+    assert near["fits_at"] is None and near["fits_within"] == "within the hour"
     assert near["after_leases"] == []
-    assert "when capacity frees up at" in near["message"]
+    assert "when capacity frees up within the hour" in near["message"]
+    assert f"{theirs.expires_at:%H:%M}" not in response.content.decode()
     for text in (payload["message"], near["message"]):
         assert "lease" not in text, text
     # the same for a queued job's pending_reason, as GET shows it
@@ -177,7 +179,8 @@ def test_an_explanation_gives_the_time_but_not_another_tenants_lease(
     assert scheduling_pass().pending == {job_id: "no_capacity"}
     reason = client_for(member).get(f"{JOBS}{job_id}/").json()["pending_reason"]
     assert reason["nearest_miss"]["after_leases"] == []
-    assert reason["nearest_miss"]["fits_at"][:19] == theirs.expires_at.isoformat()[:19]
+    assert reason["nearest_miss"]["fits_at"] is None
+    assert reason["nearest_miss"]["fits_within"] == "within the hour"
     assert "lease" not in reason["message"]
 
 
@@ -202,7 +205,8 @@ def test_a_mixed_wait_names_only_the_callers_leases(lpool, tenant, other_tenant,
 
     near = payload["nearest_miss"]
     assert near["after_leases"] == [str(mine.pk)]
-    assert near["fits_at"][:19] == mine.expires_at.isoformat()[:19]
+    # another tenant's lease must end too: a window, not a time (#17)
+    assert near["fits_at"] is None and near["fits_within"] == "within the hour"
     assert names_lease(near["message"], mine.pk)
     assert not names_lease(near["message"], theirs.pk)
     assert not names_lease(payload["message"], theirs.pk)
