@@ -221,9 +221,10 @@ def report_starting(job, node, lease):
 
 
 def assert_refused_as_stale(outcome):
-    """A report that lost to the cancel: the API's 409, never a state change."""
+    """A report that lost to the cancel: the API's 409 (its lease has ended), never a state
+    change."""
     assert isinstance(outcome, TransitionRefused), outcome
-    assert outcome.code == "fencing_token_mismatch"
+    assert outcome.code == "lease_ended"
 
 
 def test_cancel_against_the_agent_starting_the_job(world):
@@ -331,4 +332,4 @@ def test_api_cancel_against_a_live_pass(world):
             body = {"fencing_token": str(lease.fencing_token), "step": "starting"}
             answer = agent_api.post(f"/api/v1/agent/jobs/{job.pk}/report", body, format="json")
             assert answer.status_code == 409
-            assert answer.json()["code"] == "fencing_token_mismatch"
+            assert answer.json()["code"] == "lease_ended"
