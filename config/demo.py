@@ -20,7 +20,7 @@ from nodes import services as node_services
 from nodes.choices import NodeState
 from nodes.models import Node
 from pools.actors import Actor
-from pools.choices import GpuSharingClass, PlatformRole, TenantRole
+from pools.choices import ContainerRuntime, GpuSharingClass, PlatformRole, TenantRole
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.services import policy_version_publish
 
@@ -59,6 +59,13 @@ SHAPES = [
         memory_mib_min=2048,
         cpu_millicores_preferred=2000,
         memory_mib_preferred=4096,
+    ),
+    # untrusted code: the same CPU shape under gVisor (a node whose dockerd has runsc)
+    dict(
+        name="cpu-small-gvisor",
+        cpu_millicores_min=1000,
+        memory_mib_min=2048,
+        container_runtime=ContainerRuntime.GVISOR,
     ),
     dict(name="cpu-large", cpu_millicores_min=8000, memory_mib_min=32768, scratch_mib=50_000),
     dict(

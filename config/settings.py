@@ -190,6 +190,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ArchitectureEnum": "pools.choices.Architecture",
         "NodeStateEnum": "nodes.choices.NodeState",  # a node and the agent's own node
+        "ContainerRuntimeEnum": "pools.choices.ContainerRuntime",
     },
     # the docs page's assets from our own static files (drf-spectacular-sidecar), not a CDN
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -20,10 +20,11 @@ from leases.services import lease_commit, lease_record_final_report, lease_set_r
 from nodes.models import GpuDevice
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
-from pools.choices import GpuSharingClass
+from pools.choices import ContainerRuntime, GpuSharingClass
 from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
+from pools.validation import runtime_below
 
 from .choices import TERMINAL, JobState
 from .events import publish_job_event
@@ -43,6 +44,7 @@ FAILURES = frozenset(
         Reason.IMAGE_PULL_FAILED,
         Reason.IMAGE_INVALID,
         Reason.RUNTIME_ERROR,
+        Reason.RUNTIME_UNAVAILABLE,
     }
 )
 STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed")
@@ -68,7 +70,12 @@ OUTPUTS_SKIPPED_MAX = 100
 # past the pool's stop grace (unless the agent's final report is already in): `lease_ended`.
 CALLBACK_MARGIN = timedelta(seconds=30)
 # The pool policy knobs the agent's assignment reads (pools/validation.py checks them).
-AGENT_KNOBS = {"allow_process_runtime": False, "startup_timeout_s": 300, "stop_grace_s": 10}
+AGENT_KNOBS = {
+    "allow_process_runtime": False,
+    "required_runtime": "",
+    "startup_timeout_s": 300,
+    "stop_grace_s": 10,
+}
 DEFAULT_PIDS = 1024
 # How a job's GPUs are isolated (limits.gpu_isolation, JobSerializer.gpu_isolation): only MIG
 # fences a fraction of a device; time-slice/MPS shares see each other's memory and compute.
@@ -99,11 +106,6 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
     if not leases:
         return []
     knobs = pool_agent_knobs(node.pool)
-    runtime = (
-        "process"
-        if knobs["allow_process_runtime"] and node.agent_runtime == "process"
-        else "docker"
-    )
     gpu_ids = {a["gpu"] for lease in leases for a in lease.gpu_allocations if a.get("gpu")}
     devices = {g.pk: g for g in GpuDevice.objects.filter(pk__in=gpu_ids, node=node)}
     wanted = {
@@ -121,7 +123,7 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
     ).order_by("job_id", "-attempt"):
         checkpoints.setdefault(output.job_id, []).append(output)
     return [
-        _assignment(lease, lease.job, node, knobs, runtime, devices, values)
+        _assignment(lease, lease.job, node, knobs, devices, values)
         | {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
         for lease in leases
     ]
@@ -143,7 +145,26 @@ def _restore(job: Job, outputs, api_base: str) -> dict | None:
     return {"url": url, "sha256": checkpoint.sha256}
 
 
-def _assignment(lease, job, node, knobs, runtime, devices, secret_values) -> dict:
+def assignment_runtime(job, node, knobs) -> str:
+    """What the node runs the job under: gVisor when its request asks for it or the pool
+    requires it (a job queued before the pool's `required_runtime` was raised runs under it
+    too; a node without it refuses the job, never runs it weaker); otherwise Docker, or the
+    local process runtime only where the pool allows it and the node's agent runs it."""
+    requested = (job.resources or {}).get("container_runtime") or ContainerRuntime.DOCKER
+    required = knobs["required_runtime"]
+    if ContainerRuntime.GVISOR in (requested, required):
+        return ContainerRuntime.GVISOR
+    process = ContainerRuntime.PROCESS
+    if (
+        knobs["allow_process_runtime"]
+        and node.agent_runtime == process
+        and not runtime_below(process, required)
+    ):
+        return process
+    return ContainerRuntime.DOCKER
+
+
+def _assignment(lease, job, node, knobs, devices, secret_values) -> dict:
     return {
         "job": job.pk,
         "attempt": job.attempts,
@@ -167,7 +188,7 @@ def _assignment(lease, job, node, knobs, runtime, devices, secret_values) -> dic
         "max_runtime_s": job.max_runtime_s,
         "startup_timeout_s": knobs["startup_timeout_s"],
         "stop_grace_s": knobs["stop_grace_s"],
-        "runtime": runtime,
+        "runtime": assignment_runtime(job, node, knobs),
         "limits": {
             "cpu_millicores": lease.cpu_millicores,
             "memory_mib": lease.memory_mib,

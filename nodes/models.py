@@ -53,6 +53,8 @@ class Node(models.Model):
         max_length=10, choices=Architecture.choices, default=Architecture.AMD64
     )
     os = models.CharField(max_length=20, default="linux")
+    # the runtimes the agent offers ("docker", "gvisor", "process"): sent at enrollment and in
+    # every heartbeat; the scheduler's runtime filter reads them
     runtimes = models.JSONField(default=list, blank=True)
     # What the agent's heartbeats say: the runtime it runs jobs with ("docker", or the
     # non-isolating "process") and the image digests in its local cache ("sha256:…"), which the

@@ -45,6 +45,19 @@ class Architecture(models.TextChoices):
     ARM64 = "arm64", "ARM64"
 
 
+class ContainerRuntime(models.TextChoices):
+    """What a job runs under on its node (docs/data-plane.md, "Runtimes"), weakest first."""
+
+    PROCESS = "process", "Local process (no isolation; pools that allow it)"
+    DOCKER = "docker", "Docker container (runc: the host's kernel)"
+    GVISOR = "gvisor", "Docker container under gVisor (runsc: a kernel of its own)"
+
+
+# How strongly each runtime isolates a job from its node: a pool's `required_runtime` admits a
+# runtime at least this strong.
+RUNTIME_STRENGTH = {runtime: rank for rank, runtime in enumerate(ContainerRuntime.values)}
+
+
 class TokenScope(models.TextChoices):
     READ = "read", "Read (jobs, leases, pools: metadata)"
     LOGS_READ = "logs:read", "Read job logs"

@@ -13,6 +13,7 @@ from django.utils import timezone
 from . import encryption
 from .choices import (
     Architecture,
+    ContainerRuntime,
     GpuSharingClass,
     PlatformRole,
     SupportGrantState,
@@ -139,7 +140,9 @@ class ResourceShape(models.Model):
         max_length=10, choices=Architecture.choices, default=Architecture.AMD64
     )
     os = models.CharField(max_length=20, default="linux")
-    container_runtime = models.CharField(max_length=30, default="docker")
+    container_runtime = models.CharField(
+        max_length=30, choices=ContainerRuntime.choices, default=ContainerRuntime.DOCKER
+    )
     regions = models.JSONField(default=list, blank=True)
     zones = models.JSONField(default=list, blank=True)
     node_pin = models.CharField(max_length=100, blank=True, help_text="Hard pin to a node name")
@@ -183,6 +186,9 @@ class ResourceShape(models.Model):
             errors["mig_profile"] = "A MIG shape names its profile, e.g. 1g.10gb."
         if sharing != GpuSharingClass.MIG and self.mig_profile:
             errors["mig_profile"] = "Only MIG shapes name a profile."
+        if self.container_runtime == ContainerRuntime.GVISOR and self.gpu_count:
+            # Debian's runsc (2022) has no GPU proxy: a device handed to the sandbox is unusable
+            errors["container_runtime"] = "gVisor runs CPU work only: no GPUs under it."
         if errors:
             raise ValidationError(errors)
 

@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ValidationError
 
-from pools.choices import DrainPolicy
+from pools.choices import RUNTIME_STRENGTH, ContainerRuntime, DrainPolicy
 from scheduling.core import policy_problems
 from scheduling.core.queue import QUEUE_KNOBS
 from scheduling.core.types import GANG_TOPOLOGIES
@@ -52,6 +52,7 @@ RETRY_REASONS = (
     "startup_timed_out",
     "image_pull_failed",
     "runtime_error",
+    "runtime_unavailable",
 )
 OUTPUT_DESTINATION_MAX_CHARS = 300
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)", re.ASCII)
@@ -393,6 +394,21 @@ def _drain_policy(value) -> str | None:
     return None if value in DrainPolicy.values else f"one of {', '.join(DrainPolicy.values)}"
 
 
+# A pool's `required_runtime`: "" (none required), or the weakest runtime its jobs may run under.
+REQUIRED_RUNTIMES = ("", ContainerRuntime.DOCKER, ContainerRuntime.GVISOR)
+
+
+def _required_runtime(value) -> str | None:
+    return None if value in REQUIRED_RUNTIMES else 'one of "", "docker", "gvisor"'
+
+
+def runtime_below(runtime: str, required: str) -> bool:
+    """Whether `runtime` isolates less than a pool's `required_runtime` asks ("" asks nothing)."""
+    if not required:
+        return False
+    return RUNTIME_STRENGTH.get(runtime or ContainerRuntime.DOCKER, -1) < RUNTIME_STRENGTH[required]
+
+
 def _boolean(value) -> str | None:
     return None if isinstance(value, bool) else "true or false"
 
@@ -458,6 +474,7 @@ KNOBS = {
     "drain_noncheckpointable": _drain_policy,
     # the data plane: the non-isolating local process runtime (default false), agent timings
     "allow_process_runtime": _boolean,
+    "required_runtime": _required_runtime,  # jobs run under at least this runtime (default "")
     "startup_timeout_s": _agent_seconds,
     "stop_grace_s": _agent_seconds,
     "output_retention_days": _retention_days,

@@ -20,7 +20,7 @@ from worker_agent.host import Host
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment
-from worker_agent.runtime.docker import DockerRuntime
+from worker_agent.runtime.docker import DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
@@ -71,12 +71,17 @@ def machine_id() -> str:
 
 def make_runtimes(choice: str, work: WorkRoot) -> dict:
     """The runtimes this agent offers, the primary first. `process` is always present for the
-    pools that allow it (the control plane sends runtime "process" nowhere else). Their owner
-    is set once the agent knows who it is (Agent.start)."""
+    pools that allow it (the control plane sends runtime "process" nowhere else); `gvisor` beside
+    `docker` where the engine has gVisor's two runsc runtimes. Their owner is set once the agent
+    knows who it is (Agent.start)."""
     runtimes = {}
     if choice in ("auto", "docker"):
         if DockerRuntime.available():
             runtimes["docker"] = DockerRuntime()
+            if GVisorRuntime.available():
+                runtimes["gvisor"] = GVisorRuntime()
+            else:
+                log.info("gvisor not offered: dockerd has no runsc-none and runsc-netns runtimes")
         elif choice == "docker":
             raise AgentError("--runtime docker, but no Docker engine answers")
         else:
@@ -217,6 +222,7 @@ class Agent:
             "workloads": workloads,
             "images": self.primary.images(),
             "runtime": self.primary.name,
+            "runtimes": list(self.runtimes),
         }
         answer = self.client.heartbeat(body) or {}
         if answer.get("heartbeat_interval_s"):

@@ -110,9 +110,9 @@ class Runner(threading.Thread):
     def run(self) -> None:
         a = self.assignment
         try:
-            if self.runtime is None:
-                message = f"runtime {a.runtime} is not available on this node"
-                self._end_quietly(Ended("failed", "runtime_error", None, message))
+            if self.runtime is None:  # refused before anything is pulled or created
+                message = f"runtime {a.runtime} is not offered by this node's agent"
+                self._end_quietly(Ended("failed", "runtime_unavailable", None, message))
             elif self.found is not None:
                 self._adopt(self.found)
             elif a.state != "leased":

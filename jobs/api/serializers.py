@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from jobs.choices import JobState
 from jobs.images import admit_image
-from jobs.lifecycle import gpu_isolation
+from jobs.lifecycle import gpu_isolation, pool_agent_knobs
 from jobs.models import Job, JobEvent, JobOutput
 from pools import validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
@@ -219,6 +219,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         shape, request = shape_or_resources(attrs)
         if shape is not None:
             attrs["shape"] = shape
+        self._check_runtime(pool, shape, request)
         self._check_secrets(attrs)
         # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
         # image_signature_invalid (ImageRefused), nothing stored or reserved.
@@ -231,6 +232,21 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         attrs["image"], attrs["image_requested"] = admitted.pinned, admitted.requested
         attrs["image_platforms"] = admitted.platforms
         return attrs
+
+    def _check_runtime(self, pool, shape, request):
+        """A pool's `required_runtime` refuses a request for a weaker runtime (never raised
+        silently: the tenant learns which shape to use)."""
+        required = pool_agent_knobs(pool)["required_runtime"]
+        runtime = request.get("container_runtime") or "docker"
+        if not validation.runtime_below(runtime, required):
+            return
+        message = (
+            f"Pool {pool.slug} runs jobs under {required} only (its required_runtime); "
+            f"this asks for {runtime}."
+        )
+        if shape is not None:
+            raise serializers.ValidationError({"shape": message})
+        raise serializers.ValidationError({"resources": {"container_runtime": [message]}})
 
     def _check_secrets(self, attrs):
         """Every secret named exists in the job's tenant; an ENV name is a secret or plain."""

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
 from nodes.selectors import control_plane_id
+from pools.choices import ContainerRuntime
 from pools.models import ComputePool
 from pools.validation import BIGINT_MAX
 from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
@@ -320,6 +321,12 @@ class HeartbeatSerializer(serializers.Serializer):
         required=False,
     )
     runtime = serializers.ChoiceField(choices=["docker", "process"], required=False)
+    # what the agent offers now (docs/data-plane.md "Runtimes"); absent: kept as they were
+    runtimes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ContainerRuntime.choices),
+        max_length=RUNTIMES_MAX,
+        required=False,
+    )
 
 
 class ProbeSerializer(serializers.ModelSerializer):

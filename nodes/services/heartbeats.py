@@ -34,8 +34,10 @@ def node_heartbeat(
     agent_version: str = "",
     images: list[str] | None = None,
     runtime: str = "",
+    runtimes: list[str] | None = None,
 ) -> Node:
-    """Liveness, usage, device health, the image cache and the runtime from the node's agent.
+    """Liveness, usage, device health, the image cache and the runtimes from the node's agent
+    (`runtime` the one it runs jobs with, `runtimes` all it offers: the scheduler's filter).
 
     A private-fleet node that is still `registered` is verified and made ready by its first
     authenticated heartbeat; a node that was unreachable becomes reachable and the workloads it
@@ -52,6 +54,8 @@ def node_heartbeat(
         fields["cached_images"] = sorted(set(images))
     if runtime:
         fields["agent_runtime"] = runtime
+    if runtimes is not None:  # e.g. gvisor offered once dockerd has the runsc runtimes
+        fields["runtimes"] = list(dict.fromkeys(runtimes))
     Node.objects.filter(pk=node.pk).update(**fields)
     node.refresh_from_db()
     returned = Node.objects.filter(pk=node.pk, reachability=Reachability.UNREACHABLE).update(

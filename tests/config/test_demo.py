@@ -44,6 +44,8 @@ def test_only_the_dev_pool_allows_the_process_runtime(db):
     assert pool_agent_knobs(lab)["allow_process_runtime"] is False
     assert pool_agent_knobs(dev)["allow_process_runtime"] is True
     assert lab.shapes.get(name="cpu-small").container_runtime == "docker"
+    assert lab.shapes.get(name="cpu-small-gvisor").container_runtime == "gvisor"
+    assert pool_agent_knobs(lab)["required_runtime"] == ""  # cpu-small stays runnable
     assert dev.shapes.get(name="cpu-small").container_runtime == "process"
     for pool in (lab, dev):
         assert list(pool.registries.values_list("prefix", flat=True)) == ["127.0.0.1:5000/"]

@@ -126,6 +126,95 @@ def test_process_runtime_only_where_the_pool_allows_it(agent, node_api, tenant):
     assert entry["runtime"] == "process" and entry["startup_timeout_s"] == 60
 
 
+def require_runtime(pool, runtime: str, **knobs) -> None:
+    current = pool.scheduling_policy.current
+    policy_version_publish(
+        policy=pool.scheduling_policy,
+        weights=dict(current.weights),
+        knobs=dict(current.knobs or {}) | {"required_runtime": runtime, **knobs},
+        comment=f"requires {runtime}",
+        actor=SYSTEM,
+    )
+
+
+def offer(enrolled, runtimes: list[str]):
+    """A heartbeat of `enrolled`'s agent, over the API, saying which runtimes it offers."""
+    body = {"runtime": "docker", "runtimes": runtimes}
+    return bearer_client(enrolled.secret).post("/api/v1/agent/heartbeat", body, format="json")
+
+
+def test_a_gvisor_job_is_placed_only_where_gvisor_is_offered_and_assigned_it(
+    agent, enroll, tenant, member
+):
+    pool = agent.node.pool
+    assert offer(agent, ["docker", "process"]).status_code == 200
+    sandboxed = enroll(pool)
+    assert offer(sandboxed, ["docker", "gvisor", "process"]).status_code == 200
+    submit = dict(
+        tenant=tenant,
+        pool=pool,
+        name="untrusted",
+        image=builders.pinned_test_image(),
+        actor=Actor.for_user(member),
+        resources=builders.cpu_request(container_runtime="gvisor"),
+    )
+    job = job_submit(**submit)
+    # its dockerd lost the runsc runtimes: the next heartbeat says so, and the job waits
+    assert offer(sandboxed, ["docker", "process"]).status_code == 200
+    assert job.pk not in scheduling_pass(pool_id=pool.pk).placed
+    job.refresh_from_db()
+    assert job.pending_reason["message"].startswith("0 of 2 nodes: 2 runtime_unsupported")
+
+    assert offer(sandboxed, ["docker", "gvisor", "process"]).status_code == 200
+    sandboxed.node.refresh_from_db()
+    assert sandboxed.node.runtimes == ["docker", "gvisor", "process"]
+    job, lease = place(job)
+    assert lease.node_id == sandboxed.node.pk
+    [entry] = bearer_client(sandboxed.secret).get("/api/v1/agent/assignments").json()
+    assert entry["runtime"] == "gvisor"
+    # the node that runs runc only is given nothing
+    assert bearer_client(agent.secret).get("/api/v1/agent/assignments").json() == []
+
+
+@pytest.mark.parametrize("runtimes", [["runc"], ["docker", "gvisor "], "gvisor", [None]])
+def test_a_heartbeat_offering_unknown_runtimes_is_a_400(agent, runtimes):
+    before = list(agent.node.runtimes)
+    response = offer(agent, runtimes)
+    assert response.status_code == 400 and "runtimes" in response.json()["errors"]
+    agent.node.refresh_from_db()
+    assert agent.node.runtimes == before
+
+
+def test_a_pool_requiring_gvisor_assigns_it_to_work_queued_before(agent, node_api, tenant):
+    pool = agent.node.pool
+    place(submit_job(pool, tenant))  # submitted as a Docker job, before the pool required more
+    assert node_api.get("/api/v1/agent/assignments").json()[0]["runtime"] == "docker"
+    require_runtime(pool, "gvisor")
+    # never run weaker than the pool requires: a node without gVisor refuses it instead
+    assert node_api.get("/api/v1/agent/assignments").json()[0]["runtime"] == "gvisor"
+
+
+def test_a_pool_requiring_docker_never_assigns_the_process_runtime(agent, node_api, tenant):
+    pool = agent.node.pool
+    place(submit_job(pool, tenant))
+    node_services.node_heartbeat(
+        node=agent.node, actor=Actor.for_node(agent.node), runtime="process"
+    )
+    require_runtime(pool, "docker", allow_process_runtime=True)
+    assert node_api.get("/api/v1/agent/assignments").json()[0]["runtime"] == "docker"
+    require_runtime(pool, "", allow_process_runtime=True)
+    assert node_api.get("/api/v1/agent/assignments").json()[0]["runtime"] == "process"
+
+
+def test_a_node_refusing_a_runtime_it_lacks_fails_the_job_with_that_reason(agent, node_api, tenant):
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    message = "runtime gvisor is not offered by this node's agent"
+    response = report(node_api, job, lease, "failed", reason="runtime_unavailable", message=message)
+    assert response.status_code == 200 and response.json()["state"] == "failed"
+    event = job.events.order_by("id").last()
+    assert (event.reason, event.message) == ("runtime_unavailable", message)
+
+
 def test_reports_drive_the_job_to_success_and_release_its_lease(agent, node_api, tenant):
     job, lease = place(submit_job(agent.node.pool, tenant, ports=[8080]))
 

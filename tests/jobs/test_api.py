@@ -1,7 +1,9 @@
 import pytest
 
-from config.builders import TEST_IMAGE_TAG, pinned_test_image
+from config.builders import SYSTEM, TEST_IMAGE_TAG, build_node, pinned_test_image
 from jobs.models import Job
+from pools.models import ResourceShape
+from pools.services import policy_version_publish
 
 IMAGE = TEST_IMAGE_TAG  # the real test image (tests/jobs/test_images.py: how it is resolved)
 
@@ -149,3 +151,82 @@ def test_explain_says_why_a_job_waits_and_what_the_scheduler_says_now(
     assert now["nearest_miss"]["after_leases"] == [str(held.json()["id"])]
     assert api(outsider).get(f"/api/v1/jobs/{job_id}/explain").status_code == 404
     assert client.get("/api/v1/jobs/abc/explain").status_code == 404
+
+
+def require_runtime(pool, runtime):
+    current = pool.scheduling_policy.current
+    policy_version_publish(
+        policy=pool.scheduling_policy,
+        weights=dict(current.weights),
+        knobs=dict(current.knobs or {}) | {"required_runtime": runtime},
+        actor=SYSTEM,
+    )
+
+
+def test_a_pool_requiring_gvisor_refuses_weaker_runtimes_at_submit(api, member, pool, cpu_shape):
+    build_node(pool, "runsc-1", cpu=16000, memory=65536, runtimes=["docker", "gvisor"])
+    ResourceShape.objects.create(
+        pool=pool,
+        name="cpu-small-gvisor",
+        cpu_millicores_min=1000,
+        memory_mib_min=1024,
+        container_runtime="gvisor",
+    )
+    require_runtime(pool, "gvisor")
+    client = api(member)
+
+    by_shape = submit(client)  # cpu-small: Docker
+    assert by_shape.status_code == 400
+    assert by_shape.json()["errors"]["shape"] == [
+        "Pool test runs jobs under gvisor only (its required_runtime); this asks for docker."
+    ]
+    for inline in ({}, {"container_runtime": "docker"}, {"container_runtime": "process"}):
+        resources = {"cpu_millicores_min": 500, "memory_mib_min": 256} | inline
+        response = submit(client, shape=None, resources=resources)
+        assert response.status_code == 400, response.json()
+        assert "container_runtime" in response.json()["errors"]["resources"]
+    assert Job.objects.count() == 0
+
+    accepted = submit(client, shape="cpu-small-gvisor")
+    assert accepted.status_code == 201, accepted.json()
+    assert accepted.json()["resources"]["container_runtime"] == "gvisor"
+
+
+def test_a_pool_requiring_docker_takes_gvisor_and_refuses_the_process_runtime(
+    api, member, pool, cpu_shape
+):
+    build_node(pool, "runsc-1", cpu=16000, memory=65536, runtimes=["docker", "gvisor"])
+    require_runtime(pool, "docker")
+    client = api(member)
+    assert submit(client).status_code == 201  # Docker itself
+    inline = {"cpu_millicores_min": 500, "memory_mib_min": 256}
+    stronger = submit(client, shape=None, resources=inline | {"container_runtime": "gvisor"})
+    assert stronger.status_code == 201, stronger.json()
+    weaker = submit(client, shape=None, resources=inline | {"container_runtime": "process"})
+    assert weaker.status_code == 400 and "resources" in weaker.json()["errors"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({"container_runtime": "runc"}, "container_runtime"),
+        (
+            {"container_runtime": "gvisor", "gpu_count": 1, "gpu_sharing_class": "exclusive"},
+            "container_runtime",
+        ),
+    ],
+)
+def test_a_runtime_outside_the_catalogue_or_gvisor_with_gpus_is_a_field_error(
+    api, member, pool, resources, field
+):
+    body = {"cpu_millicores_min": 500, "memory_mib_min": 256} | resources
+    response = submit(api(member), shape=None, resources=body)
+    assert response.status_code == 400
+    assert field in response.json()["errors"]["resources"]
+
+
+def test_no_gvisor_node_in_the_pool_is_a_422_at_submit(api, member, pool, ready_node):
+    inline = {"cpu_millicores_min": 500, "memory_mib_min": 256, "container_runtime": "gvisor"}
+    response = submit(api(member), shape=None, resources=inline)
+    assert response.status_code == 422
+    assert "runtime_unsupported" in response.json()["message"]

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from worker_agent import cli
-from worker_agent.agent import Agent, AgentError, Config
+from worker_agent.agent import Agent, AgentError, Config, make_runtimes
+from worker_agent.runtime.docker import GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.schema import inventory_errors
+from worker_agent.workroot import WorkRoot
 
-from .conftest import make_owner
+from .conftest import make_owner, require_service
 
 
 @pytest.fixture
@@ -115,11 +117,29 @@ def test_a_job_that_leaves_the_assignments_is_stopped(agent, control_plane):
     assert control_plane.steps(12)[-1] == ("running", "")
 
 
-def test_a_job_for_a_runtime_absent_here_fails_at_once(agent, control_plane):
+@pytest.mark.parametrize("runtime", ["docker", "gvisor"])
+def test_a_job_for_a_runtime_absent_here_is_refused_before_anything_runs(
+    agent, control_plane, runtime
+):
     agent.start()
-    control_plane.assignments = [assignment(13, ["true"], runtime="docker")]
+    agent.heartbeat()
+    assert control_plane.sent("agent/heartbeat")[-1]["runtimes"] == ["process"]
+    control_plane.assignments = [assignment(13, ["true"], runtime=runtime)]
     agent.sync()
-    wait_for(lambda: control_plane.steps(13) == [("failed", "runtime_error")])
+    wait_for(lambda: control_plane.steps(13) == [("failed", "runtime_unavailable")])
+    [report] = control_plane.reports(13)
+    assert report["message"] == f"runtime {runtime} is not offered by this node's agent"
+    assert agent.runtimes["process"].find() == []  # nothing was started
+
+
+@pytest.mark.docker
+def test_the_engines_gvisor_runtimes_are_offered_beside_docker(tmp_path, docker_client):
+    require_service(GVisorRuntime.available(), "gVisor's runsc runtimes in dockerd")
+    work = WorkRoot(tmp_path / "work", tmp_path / "state")
+    runtimes = make_runtimes("auto", work)
+    assert list(runtimes) == ["docker", "gvisor", "process"]
+    assert isinstance(runtimes["gvisor"], GVisorRuntime)
+    assert list(make_runtimes("process", work)) == ["process"]
 
 
 def test_the_credential_is_rotated_when_the_heartbeat_says_so(agent, control_plane):

@@ -23,6 +23,10 @@ Ownership: several agents may share the engine. Every container and volume carri
 labels (control-plane id and node id, base.Owner) and a name that starts with the
 control-plane id; the agent finds, adopts and removes only what carries both labels of its own,
 never a container or volume by its name alone (a foreign one in the way fails the attempt).
+
+`GVisorRuntime` is the same container, created on the same path with every limit above, under
+gVisor's runsc instead of runc: the job talks to a kernel of gVisor's own (the sandbox's Sentry,
+`uname -r` 4.4.0), not to the host's.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ IMAGES_MAX = 512
 LOG_BUFFER_MAX = 8 * 1024 * 1024  # unsent log text kept per run; the oldest is dropped first
 OOM_EVENT_GRACE_S = 2.0  # how long past an exit the engine's `oom` event may still arrive
 TIMESTAMP_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,6})?")
+# gVisor's two dockerd runtimes by network mode (.ci/ensure-services.sh registers them), since
+# runsc's network flag is per runtime: `none` has no network stack at all; under `pool` runsc
+# passes through the namespace Docker gives the container (its network owner's, with the egress
+# rules), never the host's.
+GVISOR_ENGINE_RUNTIMES = {"none": "runsc-none", "pool": "runsc-netns"}
 
 
 def _moment(text: str | None) -> datetime | None:
@@ -158,6 +167,16 @@ class DockerRuntime:
                 client.close()
         except DockerException:
             return False
+
+    def engine_runtime(self, assignment: Assignment) -> str | None:
+        """The dockerd runtime the job's container is created with (None: the engine's default,
+        runc)."""
+        return None
+
+    def runs(self, container) -> bool:
+        """Whether a job container found on the engine is this runtime's (reconciliation)."""
+        runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
+        return runtime not in GVISOR_ENGINE_RUNTIMES.values()
 
     # ------------------------------------------------------------------ image
     def pull(self, assignment: Assignment) -> float:
@@ -390,6 +409,8 @@ class DockerRuntime:
             options["command"] = list(assignment.command)
         if limits.cpuset:
             options["cpuset_cpus"] = limits.cpuset
+        if engine_runtime := self.engine_runtime(assignment):
+            options["runtime"] = engine_runtime
         if limits.gpus:
             options["device_requests"] = [
                 DeviceRequest(
@@ -602,6 +623,41 @@ class DockerRuntime:
                 attempt = int(labels.get(f"{LABEL}.attempt") or 1)
             except (KeyError, ValueError):
                 continue
+            if not self.runs(container):
+                continue  # the other Docker-backed runtime's (gVisor's or runc's)
             ended = self.poll(container)
             found.append(Found(job, lease, attempt, container, ended is None, ended))
         return found
+
+
+class GVisorRuntime(DockerRuntime):
+    """The Docker runtime under gVisor: offered where dockerd has both runsc runtimes."""
+
+    name = "gvisor"
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            client = docker.from_env(timeout=5)
+            try:
+                loaded = client.info().get("Runtimes") or {}
+            finally:
+                client.close()
+        except DockerException:
+            return False
+        return all(
+            Path(str((loaded.get(name) or {}).get("path") or "")).name == "runsc"
+            for name in GVISOR_ENGINE_RUNTIMES.values()
+        )
+
+    def engine_runtime(self, assignment: Assignment) -> str:
+        return GVISOR_ENGINE_RUNTIMES["none" if assignment.network_mode == "none" else "pool"]
+
+    def runs(self, container) -> bool:
+        runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
+        return runtime in GVISOR_ENGINE_RUNTIMES.values()
+
+    def create(self, assignment: Assignment, workdir: Path):
+        if assignment.limits.gpus:  # refused before anything is created (runsc passes none)
+            raise RuntimeFailure("runtime_unavailable", "gVisor runs no GPU work on this node")
+        return super().create(assignment, workdir)
