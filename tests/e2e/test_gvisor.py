@@ -106,8 +106,16 @@ def test_a_gvisor_job_on_the_pool_network_serves_its_port_and_reaches_nothing_el
         stack.drive(job_id, "running")
     assert logs.splitlines()[0] == SANDBOX_KERNEL
     assert "egress=0" not in logs and "HTTP/1.0 200" not in logs
-    # what listens in the sandbox is reached through the route, like a Docker job's port
-    served = requests.get(f"http://{job['route']['host']}:{published}/", timeout=5)
+    # what listens in the sandbox is reached through the route, like a Docker job's port (once
+    # httpd, started after the log line, listens: until then the engine's proxy hangs up)
+    url = f"http://{job['route']['host']}:{published}/"
+    while True:
+        try:
+            served = requests.get(url, timeout=5)
+            break
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline + 10, f"nothing answers on {url}"
+            time.sleep(0.2)
     assert served.status_code == 200 and served.text == "sandboxed\n"
 
     assert stack.api("POST", f"jobs/{job_id}/cancel").status_code == 200
