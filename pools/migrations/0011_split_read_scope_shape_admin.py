@@ -8,9 +8,14 @@ from django.db import migrations
 SPLIT_FROM_READ = ("logs:read", "outputs:read")
 
 
-def split_read_scope(apps, schema_editor):
+def _read_tokens(apps):
+    # Filtered in Python: SQLite (make run's default) has no JSON `contains` lookup.
     ApiToken = apps.get_model("pools", "ApiToken")
-    for token in ApiToken.objects.filter(scopes__contains=["read"]).iterator():
+    return (token for token in ApiToken.objects.iterator() if "read" in (token.scopes or []))
+
+
+def split_read_scope(apps, schema_editor):
+    for token in _read_tokens(apps):
         scopes = sorted(set(token.scopes) | set(SPLIT_FROM_READ))
         if scopes != token.scopes:
             token.scopes = scopes
@@ -18,8 +23,7 @@ def split_read_scope(apps, schema_editor):
 
 
 def unsplit_read_scope(apps, schema_editor):
-    ApiToken = apps.get_model("pools", "ApiToken")
-    for token in ApiToken.objects.filter(scopes__contains=["read"]).iterator():
+    for token in _read_tokens(apps):
         token.scopes = [s for s in token.scopes if s not in SPLIT_FROM_READ]
         token.save(update_fields=["scopes"])
 
