@@ -2,16 +2,20 @@
 path with every limit of the lease, under runsc (the runtimes .ci/ensure-services.sh registers):
 the job sees gVisor's kernel, not the host's, and still ends as a Docker job would."""
 
+import time
+
 import pytest
 
 from worker_agent.runtime.base import RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime, GVisorRuntime
 
 from .conftest import make_owner, require_service
+from .test_checkpoint import TRAPPING, checkpoint_files, restore_of, wait_for
 from .test_docker_runtime import assignment as docker_assignment
 from .test_docker_runtime import run_to_end
 from .test_network import gateway, servers  # noqa: F401 (fixtures used below)
 from .test_network import run as run_logged
+from .test_runner import run as run_runner
 
 pytestmark = pytest.mark.docker
 SANDBOX_KERNEL = "4.4.0"  # what gVisor's Sentry answers to uname
@@ -169,3 +173,42 @@ def test_a_gpu_lease_is_refused_before_anything_is_created(runtime, test_image, 
     assert refused.value.reason == "runtime_unavailable"
     name = runtime.container_name(a)
     assert runtime.client.containers.list(all=True, filters={"name": name}) == []
+
+
+@pytest.fixture
+def gvisor_parts(agent_parts, runtime):
+    """A runner's parts (conftest.agent_parts) with the gVisor runtime."""
+    state, client, _ = agent_parts
+    return state, client, runtime
+
+
+def test_a_checkpoint_is_written_uploaded_and_restored_under_gvisor(
+    gvisor_parts, control_plane, test_image
+):
+    """SIGUSR1 reaches the job in the sandbox; what it saves leaves through the engine's archive
+    API, and the next attempt finds it in its $CHECKPOINT_DIR before it starts."""
+    limits = LIMITS | {"scratch_mib": 0}
+    first = run_runner(
+        gvisor_parts, test_image, ["sh", "-c", TRAPPING], wait=False, stop_grace_s=10, limits=limits
+    )
+    wait_for(lambda: first.phase == "running")
+    time.sleep(1)  # the trap is set before the shell's first sleep
+    first.request_checkpoint()
+    first.join(30)
+    assert control_plane.steps(first.job)[-1] == ("checkpointed", "")
+    archive = control_plane.outputs(first.job)["checkpoint.tar"]
+    assert checkpoint_files(archive) == {"checkpoint/state": b"saved\n"}
+
+    script = 'busybox uname -r; cat "$CHECKPOINT_DIR/state"'
+    second = run_runner(
+        gvisor_parts,
+        test_image,
+        ["sh", "-c", script],
+        job=first.job,
+        attempt=2,
+        lease=first.assignment.lease + 1,
+        restore=restore_of(archive),
+        limits=limits,
+    )
+    assert control_plane.steps(second.job)[-1] == ("succeeded", "")
+    assert control_plane.log_text(second.job).split() == [SANDBOX_KERNEL, "saved"]
