@@ -17,10 +17,24 @@ if settings.DEBUG:  # `make run` serves the console's static files itself
 
 from config.heap import freeze_startup_objects  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
+from config.timeouts import BodyTimeout  # noqa: E402
+
+
+async def lifespan(scope, receive, send):
+    """The server's start and stop (hypercorn announces both): nothing to do at either."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "lifespan": lifespan,
+        "http": BodyTimeout(django_asgi_app, settings.HTTP_BODY_TIMEOUT_S),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -31,6 +31,9 @@ env = environ.Env(
     PLACEMENT_THROTTLE_RATE=(str, "600/minute"),
     TENANT_MAX_QUEUED_JOBS=(int, 1000),
     JOB_OUTPUT_MAX_BYTES=(int, 1024**3),
+    HTTP_HEADER_TIMEOUT_S=(float, 10.0),
+    HTTP_BODY_TIMEOUT_S=(float, 10.0),
+    CHANNEL_LAYER_PREFIX=(str, "asgi"),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -76,6 +79,12 @@ MIDDLEWARE = [
 # Request bodies above 1 MiB are refused (a JSON 413 on the API, pools/api/errors.py): the
 # largest legitimate one, a node's inventory, is a few KiB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+# Slow clients (docs/security.md "Slow clients"): a request's line and headers must all arrive
+# within HTTP_HEADER_TIMEOUT_S of the connection opening or of the previous response, which is
+# also how long an idle keep-alive connection stays open (config/hypercorn.py); each chunk of a
+# body within HTTP_BODY_TIMEOUT_S of the one before (config/timeouts.py), else a 408.
+HTTP_HEADER_TIMEOUT_S = env("HTTP_HEADER_TIMEOUT_S")
+HTTP_BODY_TIMEOUT_S = env("HTTP_BODY_TIMEOUT_S")
 
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
@@ -157,7 +166,9 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}]
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
+            # two deployments on one Redis need two prefixes, or each gets the other's events
+            "prefix": env("CHANNEL_LAYER_PREFIX"),
         },
     }
 }

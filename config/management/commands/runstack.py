@@ -1,4 +1,5 @@
-"""`make run`: the whole product in one terminal — ASGI server, Celery worker with beat, and one
+"""`make run`: the whole product in one terminal — ASGI server (hypercorn, config/hypercorn.py),
+Celery worker with beat, and one
 local worker agent, so submitted jobs really run.
 
 With no Redis answering at REDIS_URL it serves an embedded Redis-protocol server (fakeredis)
@@ -65,6 +66,13 @@ def start_embedded_redis() -> str:
     server = TcpFakeServer(("127.0.0.1", port), server_type="redis")
     threading.Thread(target=server.serve_forever, daemon=True, name="embedded-redis").start()
     return f"redis://127.0.0.1:{port}/0"
+
+
+def web_command(host: str, port: int) -> list[str]:
+    """The ASGI server (HTTP and websockets) with the timeouts of config/hypercorn.py."""
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    config = ["--config", "python:config.hypercorn", "--bind", bind]
+    return [sys.executable, "-m", "hypercorn", *config, "config.asgi:application"]
 
 
 def docker_answers() -> bool:
@@ -223,7 +231,7 @@ class Command(BaseCommand):
         env = os.environ | {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
         python = sys.executable
         commands = {
-            "web": [python, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"],
+            "web": web_command(host, port),
             "worker+beat": [
                 python,
                 "-m",
