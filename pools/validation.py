@@ -166,7 +166,7 @@ def secret_name(value) -> None:
 
 
 def secret_value(value) -> None:
-    """A secret's value becomes an environment variable: text of at most 64 KiB (UTF-8)."""
+    """A secret's value becomes a file of the job: text of at most 64 KiB (UTF-8)."""
     if not isinstance(value, str) or not value:
         raise ValidationError("A non-empty string.")
     if len(value.encode()) > SECRET_VALUE_MAX_BYTES:
@@ -176,10 +176,12 @@ def secret_value(value) -> None:
 
 
 def secrets_mapping(value) -> None:
-    """A job's `secrets`: {ENV_NAME: secret name}, at most SECRETS_MAX_ENTRIES. Whether the
-    names exist is the tenant's question (the serializer asks it)."""
+    """A job's `secrets`: {NAME: secret name}, at most SECRETS_MAX_ENTRIES. NAME is the file
+    /run/secrets/NAME and the variable NAME_FILE: an environment-variable name, so always a
+    plain file name (no '/', '.' or '..'). Whether the secrets exist is the tenant's question
+    (the serializer asks it)."""
     if not isinstance(value, dict):
-        raise ValidationError("A map of environment variable name to secret name.")
+        raise ValidationError("A map of file name (NAME: /run/secrets/NAME) to secret name.")
     if len(value) > SECRETS_MAX_ENTRIES:
         raise ValidationError(f"At most {SECRETS_MAX_ENTRIES} secrets.")
     env_mapping(value)

@@ -130,7 +130,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     max_runtime_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, default=3600)
     # The data plane's fields (docs/data-plane.md), checked and normalised by pools.validation.
     secrets = serializers.JSONField(
-        default=dict, validators=[validation.secrets_mapping], help_text="{ENV: secret name}"
+        default=dict,
+        validators=[validation.secrets_mapping],
+        help_text="{NAME: secret name}: the file /run/secrets/NAME, its path in $NAME_FILE",
     )
     inputs = serializers.JSONField(default=list, help_text='URLs or [{"url", "name"}]')
     ports = serializers.JSONField(default=list, help_text="Container ports to publish")
@@ -249,11 +251,13 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         raise serializers.ValidationError({"resources": {"container_runtime": [message]}})
 
     def _check_secrets(self, attrs):
-        """Every secret named exists in the job's tenant; an ENV name is a secret or plain."""
+        """Every secret named exists in the job's tenant; env sets neither a secret's NAME nor
+        the NAME_FILE the agent sets to its file's path."""
         wanted = attrs.get("secrets") or {}
-        both = sorted(set(wanted) & set(attrs.get("env") or {}))
+        taken = set(wanted) | {f"{name}_FILE" for name in wanted}
+        both = sorted(taken & set(attrs.get("env") or {}))
         if both:
-            message = f"{', '.join(both)[:200]}: set in env and in secrets; choose one."
+            message = f"{', '.join(both)[:200]}: set in env and by secrets; choose one."
             raise serializers.ValidationError({"secrets": message})
         names = set(wanted.values())
         known = set(

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from config.builders import pinned_test_image
+from config.builders import build_secret, pinned_test_image
 from leases import tasks as lease_tasks
 from leases.models import Lease
 from nodes.services import node_heartbeat_sweep
@@ -62,6 +62,20 @@ def test_a_job_runs_by_digest_and_its_output_is_downloaded(stack):
     assert stack.docker.images.get(job["image"]).id
     assert lease_states(job["id"]) == ["released"]
     assert stack.containers(job["id"]) == []
+
+
+def test_a_job_reads_its_secret_from_a_file_and_its_log_masks_it(stack):
+    build_secret(stack.tenant, "e2e-db-pass", "e2e-s3cr3t-value")
+    command = [
+        "sh",
+        "-c",
+        'echo "pass=$(cat "$DB_PASS_FILE")"; echo "in env: $(env | grep -c s3cr3t)"; '
+        "stat -c 'mode=%a owner=%u' /run/secrets/DB_PASS",
+    ]
+    job_id = submitted(stack, "secret-file", command, secrets={"DB_PASS": "e2e-db-pass"})
+    stack.drive(job_id, "succeeded")
+    logs = stack.api("GET", f"jobs/{job_id}/logs").text
+    assert logs.splitlines() == ["pass=[secret e2e-db-pass]", "in env: 0", "mode=400 owner=65534"]
 
 
 def test_a_nonzero_exit_fails_the_job_with_its_code(stack):

@@ -1,6 +1,10 @@
 """Issue 17: a job sees only the secrets it was given, and neither the node's operator nor the
 database holds them in clear.
 
+- In the job: files `/run/secrets/NAME` (mode 0400, owned by the job's user) and `NAME_FILE`
+  naming each, from a ramfs the agent unmounts on the host once the container started: the
+  values are never in the container's environment or `docker inspect`, never on the node's
+  disk, gone with the container. The process runtime gets the same files in its directory.
 - At rest: each value is AES-256-GCM ciphertext under a key id of ENCRYPTION_KEYS, bound to its
   tenant and name; `manage.py reencrypt_secrets` moves every value to the current key, after
   which the old key can go; a key that is gone is a clear error, never a fallback.
@@ -9,7 +13,10 @@ database holds them in clear.
 """
 
 import base64
+import json
+import os
 import urllib.parse
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -18,11 +25,13 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
-from config.builders import build_secret
+from config.builders import build_secret, pinned_test_image
 from jobs import artifacts
 from pools import encryption
 from pools.models import TenantSecret
 from tests.clients import bearer_client
+from worker_agent.runtime.base import Assignment
+from worker_agent.runtime.process import ProcessRuntime
 
 from .dataplane import Run, assignment_of, placed
 
@@ -171,3 +180,143 @@ def test_a_value_split_across_two_chunks_is_masked_when_the_log_is_read(agent, t
     artifacts.job_log_append(job=job, attempt=1, text=f"{VALUE[half:]}\n")
     log = api(member).get(f"/api/v1/jobs/{job.pk}/logs").content.decode()
     assert log == "pass=[secret db-pass]\n"
+
+
+READS_ITS_SECRET = [
+    "sh",
+    "-c",
+    'echo "file=$(cat /run/secrets/DB_PASS)"; echo "via=$(cat "$DB_PASS_FILE")"; '
+    'echo "path=$DB_PASS_FILE"; stat -c "stat=%a %u %g" /run/secrets/DB_PASS; '
+    'echo "listed=$(ls /run/secrets | tr "\\n" " ")"; '
+    'echo x > /run/secrets/DB_PASS 2>/dev/null || echo "write=refused"; env',
+]
+
+
+def mounts_under(path: Path) -> list[str]:
+    """The host's mount table entries at or below `path` (its fstype first)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if fields[4] == str(path) or fields[4].startswith(f"{path}/"):
+            found.append(f"{fstype} {fields[4]}")
+    return found
+
+
+@pytest.mark.docker
+def test_a_job_reads_its_secret_from_a_file_and_the_engine_never_holds_the_value(
+    agent, tenant, docker_client, tmp_path
+):
+    build_secret(tenant, "db-pass", VALUE)
+    build_secret(tenant, "not-given", "not-given-value")  # the tenant's, but not this job's
+    job = placed(agent.node.pool, tenant, READS_ITS_SECRET, secrets={"DB_PASS": "db-pass"})
+    run = Run(docker_client, agent.node, assignment_of(agent.secret, job), tmp_path)
+    try:
+        container = run.create()
+        container.reload()
+        # docker inspect: no value anywhere in the container's configuration
+        assert VALUE not in json.dumps(container.attrs)
+        assert "DB_PASS_FILE=/run/secrets/DB_PASS" in container.attrs["Config"]["Env"]
+        [mount] = [m for m in container.attrs["Mounts"] if m["Destination"] == "/run/secrets"]
+        assert mount["Type"] == "bind" and mount["RW"] is False
+        source = Path(mount["Source"])
+        # until the start the values live in a ramfs on the host (RAM only), never on its disk
+        assert mounts_under(source) == [f"ramfs {source}"]
+        printed = run.to_end()
+        container.reload()
+        assert VALUE not in json.dumps(container.attrs)
+        # started: the host's mount is gone, the container holds the only reference
+        assert mounts_under(source) == [] and not source.exists()
+    finally:
+        run.remove()
+    lines = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    assert run.ended.exit_code == 0, printed
+    assert lines["file"] == VALUE and lines["via"] == VALUE
+    assert lines["path"] == "/run/secrets/DB_PASS"
+    assert lines["stat"] == "400 65534 65534"  # mode 0400, owned by the job's user
+    assert lines["listed"] == "DB_PASS "  # only what it was given
+    assert lines["write"] == "refused"
+    assert "DB_PASS" not in lines  # the environment holds the path, never the value
+    assert printed.count(VALUE) == 2  # the two cats, nothing in `env`
+
+
+@pytest.mark.docker
+def test_a_job_without_secrets_has_no_secrets_mount(agent, tenant, docker_client, tmp_path):
+    build_secret(tenant, "db-pass", VALUE)
+    job = placed(agent.node.pool, tenant, ["sh", "-c", "ls /run/secrets || echo none"])
+    run = Run(docker_client, agent.node, assignment_of(agent.secret, job), tmp_path)
+    try:
+        container = run.create()
+        assert all(m["Destination"] != "/run/secrets" for m in container.attrs["Mounts"])
+        printed = run.to_end()
+    finally:
+        run.remove()
+    assert "No such file or directory" in printed and "none" in printed
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", ".", "..", "A.B", "1A", "a b", ""])
+def test_a_secret_name_that_is_not_a_plain_file_name_is_a_400(
+    api, member, tenant, pool, cpu_shape, name
+):
+    build_secret(tenant, "db-pass", VALUE)
+    response = api(member).post(
+        "/api/v1/jobs",
+        {
+            "tenant": tenant.slug,
+            "pool": pool.slug,
+            "name": "train",
+            "shape": cpu_shape.name,
+            "image": pinned_test_image(),
+            "command": ["true"],
+            "secrets": {name: "db-pass"},
+        },
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert "secrets" in response.json()
+
+
+def test_env_cannot_set_the_variable_that_names_a_secret_file(api, member, tenant, pool, cpu_shape):
+    build_secret(tenant, "db-pass", VALUE)
+    response = api(member).post(
+        "/api/v1/jobs",
+        {
+            "tenant": tenant.slug,
+            "pool": pool.slug,
+            "name": "train",
+            "shape": cpu_shape.name,
+            "image": pinned_test_image(),
+            "command": ["true"],
+            "env": {"DB_PASS_FILE": "/tmp/mine"},
+            "secrets": {"DB_PASS": "db-pass"},
+        },
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert "DB_PASS_FILE" in str(response.json().get("secrets")), response.json()
+
+
+def test_the_process_runtime_gets_the_same_files_in_its_own_directory(agent, tenant, tmp_path):
+    build_secret(tenant, "db-pass", VALUE)
+    job = placed(agent.node.pool, tenant, ["true"], secrets={"DB_PASS": "db-pass"})
+    entry = assignment_of(agent.secret, job) | {
+        "runtime": "process",
+        "command": ["sh", "-c", 'cat "$DB_PASS_FILE"; echo; env'],
+    }
+    runtime = ProcessRuntime(work_dir=tmp_path)
+    workdir = tmp_path / "attempt"
+    (workdir / "outputs").mkdir(parents=True)
+    handle = runtime.create(Assignment.parse(entry), workdir)
+    secret_file = workdir / "secrets" / "DB_PASS"
+    assert secret_file.read_text() == VALUE
+    assert secret_file.stat().st_mode & 0o777 == 0o400
+    assert (workdir / "secrets").stat().st_mode & 0o777 == 0o700
+    runtime.start(handle)
+    handle.popen.wait(timeout=10)
+    printed = (workdir / "output.log").read_text()
+    assert printed.splitlines()[0] == VALUE
+    assert f"DB_PASS_FILE={secret_file}" in printed
+    assert printed.count(VALUE) == 1  # the cat; the environment holds the path only
+    runtime.remove(handle)
+    assert not (workdir / "secrets").exists()
+    assert os.listdir(workdir)  # the rest of the attempt is the runner's to clean

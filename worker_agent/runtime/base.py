@@ -108,7 +108,7 @@ class Assignment:
     tenant: str = ""
     state: str = "leased"
     env: dict = field(default_factory=dict)
-    secrets: dict = field(default_factory=dict)
+    secrets: dict = field(default_factory=dict, repr=False)  # NAME → value: never logged
     inputs: tuple[dict, ...] = ()
     ports: tuple[int, ...] = ()
     network_mode: str = "none"
@@ -165,9 +165,10 @@ class Assignment:
             f"{LABEL}.attempt": str(self.attempt),
         }
 
-    def environment(self) -> dict[str, str]:
-        """Plain env, then secrets (a secret wins over a plain variable of the same name)."""
-        return {**self.env, **self.secrets}
+    def environment(self, secrets_dir: str) -> dict[str, str]:
+        """Plain env, and NAME_FILE for each secret: the path of the file in `secrets_dir`
+        that holds its value (worker_agent/secrets.py; values are never in the environment)."""
+        return {**self.env, **{f"{name}_FILE": f"{secrets_dir}/{name}" for name in self.secrets}}
 
 
 def _restore(data) -> dict | None:

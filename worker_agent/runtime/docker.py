@@ -16,8 +16,9 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
   in its namespace (worker_agent/netpolicy.py) and only then is the job container started
   inside that namespace (`container:<owner>`, no NET_ADMIN: it cannot change them). A node
   that cannot enforce this (not root, no iptables/nsenter) fails such a job: runtime_error.
-Secrets are passed as environment variables at create: not in the image or the job's
-listings, but visible to whoever can `docker inspect` on the node.
+Secrets are files in /run/secrets, a read-only bind mount of a per-attempt ramfs the agent
+unmounts on the host as soon as the container has started (runtime/secrets.py): never in the
+container's environment or configuration, never on the node's disk.
 
 Ownership: several agents may share the engine. Every container and volume carries its owner's
 labels (control-plane id and node id, base.Owner) and a name that starts with the
@@ -47,6 +48,7 @@ from docker.types import DeviceRequest, LogConfig, Mount
 from worker_agent import netpolicy, tarstream
 from worker_agent.host import architecture
 from worker_agent.inventory import container_device_ids, load_nvml
+from worker_agent.runtime import secrets as secret_files
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
     LABEL,
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 
 DIGEST_RE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 NOBODY = "65534:65534"
+JOB_USER = (65534, 65534)  # NOBODY as uid, gid: the owner of the job's secret files
+SECRETS_DIR = secret_files.CONTAINER_DIR
 POOL_NETWORK = "computepool"
 # The network owner's image (needs `sleep`; the job's own image may not have it), pinned by
 # digest when used; by default the busybox test image every node here has in its cache.
@@ -134,7 +138,9 @@ class DockerRuntime:
         client: docker.DockerClient | None = None,
         pause_image: str | None = None,
         nvml=None,
+        secrets_root: Path | None = None,
     ):
+        self.secrets_root = Path(secrets_root or secret_files.ROOT_DEFAULT)
         # None until the agent knows who it is (enrollment): nothing is created or found before
         self.owner = owner
         self.nvml = nvml  # None: the real NVML, loaded when a lease names MIG instances
@@ -227,6 +233,11 @@ class DockerRuntime:
         if labels is None:  # a volume: its labels are in its attributes
             labels = (getattr(thing, "attrs", None) or {}).get("Labels")
         return self.owner is not None and self.owner.owns(labels)
+
+    def _secret_mounts(self) -> secret_files.HostMounts:
+        """This node's own directory of secret mounts (no other agent sweeps it)."""
+        owner = self._owned_by()
+        return secret_files.HostMounts(self.secrets_root / owner.control_plane / str(owner.node_id))
 
     def container_name(self, assignment: Assignment) -> str:
         return f"{self._owned_by().prefix}-job{assignment.job}-l{assignment.lease}"
@@ -375,11 +386,15 @@ class DockerRuntime:
             *self._scratch(assignment),
         ]
         try:
+            if assignment.secrets:  # a ramfs of this attempt, read-only in the container
+                source = self._secret_mounts().prepare(name, assignment.secrets, *JOB_USER)
+                mounts.append(Mount(SECRETS_DIR, str(source), type="bind", read_only=True))
             network = self._network(assignment)  # the owner and its egress rules, if any
         except BaseException:
             self._remove_volume(f"{name}-scratch")
+            self._release_secrets(name)
             raise
-        environment = assignment.environment() | {
+        environment = assignment.environment(SECRETS_DIR) | {
             "OUTPUTS_DIR": "/outputs",
             "INPUTS_DIR": "/inputs",
             "SCRATCH_DIR": "/scratch",
@@ -424,13 +439,26 @@ class DockerRuntime:
         except DockerException as exc:
             self._remove_volume(f"{name}-scratch")
             self._remove_owner_of(name)
+            self._release_secrets(name)
             raise RuntimeFailure("runtime_error", f"create failed: {exc}") from exc
 
     def start(self, container) -> None:
+        """Starts it, then unmounts its secrets on the host: the container's mount namespace
+        holds the only reference left (they go with the container)."""
         try:
             container.start()
         except DockerException as exc:
             raise RuntimeFailure("runtime_error", f"start failed: {exc}") from exc
+        finally:
+            self._release_secrets(container.name)
+
+    def _release_secrets(self, name: str) -> None:
+        if self.owner is None:
+            return
+        try:
+            self._secret_mounts().release(name)
+        except OSError as exc:  # never keeps a run from ending; the next agent sweeps it
+            log.warning("secrets of %s not unmounted: %s", name, exc)
 
     def _remove_leftover(self, name: str) -> None:
         """What a crash between create and report left of the same attempt, when it is ours;
@@ -563,6 +591,7 @@ class DockerRuntime:
             container.remove(force=True, v=True)
         self._remove_owner_of(name)
         self._remove_volume(f"{name}-scratch")
+        self._release_secrets(name)
 
     def follow_logs(self, container, since: int | None = None) -> LogFollower:
         stream = container.logs(stream=True, follow=True, stdout=True, stderr=True, since=since)
@@ -600,6 +629,9 @@ class DockerRuntime:
         found = []
         if self.owner is None:
             return found
+        # secret mounts a dead agent left (the containers that started hold their own)
+        for name in self._secret_mounts().sweep():
+            log.info("unmounted the secrets a previous agent left for %s", name)
         filters = {"label": [f"{LABEL}.job", *self.owner.label_filters()]}
         # listed sparse, then inspected one by one: one removed in between is skipped (a full
         # list inspects every container itself and fails on the first that is gone)

@@ -8,6 +8,9 @@ network, and can signal the agent's other processes. What it does:
   INPUTS_DIR, SCRATCH_DIR (and TMPDIR) set. There is no `/outputs`: a job written for the
   container (`echo hello > /outputs/greeting.txt`) needs the Docker runtime; under this one it
   writes to "$OUTPUTS_DIR/greeting.txt" (or the relative `outputs/greeting.txt`).
+- secrets as files in the attempt's `secrets/` (mode 0400, the agent's own user), NAME_FILE
+  naming each, removed when the run is: on the node's disk, readable by every process of that
+  user (nothing here isolates).
 - rlimits as possible: RLIMIT_AS = the leased memory (virtual, not resident memory: a program
   may fail earlier than in a container), RLIMIT_CPU = max runtime × leased CPUs (seconds of CPU),
   RLIMIT_NPROC = pids (counted per user, not per job). No CPU quota, no cpuset, no GPU
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -35,6 +39,7 @@ from pathlib import Path
 import psutil
 
 from worker_agent import tarstream
+from worker_agent.runtime import secrets as secret_files
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
     Assignment,
@@ -47,6 +52,7 @@ from worker_agent.runtime.base import (
 log = logging.getLogger(__name__)
 
 PID_FILE = "process.json"
+SECRETS_SUBDIR = "secrets"  # NAME_FILE → <attempt>/secrets/NAME (mode 0400, the agent's user)
 LOG_FILE = "output.log"
 
 
@@ -131,6 +137,11 @@ class ProcessRuntime:
                 "egress cannot be enforced on this node: the process runtime has no network "
                 "policy (an egress allow-list needs the Docker runtime)",
             )
+        secrets = workdir / SECRETS_SUBDIR
+        shutil.rmtree(secrets, ignore_errors=True)  # a leftover of a crashed agent
+        if assignment.secrets:
+            secrets.mkdir(mode=0o700)
+            secret_files.write_files(secrets, assignment.secrets, os.geteuid(), os.getegid())
         return ProcessHandle(workdir=workdir, assignment=assignment)
 
     def start(self, handle: ProcessHandle) -> None:
@@ -143,7 +154,7 @@ class ProcessRuntime:
             "SCRATCH_DIR": str(workdir / "scratch"),
             "CHECKPOINT_DIR": str(workdir / "outputs" / CHECKPOINT_SUBDIR),
             "TMPDIR": str(workdir / "tmp"),
-        } | assignment.environment()
+        } | assignment.environment(str(workdir / SECRETS_SUBDIR))
         log.warning("job %s runs as a local process: NOT isolated", assignment.job)
         try:
             with open(workdir / LOG_FILE, "ab") as out:
@@ -241,6 +252,7 @@ class ProcessRuntime:
 
     def remove(self, handle: ProcessHandle) -> None:
         (handle.workdir / PID_FILE).unlink(missing_ok=True)
+        shutil.rmtree(handle.workdir / SECRETS_SUBDIR, ignore_errors=True)
 
     def follow_logs(self, handle: ProcessHandle, since=None) -> FileFollower:
         path = handle.workdir / LOG_FILE
