@@ -18,7 +18,8 @@ from config.management.commands.runstack import (
     start_embedded_redis,
 )
 from nodes import services as node_services
-from nodes.models import ControlPlane
+from nodes.models import ControlPlane, Node
+from pools.actors import Actor
 from worker_agent.state import AgentState
 
 INVENTORY = {"cpu_millicores": 2000, "memory_mib": 4096, "scratch_mib": 0, "gpus": []}
@@ -104,6 +105,11 @@ def test_an_enrolled_agent_resumes_and_its_state_is_shown(db, tmp_path):
     assert again.state_dir == plan.state_dir
     status = agent_node_status(plan.state_dir)
     assert status == "node local-a in pool lab: registered, reachable, no heartbeat yet"
+    node = Node.objects.get(pk=AgentState(plan.state_dir).info()["node_id"])
+    node_services.node_heartbeat(
+        node=node, actor=Actor.for_node(node), runtime="docker", runtimes=["docker", "gvisor"]
+    )
+    assert agent_node_status(plan.state_dir).endswith("reachable, docker (offers docker, gvisor)")
 
 
 def test_the_state_dir_is_per_control_plane_and_node(db, settings, tmp_path):

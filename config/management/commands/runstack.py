@@ -194,6 +194,8 @@ def agent_node_status(state_dir: Path) -> str:
     if node is None:
         return ""
     runtime = node.agent_runtime or "no heartbeat yet"
+    if node.agent_runtime and node.runtimes:  # gvisor among them where runsc is registered
+        runtime += f" (offers {', '.join(node.runtimes)})"
     return (
         f"node {node.name} in pool {node.pool.slug}: {node.state}, {node.reachability}, {runtime}"
     )
