@@ -416,7 +416,8 @@ ensure_gvisor() {
         return
     fi
     [ "$written" = "written" ] && action="${action}runtimes merged into $DAEMON_JSON; "
-    if ! gvisor_registered; then
+    # a changed file is reloaded even where the names are loaded already (a new path or args)
+    if [ "$written" = "written" ] || ! gvisor_registered; then
         if reload_dockerd; then
             action="${action}dockerd reloaded (SIGHUP); "
         elif restart_idle_dockerd; then
