@@ -78,6 +78,15 @@ def test_a_job_reads_its_secret_from_a_file_and_its_log_masks_it(stack):
     assert logs.splitlines() == ["pass=[secret e2e-db-pass]", "in env: 0", "mode=400 owner=65534"]
 
 
+def test_a_nul_the_job_prints_keeps_every_line_around_it(stack):
+    """The agent's chunk holding the NUL used to be a 400: the lines of those 2 s were lost."""
+    command = ["sh", "-c", "echo before; printf 'in\\000side\\n'; echo after"]
+    job_id = submitted(stack, "nul-byte", command)
+    stack.drive(job_id, "succeeded")
+    logs = stack.api("GET", f"jobs/{job_id}/logs").text
+    assert logs == "before\nin\ufffdside\nafter\n"
+
+
 def test_a_nonzero_exit_fails_the_job_with_its_code(stack):
     job_id = submitted(stack, "exit-3", ["sh", "-c", "echo bad input >&2; exit 3"])
     job = stack.drive(job_id, "failed")
