@@ -16,6 +16,7 @@ from .test_docker_runtime import run_to_end
 from .test_network import gateway, servers  # noqa: F401 (fixtures used below)
 from .test_network import run as run_logged
 from .test_runner import run as run_runner
+from .test_secrets import root_only
 
 pytestmark = pytest.mark.docker
 SANDBOX_KERNEL = "4.4.0"  # what gVisor's Sentry answers to uname
@@ -212,3 +213,19 @@ def test_a_checkpoint_is_written_uploaded_and_restored_under_gvisor(
     )
     assert control_plane.steps(second.job)[-1] == ("succeeded", "")
     assert control_plane.log_text(second.job).split() == [SANDBOX_KERNEL, "saved"]
+
+
+@root_only  # the secrets' ramfs
+def test_a_secret_is_a_file_of_the_jobs_user_inside_the_sandbox(runtime, test_image, workdir):
+    """As under runc (tests/worker_agent/test_secrets.py): 0400, owned by the job's user, named
+    by NAME_FILE; the value is in no environment variable of the sandboxed process."""
+    script = 'busybox stat -c "%a %u" "$TOKEN_FILE"; cat "$TOKEN_FILE"; echo; busybox env'
+    a = assignment(test_image, ["sh", "-c", script], secrets={"TOKEN": "s3cr3t-value-42"})
+    runtime.pull(a)
+    container = runtime.create(a, workdir)
+    runtime.start(container)
+    assert run_to_end(runtime, container, start=False).exit_code == 0
+    mode, value, *environment = container.logs().decode().splitlines()
+    assert (mode, value) == ("400 65534", "s3cr3t-value-42")
+    assert "TOKEN_FILE=/run/secrets/TOKEN" in environment
+    assert not any("s3cr3t" in line for line in environment)
