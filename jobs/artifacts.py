@@ -53,7 +53,8 @@ def job_log_append(*, job: Job, attempt: int, text: str) -> JobLogChunk | None:
     """Appends a chunk of the job's log (at most LOG_CHUNK_MAX_BYTES) and trims the log to its
     newest LOG_KEEP_BYTES. The job's secrets are masked (their values and encoded forms,
     `secret_forms`), so a job that prints its token does not leak it to everyone who may read
-    the job; a value split across two chunks is masked when the log is read (`job_log_tail`).
+    the job, nor keeps it in the database: a form the agent's chunking split between the
+    previous chunk of the attempt and this one is moved whole into this one, then masked.
     NUL is stored as U+FFFD (PostgreSQL text cannot hold it); the rest of the chunk is kept."""
     if not isinstance(text, str):
         raise ValidationError({"text": "The log text is a string."})
@@ -61,14 +62,34 @@ def job_log_append(*, job: Job, attempt: int, text: str) -> JobLogChunk | None:
         raise ValidationError({"text": f"At most {LOG_CHUNK_MAX_BYTES} bytes per chunk."})
     if not text:
         return None
-    text = _redact(job, text.replace("\x00", "\ufffd"))  # PostgreSQL text holds no NUL
+    text = text.replace("\x00", "\ufffd")  # PostgreSQL text holds no NUL
+    forms = secret_forms(job)
     with transaction.atomic():
         # the job's row lock orders concurrent appends: seq is gapless and increasing
         Job.objects.select_for_update().filter(pk=job.pk).values("pk").first()
-        seq = (job.log_chunks.aggregate(last=Max("seq"))["last"] or 0) + 1
+        last = job.log_chunks.order_by("-seq").first()
+        if forms and last is not None and last.attempt == attempt:
+            cut = _split_form_start(last.text, text, forms)
+            if cut is not None:  # the previous chunk ends inside a secret: move that part
+                text = last.text[cut:] + text
+                last.text = last.text[:cut]
+                last.save(update_fields=["text"])
+        seq = (last.seq if last is not None else 0) + 1
+        text = mask(text, forms)
         chunk = JobLogChunk.objects.create(job=job, attempt=attempt, seq=seq, text=text)
         _trim_log(job)
     return chunk
+
+
+def _split_form_start(before: str, text: str, forms) -> int | None:
+    """Where in `before` the earliest secret form starts that continues into `text`."""
+    starts = []
+    for form, _ in forms:
+        tail = before[-(len(form) - 1) :] if len(form) > 1 else ""
+        found = (tail + text[: len(form) - 1]).find(form)
+        if tail and found != -1 and found < len(tail):
+            starts.append(len(before) - len(tail) + found)
+    return min(starts) if starts else None
 
 
 def secret_forms(job: Job) -> list[tuple[str, str]]:

@@ -172,14 +172,37 @@ def test_logs_mask_the_value_and_its_encoded_forms(
     assert not any(form in stored for form in forms.values())
 
 
-def test_a_value_split_across_two_chunks_is_masked_when_the_log_is_read(agent, tenant, member, api):
+@pytest.mark.parametrize("form", ["plain", "base64", "hex", "url"])
+def test_a_form_split_across_two_chunks_is_masked_and_never_stored(
+    agent, tenant, member, api, form
+):
     build_secret(tenant, "db-pass", VALUE)
     job = placed(agent.node.pool, tenant, ["true"], secrets={"DB_PASS": "db-pass"})
-    half = len(VALUE) // 2
-    artifacts.job_log_append(job=job, attempt=1, text=f"pass={VALUE[:half]}")
-    artifacts.job_log_append(job=job, attempt=1, text=f"{VALUE[half:]}\n")
+    printed = encoded_forms(VALUE)[form]
+    for cut in (1, len(printed) // 2, len(printed) - 2):
+        artifacts.job_log_append(job=job, attempt=1, text=f"{form}={printed[:cut]}")
+        artifacts.job_log_append(job=job, attempt=1, text=f"{printed[cut:]} ok\n")
     log = api(member).get(f"/api/v1/jobs/{job.pk}/logs").content.decode()
-    assert log == "pass=[secret db-pass]\n"
+    assert log == f"{form}=[secret db-pass] ok\n" * 3
+    chunks = list(job.log_chunks.order_by("seq").values_list("text", flat=True))
+    assert "".join(chunks) == log
+    assert not any(printed[:4] in chunk or printed[-4:] in chunk for chunk in chunks)
+
+
+def test_the_split_rule_leaves_other_attempts_and_plain_text_alone(agent, tenant):
+    build_secret(tenant, "db-pass", VALUE)
+    job = placed(agent.node.pool, tenant, ["true"], secrets={"DB_PASS": "db-pass"})
+    artifacts.job_log_append(job=job, attempt=1, text=f"first {VALUE[:5]}")
+    artifacts.job_log_append(job=job, attempt=2, text="second\n")  # another attempt
+    artifacts.job_log_append(job=job, attempt=2, text="s3cr3t is a word, ")
+    artifacts.job_log_append(job=job, attempt=2, text="not the value\n")
+    chunks = list(job.log_chunks.order_by("seq").values_list("attempt", "text"))
+    assert chunks == [
+        (1, f"first {VALUE[:5]}"),
+        (2, "second\n"),
+        (2, "s3cr3t is a word, "),
+        (2, "not the value\n"),
+    ]
 
 
 READS_ITS_SECRET = [
