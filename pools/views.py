@@ -1,5 +1,6 @@
-"""Console pages of pools: a person's own API tokens, and a tenant admin's members."""
+"""Console pages of pools: own API tokens, a tenant admin's members and support grants."""
 
+from contextlib import suppress
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -7,14 +8,16 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from . import selectors, services
 from .actors import Actor
-from .api.serializers import MembershipSerializer
-from .choices import TenantRole
+from .api.serializers import MembershipSerializer, SupportGrantCreateSerializer
+from .choices import SupportGrantState, TenantRole
 from .forms import ApiTokenForm
-from .models import Membership
+from .models import Membership, SupportGrant
+from .statemachine import Refusal
 
 MEMBERS_PAGE_SIZE = 50
 
@@ -93,3 +96,62 @@ def members_page(request):
 def _role(request) -> dict:
     role = request.POST.get("role")
     return {"role": role} if role else {}
+
+
+@login_required
+def support_grants_page(request):
+    """A tenant admin's support grants: which operator may read the tenant's logs and outputs,
+    until when (create, revoke); an operator sees the grants made to them."""
+    actor = Actor.from_request(request)
+    admin_of = [t for t in selectors.tenants_visible_to(actor) if actor.is_tenant_admin(t.pk)]
+    errors = {}
+    if request.method == "POST":
+        tenant = next((t for t in admin_of if t.slug == request.POST.get("tenant")), None)
+        if tenant is None:  # not a tenant of theirs to administer: as if it did not exist
+            raise Http404("No tenant you administer has this slug.")
+        fields = ("operator", "reason", "ttl_hours")
+        body = SupportGrantCreateSerializer(
+            data={k: request.POST[k] for k in fields if request.POST.get(k)}
+        )
+        if body.is_valid():
+            try:
+                services.support_grant_create(
+                    tenant=tenant,
+                    operator=body.validated_data["operator"],
+                    ttl=timedelta(hours=body.validated_data["ttl_hours"]),
+                    reason=body.validated_data["reason"],
+                    actor=actor,
+                )
+                return redirect(request.path)
+            except ValidationError as exc:
+                errors = {k: " ".join(v) for k, v in exc.message_dict.items()}
+        else:
+            errors = {k: " ".join(map(str, v)) for k, v in body.errors.items()}
+    if admin_of:
+        grants = SupportGrant.objects.filter(tenant__in=admin_of)
+    else:
+        grants = SupportGrant.objects.filter(operator_id=actor.user_id)
+    grants = grants.select_related("tenant", "operator", "granted_by")[:100]
+    now = timezone.now()
+    context = {
+        "admin_of": admin_of,
+        "grants": [(g, g.is_active(now)) for g in grants],
+        "errors": errors,
+        "values": request.POST,
+    }
+    return render(request, "console/support_grants.html", context)
+
+
+@login_required
+@require_POST
+def support_grant_revoke(request, pk):
+    actor = Actor.from_request(request)
+    grant = get_object_or_404(
+        SupportGrant.objects.visible_to(actor).select_related("tenant"), pk=pk
+    )
+    if not actor.is_tenant_admin(grant.tenant_id):
+        raise Http404("No grant of a tenant you administer has this id.")
+    if grant.state == SupportGrantState.ACTIVE:
+        with suppress(Refusal):  # it ended meanwhile: nothing left to revoke
+            services.support_grant_revoke(grant=grant, actor=actor)
+    return redirect("console-support-grants")

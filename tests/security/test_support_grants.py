@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from django.utils import timezone
 
 from config.builders import build_person, build_secret, submit_job
@@ -14,6 +15,7 @@ from pools.actors import Actor
 from pools.choices import PlatformRole
 from pools.models import SupportGrant, SupportGrantEvent, TenantSecret
 from pools.services import support_grant_create, support_grants_expire
+from tests.clients import client_for
 
 LOG_LINE = "token=tenant-private-log-line\n"
 GRANTS = "/api/v1/tenants/vision/support-grants"
@@ -212,3 +214,40 @@ def test_an_operator_cannot_join_a_tenant_through_its_member_list(api, operator,
     response = api(operator).post(url, {"user": "puppet", "role": "admin"})
     assert response.status_code == 403
     assert not tenant.memberships.filter(user__username="puppet").exists()
+
+
+def test_the_console_grants_and_revokes_support_access(client, operator, tenant_admin, job):
+    client.force_login(tenant_admin)
+    page = "/console/support-grants"
+    assert client.get(page).status_code == 200
+    refused = client.post(page, {"tenant": "vision", "operator": "tadmin", "reason": "x"})
+    assert "Name an active operator" in refused.content.decode()
+    made = client.post(
+        page, {"tenant": "vision", "operator": "operator", "reason": "ticket 9", "ttl_hours": 3}
+    )
+    assert made.status_code == 302
+    grant = SupportGrant.objects.get()
+    assert grant.reason == "ticket 9" and grant.granted_by == tenant_admin
+    assert round((grant.expires_at - grant.created_at).total_seconds()) == 3 * 3600
+    assert (
+        client.post(page, {"tenant": "nlp", "operator": "operator", "reason": "x"}).status_code
+        == 404
+    )
+
+    reader = client_for(operator)
+    assert reader.get(f"/api/v1/jobs/{job.pk}/logs").status_code == 200
+    operator_view = client_class_for(operator).get(page).content.decode()
+    assert "ticket 9" in operator_view and "Revoke" not in operator_view
+    assert client_class_for(operator).post(f"{page}/{grant.pk}/revoke").status_code == 404
+
+    client.force_login(tenant_admin)
+    assert client.post(f"{page}/{grant.pk}/revoke").status_code == 302
+    grant.refresh_from_db()
+    assert grant.state == "revoked"
+    assert reader.get(f"/api/v1/jobs/{job.pk}/logs").status_code == 403
+
+
+def client_class_for(user):
+    browser = Client()
+    browser.force_login(user)
+    return browser
