@@ -4,6 +4,7 @@ Nothing configured gives a working development setup: SQLite in ./var, Redis on 
 (`make run` starts an embedded Redis-protocol server when none answers).
 """
 
+import hashlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,7 +34,7 @@ env = environ.Env(
     JOB_OUTPUT_MAX_BYTES=(int, 1024**3),
     HTTP_HEADER_TIMEOUT_S=(float, 10.0),
     HTTP_BODY_TIMEOUT_S=(float, 10.0),
-    CHANNEL_LAYER_PREFIX=(str, "asgi"),
+    CHANNEL_LAYER_PREFIX=(str, ""),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -162,13 +163,22 @@ CACHES = {
 # default, so the idle wait raced it and lost: TimeoutError, and the socket closed (1011). The
 # read timeout is longer than the blocking pop, and still bounds a Redis that stopped answering.
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = 15
+
+
+def _deployment_prefix(database: dict) -> str:
+    """One prefix per database by default: every process of one deployment shares it, and two
+    deployments on one Redis (two `make run`s, staging beside production) never do."""
+    where = "|".join(str(database.get(key) or "") for key in ("ENGINE", "HOST", "PORT", "NAME"))
+    return "cp-" + hashlib.sha256(where.encode()).hexdigest()[:12]
+
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
             # two deployments on one Redis need two prefixes, or each gets the other's events
-            "prefix": env("CHANNEL_LAYER_PREFIX"),
+            "prefix": env("CHANNEL_LAYER_PREFIX") or _deployment_prefix(DATABASES["default"]),
         },
     }
 }

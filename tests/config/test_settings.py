@@ -90,3 +90,36 @@ def test_postgresql_connection_pool_is_configurable():
         timeout=60,
     )
     assert out.stdout.split() == ["8", "True"]
+
+
+def _channel_prefix(**env) -> str:
+    script = (
+        "from django.conf import settings;"
+        "print(settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'])"
+    )
+    env = (
+        {"CHANNEL_LAYER_PREFIX": ""}
+        | os.environ
+        | {"DJANGO_SETTINGS_MODULE": "config.settings"}
+        | env
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out.stdout.strip()
+
+
+def test_two_deployments_on_one_redis_never_share_live_events():
+    """The channel prefix follows the database: one deployment's processes agree on it, two
+    deployments (two make runs, staging beside production) on one Redis never do."""
+    first = _channel_prefix(DATABASE_URL="postgres://postgres@127.0.0.1:5432/first")
+    assert first == _channel_prefix(DATABASE_URL="postgres://postgres@127.0.0.1:5432/first")
+    assert first != _channel_prefix(DATABASE_URL="postgres://postgres@127.0.0.1:5432/second")
+    assert first != _channel_prefix(DATABASE_URL="sqlite:////tmp/first")
+    assert _channel_prefix(DATABASE_URL="sqlite:////tmp/x", CHANNEL_LAYER_PREFIX="mine") == "mine"
