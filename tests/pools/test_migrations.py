@@ -1,12 +1,15 @@
-"""Data migrations of pools: corrected policy versions for the legacy scorer name (0003), and
-today's default for pools still on the previous one (0008)."""
+"""Data migrations of pools: corrected policy versions for the legacy scorer name (0003),
+today's default for pools still on the previous one (0008), tenant secrets encrypted (0009)."""
 
 import importlib
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import override_settings
 
+from pools import encryption
+from pools.models import secret_context
 from scheduling.core import DEFAULT_POLICY
 
 fix = importlib.import_module("pools.migrations.0003_publish_corrected_policy_versions")
@@ -110,3 +113,50 @@ def test_pools_on_the_previous_default_get_todays(back_to_latest):
 
     assert newest("on-default") == (2, default.NEW_DEFAULT, {"k": 1})
     assert newest("edited") == (1, edited, {"k": 1})
+
+
+SECRETS_BEFORE = [("pools", "0008_memory_coupled_default")]
+SECRETS_AFTER = [("pools", "0009_tenant_secret_encrypted")]
+
+
+def _clear_secret(executor, value="clear-value-42"):
+    apps = executor.loader.project_state(SECRETS_BEFORE).apps
+    tenant = apps.get_model("pools", "Tenant").objects.create(name="enc", slug="enc")
+    apps.get_model("pools", "TenantSecret").objects.create(
+        tenant=tenant, name="db-pass", value=value
+    )
+    return tenant.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_clear_secrets_stored_before_are_encrypted_and_decrypted_back(back_to_latest):
+    executor = MigrationExecutor(connection)
+    executor.migrate(SECRETS_BEFORE)
+    tenant_id = _clear_secret(executor)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(SECRETS_AFTER)
+    apps = executor.loader.project_state(SECRETS_AFTER).apps
+    row = apps.get_model("pools", "TenantSecret").objects.get()
+    assert row.key_id == "test-1" and b"clear-value-42" not in bytes(row.ciphertext)
+    context = secret_context(tenant_id, "db-pass")
+    assert encryption.decrypt(row.key_id, row.ciphertext, context=context) == "clear-value-42"
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(SECRETS_BEFORE)  # reversible: the clear value comes back
+    apps = executor.loader.project_state(SECRETS_BEFORE).apps
+    assert apps.get_model("pools", "TenantSecret").objects.get().value == "clear-value-42"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_a_key_ring_the_migration_stops_and_keeps_the_clear_values(back_to_latest):
+    executor = MigrationExecutor(connection)
+    executor.migrate(SECRETS_BEFORE)
+    _clear_secret(executor)
+    executor = MigrationExecutor(connection)
+    with override_settings(ENCRYPTION_KEYS={}), pytest.raises(encryption.EncryptionError):
+        executor.migrate(SECRETS_AFTER)
+    executor = MigrationExecutor(connection)
+    assert ("pools", "0009_tenant_secret_encrypted") not in executor.loader.applied_migrations
+    apps = executor.loader.project_state(SECRETS_BEFORE).apps
+    assert apps.get_model("pools", "TenantSecret").objects.get().value == "clear-value-42"
