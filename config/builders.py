@@ -34,6 +34,7 @@ from pools.services import (
     api_token_issue,
     membership_set,
     platform_role_grant,
+    policy_version_publish,
     pool_create,
     tenant_create,
     tenant_secret_set,
@@ -92,6 +93,18 @@ def build_pool(
         # No service exists for registries: a policy admin edits them in the admin.
         AllowedRegistry.objects.create(pool=pool, prefix=registry)
     return pool
+
+
+def set_pool_knobs(pool, **knobs):
+    """A new policy version of the pool with these knobs changed (the others kept)."""
+    current = pool.scheduling_policy.current
+    return policy_version_publish(
+        policy=pool.scheduling_policy,
+        weights=dict(current.weights),
+        knobs=dict(current.knobs or {}) | knobs,
+        comment="builders: knobs",
+        actor=SYSTEM,
+    )
 
 
 def build_trusted_key(pool, public_key_pem: str, *, name: str = "release"):

@@ -33,6 +33,8 @@ DEV_POOL = {
     "description": "Local process runtime (no isolation): for trying Compute Pool without Docker",
 }
 DEV_KNOBS = {"allow_process_runtime": True}
+# The demo's published ports are reached from this machine only (jobs/networks.py).
+LAB_KNOBS = {"ingress_address": "127.0.0.1"}
 DEV_SHAPE_FIELDS = {"container_runtime": "process"}
 # The loopback registry (.ci/ensure-services.sh runs one with the busybox test image): every
 # repository in it is allowed, so a newcomer may push and run images of their own.
@@ -125,16 +127,16 @@ PLACE = dict(region="eu-west", zone="eu-west-1a", rack="r1", network_class="25g"
 ACTOR = Actor.system("demo")
 
 
-def _dev_pool() -> ComputePool:
-    pool = ComputePool.objects.filter(slug=DEV_POOL["slug"]).first()
+def _demo_pool(fields: dict, knobs: dict, comment: str) -> ComputePool:
+    pool = ComputePool.objects.filter(slug=fields["slug"]).first()
     if pool is None:
-        pool = build_pool(**DEV_POOL, registry=REGISTRY)
+        pool = build_pool(**fields, registry=REGISTRY)
         current = pool.scheduling_policy.current
         policy_version_publish(
             policy=pool.scheduling_policy,
             weights=dict(current.weights),
-            knobs=dict(current.knobs or {}) | DEV_KNOBS,
-            comment="demo: allow the local process runtime",
+            knobs=dict(current.knobs or {}) | knobs,
+            comment=comment,
             actor=ACTOR,
         )
     return pool
@@ -144,10 +146,9 @@ def _dev_pool() -> ComputePool:
 def load_demo() -> list[tuple[str, str, str]]:
     """Create what is missing; return (username, password, roles) for the printout."""
     actor = ACTOR
-    pool = ComputePool.objects.filter(slug=POOL["slug"]).first() or build_pool(
-        **POOL, registry=REGISTRY
-    )
-    pools = [pool, _dev_pool()]
+    pool = _demo_pool(POOL, LAB_KNOBS, "demo: published ports on the loopback only")
+    dev = _demo_pool(DEV_POOL, DEV_KNOBS, "demo: allow the local process runtime")
+    pools = [pool, dev]
     tenants = {}
     for slug, name in TENANTS:
         tenants[slug] = Tenant.objects.filter(slug=slug).first() or build_tenant(slug, name=name)

@@ -27,6 +27,7 @@ env = environ.Env(
     DATABASE_POOL_MAX_SIZE=(int, 0),
     API_TOKEN_AUTH_CACHE_SECONDS=(float, 5.0),
     REGISTRY_INSECURE_HOSTS=(list, ["127.0.0.1:5000", "localhost:5000"]),
+    OBJECT_STORE_ENDPOINTS=(list, []),
     REGISTRY_TIMEOUT_SECONDS=(float, 5.0),
     MEDIA_ROOT=(str, str(BASE_DIR / "var" / "media")),
     PLACEMENT_THROTTLE_RATE=(str, "600/minute"),
@@ -235,6 +236,9 @@ API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
 # Image registries (pools/registry.py): these host[:port]s are reached over plain http (the
 # loopback test registry), every other one over https; each request gives up after the timeout.
 REGISTRY_INSECURE_HOSTS = env("REGISTRY_INSECURE_HOSTS")
+# Object stores whose objects the control plane presigns as a job's inputs ("http://127.0.0.1:
+# 9000"): only those inputs are exempt from the loopback rule on the agent (jobs/networks.py).
+OBJECT_STORE_ENDPOINTS = env("OBJECT_STORE_ENDPOINTS")
 REGISTRY_TIMEOUT_SECONDS = env("REGISTRY_TIMEOUT_SECONDS")
 # No tenant fills the control plane (docs/security.md, Throttles): placement searches per tenant
 # (POST /compute-leases and /jobs, pools/api/throttles.py; "" turns it off), and queued jobs of a

@@ -29,6 +29,7 @@ from pools.validation import runtime_below
 from .choices import TERMINAL, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent, JobOutput
+from .networks import assignment_inputs, pool_network
 from .services import job_finish, job_release_leases, job_transition
 
 S = JobState
@@ -117,13 +118,14 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
             tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
         )
     }
+    network = pool_network(node.pool)
     checkpoints = {}
     for output in JobOutput.objects.filter(
         job_id__in={lease.job_id for lease in leases}, name=CHECKPOINT_OUTPUT
     ).order_by("job_id", "-attempt"):
         checkpoints.setdefault(output.job_id, []).append(output)
     return [
-        _assignment(lease, lease.job, node, knobs, devices, values)
+        _assignment(lease, lease.job, node, knobs, devices, values, network)
         | {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
         for lease in leases
     ]
@@ -164,7 +166,7 @@ def assignment_runtime(job, node, knobs) -> str:
     return ContainerRuntime.DOCKER
 
 
-def _assignment(lease, job, node, knobs, devices, secret_values) -> dict:
+def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dict:
     return {
         "job": job.pk,
         "attempt": job.attempts,
@@ -182,9 +184,10 @@ def _assignment(lease, job, node, knobs, devices, secret_values) -> dict:
             for env, name in job.secrets.items()
             if (job.tenant_id, name) in secret_values
         },
-        "inputs": job.inputs,
+        "inputs": assignment_inputs(job.inputs),
         "ports": job.ports,
         "network_policy": job.network_policy,
+        "pool_network": network,
         "max_runtime_s": job.max_runtime_s,
         "startup_timeout_s": knobs["startup_timeout_s"],
         "stop_grace_s": knobs["stop_grace_s"],

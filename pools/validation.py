@@ -15,6 +15,7 @@ from pools.choices import RUNTIME_STRENGTH, ContainerRuntime, DrainPolicy
 from scheduling.core import policy_problems
 from scheduling.core.queue import QUEUE_KNOBS
 from scheduling.core.types import GANG_TOPOLOGIES
+from worker_agent.addresses import ALWAYS_REFUSED, host_refusal
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -42,6 +43,8 @@ PORTS_MAX_ITEMS = 16
 NETWORK_MODES = ("none", "pool")
 EGRESS_MAX_ENTRIES = 64
 EGRESS_ENTRY_MAX_CHARS = 261  # a 253-character host name, ":" and a port
+INGRESS_MAX_ENTRIES = 64
+EGRESS_ALLOWED_MAX_ENTRIES = 256
 RETRY_MAX_ATTEMPTS = 10
 RETRY_BACKOFF_MAX_S = 86400
 # the ends of an attempt a retry policy may retry (reason codes, pools/reasons.py)
@@ -300,10 +303,13 @@ def _egress_entry(entry) -> str | None:
 
 def network_policy(value) -> dict:
     """A job's `network_policy`: {"mode": "none"} (no network) or {"mode": "pool",
-    "egress_allow": [host[:port], …]} (the pool network, egress only to those)."""
+    "egress_allow": [host[:port], …], "ingress_allow": [source CIDR, …]} (the pool network,
+    egress only to those; its published ports reached only from those sources, any when
+    none). Whether the pool lets these addresses be reached is the submit's question
+    (jobs/networks.py)."""
     if not isinstance(value, dict):
         raise ValidationError('An object: {"mode": "none"|"pool", "egress_allow": [...]}.')
-    unknown = sorted(set(value) - {"mode", "egress_allow"})
+    unknown = sorted(set(value) - {"mode", "egress_allow", "ingress_allow"})
     if unknown:
         raise ValidationError(f"Unknown keys: {', '.join(unknown)[:200]}.")
     mode = value.get("mode", "none")
@@ -319,7 +325,29 @@ def network_policy(value) -> dict:
     for entry in egress:
         if problem := _egress_entry(entry):
             raise ValidationError(f"egress_allow {str(entry)[:60]!r}: {problem}.")
-    return {"mode": mode, "egress_allow": egress}
+    policy = {"mode": mode, "egress_allow": egress}
+    if "ingress_allow" in value:
+        policy["ingress_allow"] = ingress_allow(value["ingress_allow"], mode)
+    return policy
+
+
+def ingress_allow(value, mode: str) -> list[str]:
+    """Source CIDRs of a job's published ports (IPv4: the pool network is IPv4 only),
+    normalised ("10.0.0.7" → "10.0.0.7/32")."""
+    if not isinstance(value, list) or len(value) > INGRESS_MAX_ENTRIES:
+        raise ValidationError(f"ingress_allow is a list of at most {INGRESS_MAX_ENTRIES} CIDRs.")
+    if value and mode != "pool":
+        raise ValidationError('ingress_allow needs mode "pool": mode "none" has no network.')
+    out = []
+    for entry in value:
+        try:
+            network = ipaddress.IPv4Network(entry, strict=False) if isinstance(entry, str) else None
+        except ValueError:
+            network = None
+        if network is None:
+            raise ValidationError(f"ingress_allow {str(entry)[:60]!r}: an IPv4 CIDR.")
+        out.append(str(network))
+    return list(dict.fromkeys(out))
 
 
 def retry_policy(value) -> dict:
@@ -464,6 +492,42 @@ def _credit_rates(value) -> str | None:
     return None
 
 
+def _egress_allowed(value) -> str | None:
+    """CIDRs and host names a tenant's egress_allow may name (jobs/networks.py); none inside an
+    always-refused range (loopback, link-local, …), no name of the loopback."""
+    what = f"a list of at most {EGRESS_ALLOWED_MAX_ENTRIES} CIDRs and host names"
+    if not isinstance(value, list) or len(value) > EGRESS_ALLOWED_MAX_ENTRIES:
+        return what
+    for entry in value:
+        if not isinstance(entry, str) or not entry:
+            return what
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            if _egress_entry(entry) is not None or ":" in entry or host_refusal(entry):
+                return f"{what} ({entry[:60]!r} is neither)"
+            continue
+        for why, nets in ALWAYS_REFUSED.items():  # a wider range may hold them: still refused
+            refused = [ipaddress.ip_network(net) for net in nets]
+            if any(n.version == network.version and network.subnet_of(n) for n in refused):
+                return f"{what}, never {why} ({entry[:60]!r})"
+    return None
+
+
+def _ingress_address(value) -> str | None:
+    """Where published ports bind: "node" (the agent's route address) or one address."""
+    what = '"node" or an IPv4/IPv6 address (not a wildcard or multicast)'
+    if value == "node":
+        return None
+    try:
+        address = ipaddress.ip_address(value) if isinstance(value, str) else None
+    except ValueError:
+        address = None
+    if address is None or address.is_unspecified or address.is_multicast:
+        return what
+    return None
+
+
 # The largest value of a PostgreSQL bigint: ids, fencing tokens, counters.
 BIGINT_MAX = 2**63 - 1
 
@@ -480,6 +544,10 @@ KNOBS = {
     "startup_timeout_s": _agent_seconds,
     "stop_grace_s": _agent_seconds,
     "output_retention_days": _retention_days,
+    # what a job may reach (jobs/networks.py): private ranges, the egress bound, the ports' bind
+    "private_ranges_allowed": _boolean,
+    "egress_allowed": _egress_allowed,
+    "ingress_address": _ingress_address,
     # preemption (scheduling/core/preemption.py): fresh work is protected this long
     "preemption_min_runtime_s": _protection_seconds,
     "credit_rates": _credit_rates,

@@ -1,13 +1,17 @@
-"""The egress allow-list of a job on the pool network, enforced with iptables inside the job's
-network namespace (docs/data-plane.md, "Network policy").
+"""A job's network rules on the pool network, enforced with iptables inside the job's network
+namespace (docs/data-plane.md, "Network policy").
 
 The Docker runtime starts a small network-owner container per attempt (the Kubernetes "pause"
 pattern); the job container joins its namespace (`network_mode="container:<owner>"`) with every
 capability dropped, so it cannot change what is installed here. As root on the host we enter the
 owner's namespace (`nsenter -t <pid> -n`) and install OUTPUT rules: loopback, replies, DNS to the
 engine's resolver (and the upstream resolvers it forwards to from inside the namespace), one
-ACCEPT per allowed address (host names resolved on the node, IPv4, once at start), then DROP.
-IPv6 is dropped entirely (ip6tables when present; the owner also has IPv6 disabled by sysctl).
+ACCEPT per allowed address (host names resolved on the node, IPv4, once at start), then REJECT.
+Every allowed address is checked again here, after the lookup, against the data plane's address
+rules (worker_agent/addresses.py) and the pool's bound (`egress_allowed`): a name that resolves
+to the metadata endpoint or the node itself fails the job. INPUT rules let in replies and the
+published ports, from the job's `ingress_allow` only when it names sources. IPv6 is dropped
+entirely (ip6tables when present; the owner also has IPv6 disabled by sysctl).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from worker_agent import addresses
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +44,70 @@ class EgressError(Exception):
 class Allowed:
     ip: str
     port: int | None = None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What an allow-list may reach once resolved: the address rules (private ranges as the
+    pool says, the caller's own refused networks) and, for a job's own egress, the pool's
+    `egress_allowed` (`allowed` networks, `names` admitted by name; None: not bounded, as for
+    the namespace an input is fetched in, whose entries are the inputs' own hosts)."""
+
+    private_allowed: bool = False
+    refused: tuple = ()  # (why, network) pairs: the node's and the control plane's addresses
+    allowed: tuple | None = None
+    names: frozenset = frozenset()
+
+    @classmethod
+    def of_pool(cls, egress_allowed, *, private_allowed: bool, refused=()) -> Bounds:
+        """The pool's `egress_allowed` knob (CIDRs and host names) as bounds."""
+        nets, names = [], set()
+        for entry in egress_allowed:
+            try:
+                nets.extend(addresses.networks([entry]))
+            except ValueError:
+                names.add(canonical(entry))
+        return cls(private_allowed, tuple(refused), tuple(nets), frozenset(names))
+
+    def check(self, entry: str, host: str, ip: str) -> None:
+        """Raises EgressError when `ip` (what `host` of `entry` resolved to) is out of bounds."""
+        problem = addresses.refusal(ip, private_allowed=self.private_allowed, refused=self.refused)
+        if problem is None and self.allowed is not None:
+            literal = addresses.ip_literal(host) is not None
+            if literal and not addresses.within(addresses.ip_literal(host), self.allowed):
+                problem = f"{ip} is outside the pool's egress_allowed"
+            if not literal and canonical(host) not in self.names:
+                problem = f"{host} is not a name the pool's egress_allowed lists"
+        if problem:
+            raise EgressError(f"egress to {entry!r} refused: {problem}")
+
+
+def refused(pool_network, api_url: str = "") -> tuple:
+    """The (why, network) pairs refused beyond the always-refused ranges: this node's own
+    addresses (its interfaces, read here: the Docker gateways among them), the control plane's
+    (its URL's host, resolved here) and those the control plane sends (`pool_network.refused`:
+    its own addresses and its nodes')."""
+    pairs = addresses.host_networks("this node's own address")
+    host = urlsplit(api_url).hostname if api_url else None
+    if host:
+        try:
+            for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
+                address = ipaddress.ip_address(info[4][0].partition("%")[0])
+                pairs.append(("the control plane's address", ipaddress.ip_network(address)))
+        except (OSError, UnicodeError, ValueError):
+            log.warning("the control plane's host %r does not resolve here", host)
+    for entry in pool_network.refused:
+        try:
+            pairs += [
+                ("an address the control plane refuses", net) for net in addresses.networks([entry])
+            ]
+        except ValueError:
+            log.warning("pool_network.refused: %r is not an address; ignored", entry)
+    return tuple(pairs)
+
+
+def canonical(name: str) -> str:
+    return str(name).strip().rstrip(".").lower()
 
 
 def unenforceable(problem: str) -> EgressError:
@@ -71,9 +142,11 @@ def split_entry(entry: str) -> tuple[str, int | None]:
     return host, port
 
 
-def resolve(entries) -> list[Allowed]:
-    """Each entry's IPv4 addresses, resolved here on the node. An IPv6 entry is refused (the pool
-    network is IPv4 only); a name that does not resolve allows nothing (logged)."""
+def resolve(entries, bounds: Bounds | None = None) -> list[Allowed]:
+    """Each entry's IPv4 addresses, resolved here on the node, each checked against `bounds`
+    (an address out of them raises EgressError). An IPv6 entry is refused (the pool network is
+    IPv4 only); a name that does not resolve allows nothing (logged)."""
+    bounds = bounds or Bounds()
     allowed: dict[Allowed, None] = {}
     for entry in entries:
         host, port = split_entry(entry)
@@ -90,6 +163,7 @@ def resolve(entries) -> list[Allowed]:
             log.warning("egress %r does not resolve on this node (%s): allows nothing", entry, exc)
             continue
         for info in infos:
+            bounds.check(entry, host, info[4][0])
             allowed[Allowed(info[4][0], port)] = None
     return list(allowed)
 
@@ -115,7 +189,9 @@ def upstream_resolvers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
 
 
 def rules(allowed: list[Allowed], resolvers: list[str]) -> list[list[str]]:
-    """The IPv4 OUTPUT rules, in order (each an `iptables -A` argument list); DROP last."""
+    """The IPv4 OUTPUT rules, in order (each an `iptables -A` argument list); REJECT last (a
+    refused connection fails at once, for the job and for an input fetched in its namespace,
+    rather than after a connect timeout)."""
     out = [
         ["-o", "lo", "-j", "ACCEPT"],
         ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
@@ -128,6 +204,22 @@ def rules(allowed: list[Allowed], resolvers: list[str]) -> list[list[str]]:
             out.append(["-d", rule.ip, "-j", "ACCEPT"])
         else:
             out.append(["-d", rule.ip, "-p", "tcp", "--dport", str(rule.port), "-j", "ACCEPT"])
+    out.append(["-j", "REJECT"])
+    return out
+
+
+def ingress_rules(ports, sources) -> list[list[str]]:
+    """The IPv4 INPUT rules, in order: loopback and replies, then each published port from
+    the job's `ingress_allow` sources (any source when it names none), then DROP: nothing else
+    reaches the job, not even from the node's own bridge."""
+    out = [
+        ["-i", "lo", "-j", "ACCEPT"],
+        ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+    ]
+    for port in ports:
+        for source in sources or [None]:
+            rule = ["-p", "tcp", "--dport", str(port), "-j", "ACCEPT"]
+            out.append(rule if source is None else ["-s", str(source), *rule])
     out.append(["-j", "DROP"])
     return out
 
@@ -142,15 +234,20 @@ def _run(pid: int, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def enforce(pid: int, entries) -> list[Allowed]:
-    """Install the allow-list in the network namespace of process `pid`; what was allowed.
-    Any failure raises EgressError: the caller starts nothing then."""
+def enforce(
+    pid: int, entries, bounds: Bounds | None = None, *, ports=(), sources=()
+) -> list[Allowed]:
+    """Install the allow-list (and the ingress rules of `ports`, from `sources`) in the network
+    namespace of process `pid`; what was allowed. Any failure raises EgressError: the caller
+    starts nothing then."""
     problem = enforcement_problem()
     if problem:
         raise unenforceable(problem)
-    allowed = resolve(entries)
-    for rule in rules(allowed, upstream_resolvers()):
-        done = _run(pid, "iptables", "-w", "5", "-A", "OUTPUT", *rule)
+    allowed = resolve(entries, bounds)
+    chains = [("OUTPUT", rule) for rule in rules(allowed, upstream_resolvers())]
+    chains += [("INPUT", rule) for rule in ingress_rules(ports, sources)]
+    for chain, rule in chains:
+        done = _run(pid, "iptables", "-w", "5", "-A", chain, *rule)
         if done.returncode != 0:
             raise unenforceable(f"iptables {' '.join(rule)}: {done.stderr.strip()[:200]}")
     _drop_ipv6(pid)
@@ -160,8 +257,12 @@ def enforce(pid: int, entries) -> list[Allowed]:
 def _drop_ipv6(pid: int) -> None:
     """No IPv6 out: ip6tables DROP when present, else IPv6 disabled in the namespace."""
     if shutil.which("ip6tables"):
-        for rule in (["-o", "lo", "-j", "ACCEPT"], ["-j", "DROP"]):
-            if _run(pid, "ip6tables", "-w", "5", "-A", "OUTPUT", *rule).returncode != 0:
+        for chain, rule in [
+            (chain, rule)
+            for chain, lo in (("OUTPUT", "-o"), ("INPUT", "-i"))
+            for rule in ([lo, "lo", "-j", "ACCEPT"], ["-j", "DROP"])
+        ]:
+            if _run(pid, "ip6tables", "-w", "5", "-A", chain, *rule).returncode != 0:
                 break
         else:
             return

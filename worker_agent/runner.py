@@ -3,7 +3,8 @@ reported with the lease's fencing token (docs/data-plane.md).
 
 `starting` is reported BEFORE the container starts: it commits the lease, and a refusal (409:
 the job was cancelled or moved meanwhile) means nothing is started at all. Inputs are fetched
-into the attempt's inputs/ before start; logs are posted in chunks while the job runs; whatever
+into the attempt's inputs/ before start, in the job's own network namespace (worker_agent/
+inputs.py, called by the runtime's create); logs are posted in chunks while the job runs; whatever
 the job wrote to /outputs is read through the runtime's archive of the stopped container and
 uploaded when it ends, before the final report (which releases the lease; worker_agent/
 outputs.py). An attempt after a checkpoint first restores it into the created container's
@@ -18,13 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tarfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-import requests
-
+from worker_agent import addresses, inputs
 from worker_agent import checkpoint as checkpoints
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.outputs import Outputs
@@ -42,7 +44,6 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
-INPUT_MAX_BYTES = 4 * 1024**3
 NOBODY = 65534
 PHASE_STATE = {
     "pulling": "leased",
@@ -54,10 +55,6 @@ PHASE_STATE = {
 
 class Fenced(Exception):
     """The control plane refused a report (409): this attempt is no longer the job's."""
-
-
-def plain_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
 
 
 class Runner(threading.Thread):
@@ -138,7 +135,7 @@ class Runner(threading.Thread):
                 self.phase = "ended"
 
     def _launch(self) -> None:
-        a = self.assignment
+        a = self.assignment = self._bound(self.assignment)
         deadline = time.monotonic() + a.startup_timeout_s
         self._report("pulling", "image_pulling")
         pull_seconds = self._before(deadline, "image pull", lambda: self.runtime.pull(a))
@@ -148,8 +145,7 @@ class Runner(threading.Thread):
         self.phase = "starting"
         self._report("starting")
         self._prepare_dirs()
-        self._before(deadline, "fetching inputs", self._fetch_inputs)
-        handle = self.runtime.create(a, self.workdir)
+        handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
         try:
             if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
                 restored = self._before(
@@ -182,8 +178,24 @@ class Runner(threading.Thread):
         elapsed = self.runtime.elapsed(found.handle)
         self._monitor(found.handle, time.monotonic() - elapsed)
 
+    def _bound(self, a: Assignment) -> Assignment:
+        """The assignment with its ports' bind address settled: the pool's `ingress_address`,
+        or this agent's own route address where the pool says "node" (an address, or a name
+        resolved here)."""
+        wanted = a.pool_network.ingress_address
+        host = self.address if wanted == "node" else wanted
+        address = addresses.ip_literal(host)
+        if address is None and a.ports and a.network_mode == "pool":
+            try:
+                address = addresses.ip_literal(socket.getaddrinfo(host, None)[0][4][0])
+            except (OSError, UnicodeError) as exc:
+                raise RuntimeFailure("runtime_error", f"ingress address {host!r}: {exc}") from exc
+        bind = str(address) if address is not None else "127.0.0.1"
+        return replace(a, pool_network=replace(a.pool_network, ingress_address=bind))
+
     def _running(self, handle) -> None:
-        route = self.runtime.route(handle, self.address)
+        host = self._bound(self.assignment).pool_network.ingress_address
+        route = self.runtime.route(handle, host)
         self._report("running", route=route)
         self.phase = "running"
 
@@ -325,26 +337,15 @@ class Runner(threading.Thread):
             else:
                 os.chmod(path, 0o777)
 
-    def _fetch_inputs(self) -> None:
-        for index, entry in enumerate(self.assignment.inputs):
-            item = entry if isinstance(entry, dict) else {"url": entry}  # a URL or {url, name}
-            url = str(item.get("url", ""))
-            name = str(item.get("name") or url.rstrip("/").rpartition("/")[2] or f"input{index}")
-            if not plain_name(name) or not url.startswith(("http://", "https://")):
-                raise RuntimeFailure("runtime_error", f"input {index}: refused {url!r} / {name!r}")
-            target, size = self.workdir / "inputs" / name, 0
-            try:
-                with requests.get(url, stream=True, timeout=60) as response:
-                    response.raise_for_status()
-                    with open(target, "wb") as f:
-                        for block in response.iter_content(1024 * 1024):
-                            size += len(block)
-                            if size > INPUT_MAX_BYTES:
-                                raise RuntimeFailure("runtime_error", f"input {name} too large")
-                            f.write(block)
-            except requests.RequestException as exc:
-                raise RuntimeFailure("runtime_error", f"input {name}: {exc}") from exc
-            os.chmod(target, 0o644)
+    def _fetcher(self, deadline: float) -> inputs.Fetcher:
+        """The inputs, fetched where the runtime says (the job's own network namespace), within
+        the startup deadline (worker_agent/inputs.py)."""
+        a = self.assignment
+        fetcher = inputs.Fetcher.for_attempt(a, self.workdir, self.client.base)
+        return replace(
+            fetcher,
+            run=lambda netns: self._before(deadline, "fetching inputs", lambda: fetcher.run(netns)),
+        )
 
     def _upload_outputs(self, handle) -> dict:
         """What the stopped container left in /outputs, read through the runtime's archive

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from jobs import networks
 from jobs.choices import JobState
 from jobs.images import admit_image
 from jobs.lifecycle import gpu_isolation, pool_agent_knobs
@@ -223,6 +224,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
             attrs["shape"] = shape
         self._check_runtime(pool, shape, request)
         self._check_secrets(attrs)
+        self._check_networks(attrs)
         # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
         # image_signature_invalid (ImageRefused), nothing stored or reserved.
         admitted = admit_image(
@@ -249,6 +251,18 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         if shape is not None:
             raise serializers.ValidationError({"shape": message})
         raise serializers.ValidationError({"resources": {"container_runtime": [message]}})
+
+    def _check_networks(self, attrs):
+        """The pool's address rules: inputs and egress that name refused addresses, or egress
+        beyond the pool's egress_allowed, are 400s on the entry (jobs/networks.py)."""
+        errors = {}
+        if found := networks.input_errors(attrs["pool"], attrs.get("inputs") or []):
+            errors["inputs"] = found
+        policy = attrs.get("network_policy") or {}
+        if found := networks.egress_errors(attrs["pool"], policy):
+            errors["network_policy"] = found
+        if errors:
+            raise serializers.ValidationError(errors)
 
     def _check_secrets(self, attrs):
         """Every secret named exists in the job's tenant; env sets neither a secret's NAME nor

@@ -6,7 +6,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from config.builders import build_secret, pinned_test_image, submit_job
+from config.builders import build_secret, pinned_test_image, set_pool_knobs, submit_job
 from jobs.models import Job
 from leases.services.usage import leases_record_usage
 from pools.actors import Actor
@@ -27,9 +27,11 @@ def submit(client, **overrides):
 
 
 def test_the_full_contract_is_stored_and_shown_with_secret_names_only(
-    api, member, tenant, cpu_shape
+    api, member, tenant, pool, cpu_shape
 ):
     build_secret(tenant, "hf-token", "hf_do_not_show_me")
+    allowed = ["pypi.org", "10.0.0.0/8", "2001:db8::/32"]
+    set_pool_knobs(pool, private_ranges_allowed=True, egress_allowed=allowed)
     response = submit(
         api(member),
         env={"MODE": "fast"},
@@ -39,7 +41,10 @@ def test_the_full_contract_is_stored_and_shown_with_secret_names_only(
             {"url": "http://10.0.0.5:8080/x", "name": "weights.bin"},
         ],
         ports=[8080, 9090],
-        network_policy={"mode": "pool", "egress_allow": ["pypi.org:443", "10.0.0.5", "[::1]:80"]},
+        network_policy={
+            "mode": "pool",
+            "egress_allow": ["pypi.org:443", "10.0.0.5", "[2001:db8::1]:80"],
+        },
         retry_policy={"max_attempts": 3, "retry_on": ["node_lost", "oom_killed"]},
         output_destination="",
         max_runtime_s=600,
@@ -52,7 +57,11 @@ def test_the_full_contract_is_stored_and_shown_with_secret_names_only(
         {"url": "http://10.0.0.5:8080/x", "name": "weights.bin"},
     ]
     assert body["ports"] == [8080, 9090]
-    assert body["network_policy"]["egress_allow"] == ["pypi.org:443", "10.0.0.5", "[::1]:80"]
+    assert body["network_policy"]["egress_allow"] == [
+        "pypi.org:443",
+        "10.0.0.5",
+        "[2001:db8::1]:80",
+    ]
     # keys left out keep their defaults
     assert body["retry_policy"] == {
         "max_attempts": 3,

@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from worker_agent.schema import inventory_errors
 from worker_agent.workroot import WorkRoot
 
 from .conftest import make_owner, require_service
+from .netns import Netns, available
 
 
 @pytest.fixture
@@ -207,14 +209,47 @@ def test_sigterm_stops_the_agent_process_cleanly(tmp_path, control_plane):
     assert control_plane.sent("enroll/")[0]["name"] == "node-cli"
 
 
+class Numbers(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):
+        Numbers.seen.append(dict(self.headers))
+        body = b'{"rows": 3}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def test_inputs_are_fetched_before_the_job_starts(agent, control_plane):
-    """Inputs come over HTTP (here from the same local server) into inputs/ before start."""
+    """Inputs come over HTTP (here from a server in a namespace of the test's own: the node's
+    and the control plane's addresses are refused) into inputs/ before start."""
+    require_service(available() is None, f"a network namespace of our own ({available()})")
+    space = Netns()
+    try:
+        url = f"http://{space.address}:{space.serve(Numbers)}/data/numbers.csv"
+        agent.start()
+        script = 'cp "$INPUTS_DIR/numbers.csv" "$OUTPUTS_DIR/copy.json"'
+        control_plane.assignments = [assignment(16, ["sh", "-c", script], inputs=[url])]
+        agent.sync()
+        wait_for(lambda: control_plane.steps(16)[-1:] == [("succeeded", "")])
+    finally:
+        space.close()
+    assert control_plane.outputs(16) == {"copy.json": b'{"rows": 3}'}
+    assert "Authorization" not in Numbers.seen[0]  # the credential stays home
+
+
+def test_an_input_on_the_control_planes_address_is_refused(agent, control_plane):
+    """The agent's own API (here on the loopback) is never an input: failed before start."""
     agent.start()
     control_plane.answers["data/numbers.csv"] = {"rows": 3}
     url = f"{control_plane.url}/data/numbers.csv"
-    script = 'cp "$INPUTS_DIR/numbers.csv" "$OUTPUTS_DIR/copy.json"'
-    control_plane.assignments = [assignment(16, ["sh", "-c", script], inputs=[url])]
+    control_plane.assignments = [assignment(17, ["true"], inputs=[url])]
     agent.sync()
-    wait_for(lambda: control_plane.steps(16)[-1:] == [("succeeded", "")])
-    assert control_plane.outputs(16) == {"copy.json": b'{"rows": 3}'}
-    assert "Authorization" not in control_plane.input_headers[0]  # the credential stays home
+    wait_for(lambda: control_plane.steps(17)[-1:] == [("failed", "runtime_error")])
+    assert not control_plane.input_headers
+    (report,) = [r for r in control_plane.reports(17) if r["step"] == "failed"]
+    assert "loopback: always refused" in report["message"]

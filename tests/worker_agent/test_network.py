@@ -1,20 +1,21 @@
 """The job network policy, enforced on the real Docker engine: mode `none` has no network; mode
 `pool` reaches only its allow-list (iptables in the namespace of a network-owner container the
 job shares, with no NET_ADMIN of its own). All traffic goes to HTTP servers in this test process,
-reached through the gateway of our own `computepool` bridge: it never leaves this machine."""
+listening in a network namespace of the test's own (tests/worker_agent/netns.py): never the node's
+own addresses, which no job may reach, and it never leaves this machine."""
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from worker_agent import netpolicy
-from worker_agent.runtime.base import Assignment, RuntimeFailure
+from worker_agent.runtime.base import RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, POOL_NETWORK, DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
-from .conftest import make_owner
+from .conftest import make_owner, require_service
+from .netns import Netns, available
 from .test_docker_runtime import assignment as runtime_assignment
 
 
@@ -31,15 +32,17 @@ class Hello(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def servers():
-    """Two HTTP servers on free ports of every host address (the bridge's gateway among them)."""
-    started = [ThreadingHTTPServer(("0.0.0.0", 0), Hello) for _ in range(2)]
-    for server in started:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield [server.server_port for server in started]
-    for server in started:
-        server.shutdown()
-        server.server_close()
+def netns():
+    require_service(available() is None, f"a network namespace of our own ({available()})")
+    space = Netns()
+    yield space
+    space.close()
+
+
+@pytest.fixture(scope="module")
+def servers(netns):
+    """Two HTTP servers on free ports of the test namespace's address."""
+    return [netns.serve(Hello) for _ in range(2)]
 
 
 @pytest.fixture
@@ -60,16 +63,18 @@ def runtime(docker_client):
 
 
 @pytest.fixture
-def gateway(runtime) -> str:
-    """The host side of our own bridge: the only address these tests send traffic to."""
-    runtime._pool_network()
-    network = runtime.client.networks.get(POOL_NETWORK)
-    return network.attrs["IPAM"]["Config"][0]["Gateway"]
+def gateway(netns) -> str:
+    """The test namespace's address: the only address these tests send traffic to."""
+    return netns.address
 
 
-def assignment(image, command, mode="pool", allow=(), **changes) -> Assignment:
+def assignment(image, command, mode="pool", allow=(), bound=("198.18.0.0/15",), **changes):
     return runtime_assignment(
-        image, command, network_policy={"mode": mode, "egress_allow": list(allow)}, **changes
+        image,
+        command,
+        network_policy={"mode": mode, "egress_allow": list(allow)},
+        pool_network={"egress_allowed": list(bound)},
+        **changes,
     )
 
 
@@ -189,8 +194,8 @@ def test_the_process_runtime_refuses_an_allow_list(tmp_path):
     runtime.create(assignment("x", ["true"], mode="none"), tmp_path)  # no network asked: runs
 
 
-def test_the_rules_allow_loopback_replies_dns_and_the_list_then_drop():
-    allowed = netpolicy.resolve(["10.1.2.3:8443", "10.1.2.4"])
+def test_the_rules_allow_loopback_replies_dns_and_the_list_then_reject():
+    allowed = netpolicy.resolve(["10.1.2.3:8443", "10.1.2.4"], netpolicy.Bounds(True))
     rules = netpolicy.rules(allowed, ["192.0.2.53"])
     assert rules[0] == ["-o", "lo", "-j", "ACCEPT"]
     assert "ESTABLISHED,RELATED" in rules[1]
@@ -198,6 +203,6 @@ def test_the_rules_allow_loopback_replies_dns_and_the_list_then_drop():
     assert ["-d", "192.0.2.53", "-p", "tcp", "--dport", "53", "-j", "ACCEPT"] in rules
     assert ["-d", "10.1.2.3", "-p", "tcp", "--dport", "8443", "-j", "ACCEPT"] in rules
     assert ["-d", "10.1.2.4", "-j", "ACCEPT"] in rules
-    assert rules[-1] == ["-j", "DROP"]
+    assert rules[-1] == ["-j", "REJECT"]
     with pytest.raises(netpolicy.EgressError, match="IPv4 only"):
         netpolicy.resolve(["[::1]:80"])

@@ -97,6 +97,37 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class PoolNetwork:
+    """The pool's network knobs, as the assignment's `pool_network` carries them
+    (docs/data-plane.md): private ranges allowed or not, the bound of a job's egress
+    (`egress_allowed`: CIDRs and host names), where published ports bind (`ingress_address`:
+    an address, or "node" for the agent's own route address), the addresses the control plane
+    knows to refuse (its own, its nodes'), and the object-store origins whose presigned inputs
+    are exempt from the loopback rule."""
+
+    private_ranges_allowed: bool = False
+    egress_allowed: tuple[str, ...] = ()
+    ingress_address: str = "127.0.0.1"
+    refused: tuple[str, ...] = ()
+    object_store_endpoints: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, data: dict | None) -> PoolNetwork:
+        data = data or {}
+        return cls(
+            private_ranges_allowed=data.get("private_ranges_allowed") is True,
+            egress_allowed=_strings(data.get("egress_allowed")),
+            ingress_address=str(data.get("ingress_address") or "127.0.0.1"),
+            refused=_strings(data.get("refused")),
+            object_store_endpoints=_strings(data.get("object_store_endpoints")),
+        )
+
+
+def _strings(items) -> tuple[str, ...]:
+    return tuple(str(item) for item in items or ())
+
+
+@dataclass(frozen=True)
 class Assignment:
     job: int
     attempt: int
@@ -113,6 +144,8 @@ class Assignment:
     ports: tuple[int, ...] = ()
     network_mode: str = "none"
     egress_allow: tuple[str, ...] = ()
+    ingress_allow: tuple[str, ...] = ()  # source CIDRs of the published ports (none: any)
+    pool_network: PoolNetwork = field(default_factory=PoolNetwork)
     max_runtime_s: int | None = None
     startup_timeout_s: int = 300
     stop_grace_s: int = 10
@@ -142,6 +175,8 @@ class Assignment:
             ports=tuple(int(port) for port in data.get("ports") or ()),
             network_mode=str(policy.get("mode") or "none"),
             egress_allow=tuple(str(rule) for rule in policy.get("egress_allow") or ()),
+            ingress_allow=tuple(str(cidr) for cidr in policy.get("ingress_allow") or ()),
+            pool_network=PoolNetwork.parse(data.get("pool_network")),
             max_runtime_s=int(data["max_runtime_s"]) if data.get("max_runtime_s") else None,
             startup_timeout_s=int(data.get("startup_timeout_s") or 300),
             stop_grace_s=int(

@@ -12,10 +12,14 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
   no host namespaces (private IPC, no pid/net/uts/userns host mode), no Docker socket mounted;
 - network `none`, or the pool network with egress limited to the allow-list: a small
   network-owner container (the pause image, `sleep`) joins the bridge network `computepool`
-  (inter-container traffic off) and carries the published ports; iptables rules are installed
-  in its namespace (worker_agent/netpolicy.py) and only then is the job container started
-  inside that namespace (`container:<owner>`, no NET_ADMIN: it cannot change them). A node
-  that cannot enforce this (not root, no iptables/nsenter) fails such a job: runtime_error.
+  (inter-container traffic off) and carries the published ports, bound to the pool's ingress
+  address only; iptables rules are installed in its namespace (worker_agent/netpolicy.py:
+  egress, and ingress from the job's `ingress_allow`) and only then is the job container
+  started inside that namespace (`container:<owner>`, no NET_ADMIN: it cannot change them). A
+  node that cannot enforce this (not root, no iptables/nsenter) fails such a job: runtime_error.
+- inputs fetched in the job's namespace once its rules are installed, or for a job without a
+  network in a throwaway owner's (`-inputs`) whose egress allows only the inputs' hosts
+  (worker_agent/inputs.py), before the job container is created.
 Secrets are files in /run/secrets, a read-only bind mount of a per-attempt ramfs the agent
 unmounts on the host as soon as the container has started (runtime/secrets.py): never in the
 container's environment or configuration, never on the node's disk.
@@ -71,6 +75,7 @@ POOL_NETWORK = "computepool"
 PAUSE_IMAGE_DEFAULT = "127.0.0.1:5000/computepool/busybox:test"
 ROLE = f"{LABEL}.role"  # "network" on a network owner; job containers have no role label
 OWNER_SUFFIX = "-net"
+INPUTS_SUFFIX = "-inputs"  # the throwaway namespace a job without a network fetches inputs in
 TMP_TMPFS = "rw,nosuid,nodev,size=64m"
 IMAGES_MAX = 512
 LOG_BUFFER_MAX = 8 * 1024 * 1024  # unsent log text kept per run; the oldest is dropped first
@@ -242,20 +247,33 @@ class DockerRuntime:
     def container_name(self, assignment: Assignment) -> str:
         return f"{self._owned_by().prefix}-job{assignment.job}-l{assignment.lease}"
 
-    def _network(self, assignment: Assignment) -> dict:
+    def _network(self, assignment: Assignment, refused) -> tuple[dict, int | None]:
         """Mode none: no network. Otherwise the job joins its network owner's namespace, whose
-        egress rules are installed before this returns (the job container is not created yet)."""
+        egress and ingress rules are installed before this returns (the job container is not
+        created yet); with the owner's pid, where the inputs are fetched."""
         if assignment.network_mode == "none":
             if assignment.ports:
                 log.warning("job %s: ports are not published with network none", assignment.job)
-            return {"network_mode": "none"}
+            return {"network_mode": "none"}, None
         problem = netpolicy.enforcement_problem()
         if problem:
             raise RuntimeFailure("runtime_error", str(netpolicy.unenforceable(problem)))
-        owner = self._start_owner(assignment)
+        pool = assignment.pool_network
+        bounds = netpolicy.Bounds.of_pool(
+            pool.egress_allowed, private_allowed=pool.private_ranges_allowed, refused=refused
+        )
+        name = self.container_name(assignment) + OWNER_SUFFIX
+        owner = self._start_owner(assignment, name, assignment.ports)
         try:
             owner.reload()
-            allowed = netpolicy.enforce(int(owner.attrs["State"]["Pid"]), assignment.egress_allow)
+            pid = int(owner.attrs["State"]["Pid"])
+            allowed = netpolicy.enforce(
+                pid,
+                assignment.egress_allow,
+                bounds,
+                ports=assignment.ports,
+                sources=assignment.ingress_allow,
+            )
         except netpolicy.EgressError as exc:
             self._remove_owner_of(owner.name)
             raise RuntimeFailure("runtime_error", str(exc)) from exc
@@ -263,7 +281,37 @@ class DockerRuntime:
             self._remove_owner_of(owner.name)
             raise
         log.info("job %s: egress allowed to %s, all else dropped", assignment.job, allowed)
-        return {"network_mode": f"container:{owner.id}"}
+        return {"network_mode": f"container:{owner.id}"}, pid
+
+    def _fetch_inputs(self, assignment: Assignment, pid: int | None, fetcher) -> None:
+        """In the job's own namespace (`pid`, its owner's), or for a job without a network in a
+        throwaway owner's on the pool network whose egress allows only the inputs' hosts (under
+        the same address rules), removed once they are fetched."""
+        if pid is not None:
+            fetcher.run(f"/proc/{pid}/ns/net")
+            return
+        entries = fetcher.hosts
+        if not entries:  # presigned only: fetched from the node's namespace
+            fetcher.run(None)
+            return
+        problem = netpolicy.enforcement_problem()
+        if problem:
+            raise RuntimeFailure(
+                "runtime_error", f"inputs cannot be fetched in a namespace of their own ({problem})"
+            )
+        bounds = netpolicy.Bounds(fetcher.rules.private_allowed, fetcher.rules.refused)
+        name = self.container_name(assignment) + INPUTS_SUFFIX
+        owner = self._start_owner(assignment, name, ())
+        try:
+            owner.reload()
+            pid = int(owner.attrs["State"]["Pid"])
+            netpolicy.enforce(pid, entries, bounds)
+            fetcher.run(f"/proc/{pid}/ns/net")
+        except netpolicy.EgressError as exc:
+            raise RuntimeFailure("runtime_error", str(exc)) from exc
+        finally:
+            with contextlib.suppress(NotFound, APIError):
+                owner.remove(force=True, v=True)
 
     def _pool_network(self) -> None:
         try:
@@ -294,9 +342,10 @@ class DockerRuntime:
                 return repo_digest
         raise RuntimeFailure("runtime_error", f"pause image {ref} has no registry digest")
 
-    def _start_owner(self, assignment: Assignment):
-        """The attempt's network owner: `sleep` on the pool network, hardened like a job, with
-        tiny limits; it carries the published ports (the job shares its namespace)."""
+    def _start_owner(self, assignment: Assignment, name: str, ports):
+        """A network owner of the attempt: `sleep` on the pool network, hardened like a job,
+        with tiny limits; the job's owner carries the published ports (the job shares its
+        namespace), bound to the pool's ingress address only."""
         self._pool_network()
         image = self._pinned_pause_image()
         sysctls = {}
@@ -305,11 +354,12 @@ class DockerRuntime:
                 "net.ipv6.conf.all.disable_ipv6": "1",
                 "net.ipv6.conf.default.disable_ipv6": "1",
             }
+        bind = assignment.pool_network.ingress_address
         try:
             owner = self.client.containers.run(
                 image,
                 ["sleep", "2147483647"],
-                name=self.container_name(assignment) + OWNER_SUFFIX,
+                name=name,
                 detach=True,
                 labels=self._labels(assignment) | {ROLE: "network"},
                 user=NOBODY,
@@ -324,11 +374,12 @@ class DockerRuntime:
                 nano_cpus=100_000_000,
                 network=POOL_NETWORK,
                 sysctls=sysctls,
-                ports={f"{port}/tcp": None for port in assignment.ports},  # ephemeral host ports
+                ports={f"{port}/tcp": (bind, None) for port in ports},  # ephemeral host ports
                 log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             )
         except DockerException as exc:
-            self._remove_owner_of(self.container_name(assignment))
+            with contextlib.suppress(NotFound, APIError):
+                self.client.containers.get(name).remove(force=True, v=True)
             raise RuntimeFailure("runtime_error", f"network owner failed: {exc}") from exc
         return owner
 
@@ -373,8 +424,9 @@ class DockerRuntime:
             raise RuntimeFailure("runtime_error", f"volume {volume.name} is not this node's")
         return [Mount("/scratch", volume.name, type="volume")]
 
-    def create(self, assignment: Assignment, workdir: Path):
-        """The container of one attempt, created (not started) with the lease's limits."""
+    def create(self, assignment: Assignment, workdir: Path, fetcher=None):
+        """The container of one attempt, created (not started) with the lease's limits; its
+        inputs fetched by `fetcher` (worker_agent/inputs.py) once its network exists."""
         check_digest(assignment.image)
         limits = assignment.limits
         device_ids = self._device_ids(limits.gpus) if limits.gpus else []  # before creating
@@ -385,14 +437,21 @@ class DockerRuntime:
             Mount("/inputs", str(workdir / "inputs"), type="bind", read_only=True),
             *self._scratch(assignment),
         ]
+        if fetcher is not None:  # the addresses its inputs and its egress may not reach
+            refused = fetcher.rules.refused
+        else:
+            refused = netpolicy.refused(assignment.pool_network)
         try:
             if assignment.secrets:  # a ramfs of this attempt, read-only in the container
                 source = self._secret_mounts().prepare(name, assignment.secrets, *JOB_USER)
                 mounts.append(Mount(SECRETS_DIR, str(source), type="bind", read_only=True))
-            network = self._network(assignment)  # the owner and its egress rules, if any
+            network, pid = self._network(assignment, refused)  # the owner and its rules, if any
+            if assignment.inputs and fetcher is not None:
+                self._fetch_inputs(assignment, pid, fetcher)
         except BaseException:
             self._remove_volume(f"{name}-scratch")
             self._release_secrets(name)
+            self._remove_owner_of(name)
             raise
         environment = assignment.environment(SECRETS_DIR) | {
             "OUTPUTS_DIR": "/outputs",
@@ -645,7 +704,9 @@ class DockerRuntime:
         for container in containers:
             labels = container.labels
             if labels.get(ROLE) == "network":
-                if container.name.removesuffix(OWNER_SUFFIX) not in names:
+                # a throwaway inputs namespace never outlives the create that made it
+                job_name = container.name.removesuffix(OWNER_SUFFIX)
+                if container.name.endswith(INPUTS_SUFFIX) or job_name not in names:
                     log.info("removing orphaned network owner %s", container.name)
                     with contextlib.suppress(NotFound, APIError):
                         container.remove(force=True, v=True)

@@ -125,7 +125,9 @@ class ProcessRuntime:
     def images(self) -> list[str]:
         return []
 
-    def create(self, assignment: Assignment, workdir: Path) -> ProcessHandle:
+    def create(self, assignment: Assignment, workdir: Path, fetcher=None) -> ProcessHandle:
+        """The job's directory; its inputs fetched by `fetcher` in the node's namespace (the
+        address rules apply: this runtime has no namespace of the job's own to fetch in)."""
         (workdir / "scratch").mkdir(exist_ok=True)
         (workdir / "tmp").mkdir(exist_ok=True)
         if not assignment.command:
@@ -142,6 +144,8 @@ class ProcessRuntime:
         if assignment.secrets:
             secrets.mkdir(mode=0o700)
             secret_files.write_files(secrets, assignment.secrets, os.geteuid(), os.getegid())
+        if assignment.inputs and fetcher is not None:
+            fetcher.run(None)
         return ProcessHandle(workdir=workdir, assignment=assignment)
 
     def start(self, handle: ProcessHandle) -> None:

@@ -1,0 +1,173 @@
+"""What a job may make anything reach, as the control plane judges it at submit and tells the
+agent in each assignment (docs/security.md, "Networks a job may reach").
+
+The address rules are the agent's own table (worker_agent/addresses.py: one definition, which
+the agent applies again after DNS at fetch time and when it installs the egress rules); here
+they meet the pool's knobs (`private_ranges_allowed`, `egress_allowed`, `ingress_address`) and
+the addresses the control plane knows: its own interfaces and `ALLOWED_HOSTS` addresses, and
+the addresses its nodes have published routes on. A host name is not looked up here (the node
+resolves it, and checks what it finds): only literal addresses and the loopback's names are
+refused at submit.
+
+Inputs the control plane makes itself (presigned objects of a registered object store,
+`OBJECT_STORE_ENDPOINTS`) carry `"presigned": true`; `presigned_input` is the only way to make
+one, the submit body can never carry the key, and an assignment keeps the mark only for a URL
+on an endpoint registered now.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from leases.models import Lease
+from worker_agent import addresses
+
+# The pool's network knobs and their defaults (pools/validation.py checks them).
+NETWORK_KNOBS = {"private_ranges_allowed": False, "egress_allowed": [], "ingress_address": "node"}
+NODE_ROUTES_MAX = 256
+
+
+def network_knobs(pool) -> dict:
+    version = pool.scheduling_policy.current if hasattr(pool, "scheduling_policy") else None
+    knobs = (version.knobs or {}) if version is not None else {}
+    return {name: knobs.get(name, default) for name, default in NETWORK_KNOBS.items()}
+
+
+def control_plane_addresses() -> list[str]:
+    """The control plane's own addresses: this machine's interfaces and the addresses among
+    `ALLOWED_HOSTS` (the names it answers to)."""
+    found = [str(net.network_address) for _, net in addresses.host_networks("")]
+    for host in settings.ALLOWED_HOSTS:
+        literal = addresses.ip_literal(host)
+        if literal is not None:
+            found.append(str(literal))
+    return list(dict.fromkeys(found))
+
+
+def node_addresses(pool) -> list[str]:
+    """The addresses the pool's nodes have published routes on (what the control plane knows
+    of them; each agent adds its own interfaces)."""
+    hosts = (
+        Lease.objects.filter(node__pool=pool)
+        .exclude(route={})
+        .order_by()
+        .values_list("route__host", flat=True)
+        .distinct()[:NODE_ROUTES_MAX]
+    )
+    found = []
+    for host in hosts:
+        literal = addresses.ip_literal(str(host or ""))
+        if literal is not None:
+            found.append(str(literal))
+    return found
+
+
+def refused(pool) -> list[tuple[str, object]]:
+    """(why, network) pairs of the addresses the control plane knows to refuse."""
+    pairs = [("the control plane's address", a) for a in control_plane_addresses()]
+    pairs += [("a node's address", a) for a in node_addresses(pool)]
+    return [(why, net) for why, address in pairs for net in addresses.networks([address])]
+
+
+def _address_problem(host: str, knobs: dict, refused_pairs) -> str | None:
+    if problem := addresses.host_refusal(host):
+        return problem
+    literal = addresses.ip_literal(host)
+    if literal is None:
+        return None
+    return addresses.refusal(
+        literal, private_allowed=knobs["private_ranges_allowed"], refused=refused_pairs
+    )
+
+
+def input_errors(pool, inputs: list[dict]) -> dict:
+    """{index: {"url": [message]}} for each input whose URL names a refused address."""
+    if not inputs:
+        return {}
+    knobs, refused_pairs = network_knobs(pool), refused(pool)
+    errors = {}
+    for index, item in enumerate(inputs):
+        host = urlsplit(item["url"]).hostname or ""
+        if problem := _address_problem(host, knobs, refused_pairs):
+            errors[str(index)] = {"url": [f"{problem}."]}
+    return errors
+
+
+def egress_errors(pool, policy: dict) -> dict:
+    """{"egress_allow": {index: [message]}} for each entry that names a refused address or lies
+    outside the pool's `egress_allowed` (CIDRs contain addresses; names are listed by name)."""
+    entries = policy.get("egress_allow") or []
+    if not entries:
+        return {}
+    knobs, refused_pairs = network_knobs(pool), refused(pool)
+    nets, names = [], set()
+    for entry in knobs["egress_allowed"]:
+        try:
+            nets.extend(addresses.networks([entry]))
+        except ValueError:
+            names.add(str(entry).rstrip(".").lower())
+    errors = {}
+    for index, entry in enumerate(entries):
+        host = _entry_host(entry)
+        literal = addresses.ip_literal(host)
+        problem = _address_problem(host, knobs, refused_pairs)
+        if problem is None and literal is not None and not addresses.within(literal, nets):
+            problem = f"{literal} is outside the pool's egress_allowed"
+        if problem is None and literal is None and host.rstrip(".").lower() not in names:
+            problem = f"{host} is not a name the pool's egress_allowed lists"
+        if problem:
+            errors[str(index)] = [f"{problem}."]
+    return {"egress_allow": errors} if errors else {}
+
+
+def _entry_host(entry: str) -> str:
+    """The host of an egress entry: `host[:port]` or `[IPv6][:port]`."""
+    if entry.startswith("["):
+        return entry[1:].partition("]")[0]
+    return entry.rpartition(":")[0] if ":" in entry else entry
+
+
+def object_store_origins() -> list[str]:
+    return [_origin(endpoint) for endpoint in settings.OBJECT_STORE_ENDPOINTS]
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}".lower()
+
+
+def presigned_input(url: str, name: str) -> dict:
+    """An input the control plane presigned on a registered object store (exempt from the
+    loopback rule on the agent); a URL on no registered endpoint raises ValueError."""
+    if _origin(url) not in object_store_origins():
+        raise ValueError(f"{url[:100]!r} is on no endpoint of OBJECT_STORE_ENDPOINTS")
+    return {"url": url, "name": name, "presigned": True}
+
+
+def assignment_inputs(inputs: list[dict]) -> list[dict]:
+    """A job's inputs as the agent gets them: the presigned mark kept only on a URL of an
+    endpoint registered now."""
+    origins = set(object_store_origins())
+    out = []
+    for item in inputs or ():
+        entry = {"url": item["url"], "name": item["name"]}
+        if item.get("presigned") is True and _origin(item["url"]) in origins:
+            entry["presigned"] = True
+        out.append(entry)
+    return out
+
+
+def pool_network(pool) -> dict:
+    """The assignment's `pool_network` (docs/data-plane.md)."""
+    knobs = network_knobs(pool)
+    return {
+        "private_ranges_allowed": knobs["private_ranges_allowed"],
+        "egress_allowed": list(knobs["egress_allowed"]),
+        "ingress_address": knobs["ingress_address"],
+        "refused": [str(net) for _, net in refused(pool)],
+        "object_store_endpoints": list(settings.OBJECT_STORE_ENDPOINTS),
+    }
