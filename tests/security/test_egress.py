@@ -16,12 +16,12 @@ from django.core.exceptions import ValidationError
 from config.builders import pinned_test_image, set_pool_knobs
 from pools.actors import Actor
 from pools.services import policy_version_publish
-from tests.worker_agent.conftest import IDS, docker_client, make_owner, test_image
+from tests.worker_agent.conftest import IDS, make_owner, test_image
 from worker_agent import addresses
 from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime
 
-__all__ = ["docker_client", "test_image"]  # fixtures of the agent's tests, used here
+__all__ = ["test_image"]  # a fixture of the agent's tests, used here
 
 
 def submit(client, egress, mode="pool"):

@@ -20,7 +20,7 @@ from jobs.lifecycle import node_assignments
 from leases.choices import LeaseState
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
-from tests.worker_agent.conftest import IDS, docker_client, make_owner, require_service, test_image
+from tests.worker_agent.conftest import IDS, make_owner, require_service, test_image
 from tests.worker_agent.netns import Netns, available
 from worker_agent import addresses
 from worker_agent.inputs import Fetcher
@@ -28,7 +28,7 @@ from worker_agent.runtime.base import Assignment, RuntimeFailure
 from worker_agent.runtime.docker import INPUTS_SUFFIX, DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
-__all__ = ["docker_client", "test_image"]  # fixtures of the agent's tests, used here
+__all__ = ["test_image"]  # a fixture of the agent's tests, used here
 API = "http://127.0.0.1:8000"  # where the agent's control plane is (refused as an input)
 STORE = "http://127.0.0.1:9000"
 
@@ -229,10 +229,11 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def job(image, urls, mode="none", allow=(), **pool_network) -> Assignment:
+def job(image, urls, mode="none", allow=(), stop_grace_s=10, **pool_network) -> Assignment:
     number = next(IDS)
     return Assignment.parse(
         {
+            "stop_grace_s": stop_grace_s,
             "job": number,
             "lease": number + 7,
             "fencing_token": "1",
@@ -385,3 +386,42 @@ def test_only_presigned_inputs_on_a_registered_store_pass_the_loopback(tmp_path)
     finally:
         store.shutdown()
         store.server_close()
+
+
+@pytest.mark.docker
+def test_the_runner_fetches_in_the_throwaway_namespace(docker_client, test_image, tmp_path, space):
+    """Through the agent's runner: the throwaway namespace of a job without a network allows
+    the input's own host and port only, so a redirect to another port of the same server (which
+    the node itself reaches) fails; the plain input arrives."""
+    from tests.worker_agent.control_plane import ControlPlane
+    from worker_agent.client import ApiClient
+    from worker_agent.runner import Runner
+    from worker_agent.state import AgentState
+    from worker_agent.workroot import WorkRoot
+
+    first, second = space.serve(Files), space.serve(Files)
+    plane = ControlPlane()
+    try:
+        state = AgentState(tmp_path / "state")
+        state.save_credential({"credential": plane.credential})
+        client = ApiClient(plane.url, state, backoff=0.01)
+        runtime = DockerRuntime(make_owner("test-node-runner"), client=docker_client)
+        ends = {}
+        cases = (("plain", "/data"), ("redirect", f"/to?http://{space.address}:{second}/data"))
+        for case, path in cases:
+            a = job(test_image, [f"http://{space.address}:{first}{path}"], stop_grace_s=1)
+            runner = Runner(
+                a,
+                client=client,
+                runtime=runtime,
+                workdir=WorkRoot(tmp_path / "work", state.dir).attempt_dir(a.job, 1),
+            )
+            runner.poll_s = 0.2
+            runner.start()
+            runner.join(60)
+            ends[case] = plane.reports(a.job)[-1]
+        assert ends["plain"]["step"] == "succeeded", ends
+        assert ends["redirect"]["step"] == "failed", ends
+        assert "refused" in ends["redirect"]["message"].lower(), ends
+    finally:
+        plane.close()

@@ -290,10 +290,6 @@ class DockerRuntime:
         if pid is not None:
             fetcher.run(f"/proc/{pid}/ns/net")
             return
-        entries = fetcher.hosts
-        if not entries:  # presigned only: fetched from the node's namespace
-            fetcher.run(None)
-            return
         problem = netpolicy.enforcement_problem()
         if problem:
             raise RuntimeFailure(
@@ -305,7 +301,7 @@ class DockerRuntime:
         try:
             owner.reload()
             pid = int(owner.attrs["State"]["Pid"])
-            netpolicy.enforce(pid, entries, bounds)
+            netpolicy.enforce(pid, fetcher.hosts, bounds)
             fetcher.run(f"/proc/{pid}/ns/net")
         except netpolicy.EgressError as exc:
             raise RuntimeFailure("runtime_error", str(exc)) from exc
