@@ -13,7 +13,7 @@ from .conftest import make_owner, require_service
 from .test_checkpoint import TRAPPING, checkpoint_files, restore_of, wait_for
 from .test_docker_runtime import assignment as docker_assignment
 from .test_docker_runtime import run_to_end
-from .test_network import gateway, servers  # noqa: F401 (fixtures used below)
+from .test_network import gateway, netns, servers  # noqa: F401 (fixtures used below)
 from .test_network import run as run_logged
 from .test_runner import run as run_runner
 from .test_secrets import root_only
@@ -144,6 +144,7 @@ def test_a_pool_job_under_gvisor_reaches_only_its_allow_list(
         test_image,
         command,
         network_policy={"mode": "pool", "egress_allow": [f"{gateway}:{allowed}"]},
+        pool_network={"egress_allowed": [gateway]},
     )
     container, logs = run_logged(runtime, a, workdir)
     assert logs.splitlines()[0] == SANDBOX_KERNEL

@@ -746,7 +746,7 @@ class GVisorRuntime(DockerRuntime):
         runtime = (container.attrs.get("HostConfig") or {}).get("Runtime")
         return runtime in GVISOR_ENGINE_RUNTIMES.values()
 
-    def create(self, assignment: Assignment, workdir: Path):
+    def create(self, assignment: Assignment, workdir: Path, fetcher=None):
         if assignment.limits.gpus:  # refused before anything is created (runsc passes none)
             raise RuntimeFailure("runtime_unavailable", "gVisor runs no GPU work on this node")
-        return super().create(assignment, workdir)
+        return super().create(assignment, workdir, fetcher)
