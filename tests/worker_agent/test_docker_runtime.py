@@ -36,8 +36,8 @@ def runtime(docker_client):
     runtime.created = created
     original = runtime.create
 
-    def create(a, workdir):
-        container = original(a, workdir)
+    def create(a, workdir, fetcher=None):
+        container = original(a, workdir, fetcher)
         created.append(container)
         return container
 

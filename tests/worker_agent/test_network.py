@@ -51,8 +51,8 @@ def runtime(docker_client):
     runtime.created = []
     original = runtime.create
 
-    def create(a, workdir):
-        container = original(a, workdir)
+    def create(a, workdir, fetcher=None):
+        container = original(a, workdir, fetcher)
         runtime.created.append(container)
         return container
 
