@@ -75,6 +75,8 @@ def submit_body(post) -> tuple[dict, dict]:
     network = {"mode": post.get("network_mode") or "none"}
     if egress := _split(post.get("egress_allow", "")):
         network["egress_allow"] = egress
+    if sources := _split(post.get("ingress_allow", "")):
+        network["ingress_allow"] = sources
     body["network_policy"] = network
     retry = {"retry_on": post.getlist("retry_on")}
     for key in ("max_attempts", "backoff_s"):
@@ -98,8 +100,18 @@ def field_errors(detail) -> dict[str, str]:
     }
     errors = {}
     for field, messages in detail.items():
-        if isinstance(messages, dict):  # resources: {field: [messages]}
+        if field == "resources" and isinstance(messages, dict):  # {field: [messages]}
             errors.update(field_errors(messages))
             continue
-        errors[where.get(field, field)] = " ".join(str(m) for m in messages)
+        errors[where.get(field, field)] = " ".join(_flat(messages))
     return errors
+
+
+def _flat(messages, where: str = "") -> list[str]:
+    """Messages of a field, nested ones (an input's URL, an egress entry) named by their
+    place: {"1": {"url": ["…"]}} → ["1 url: …"]."""
+    if isinstance(messages, dict):
+        return [m for key, value in messages.items() for m in _flat(value, f"{where}{key} ")]
+    if isinstance(messages, list | tuple):
+        return [m for value in messages for m in _flat(value, where)]
+    return [f"{where.strip()}: {messages}" if where else str(messages)]

@@ -181,12 +181,37 @@ def test_submit_form_text_errors_are_inline_too(browser, pool, tenant):
     assert not Job.objects.exists()
 
 
+def test_refused_input_and_egress_addresses_show_inline(browser, pool, tenant):
+    html = browser.post(
+        "/console/jobs/new",
+        form(
+            pool,
+            tenant,
+            inputs="https://example.org/ok.csv\nhttp://169.254.169.254/latest/meta-data/x",
+            network_mode="pool",
+            egress_allow="127.0.0.1:5432",
+        ),
+    ).content.decode()
+    assert 'id="e-inputs"' in html and "1 url: 169.254.169.254 is link-local" in html
+    assert 'id="e-network_mode"' in html and "127.0.0.1 is loopback" in html
+    assert not Job.objects.exists()
+
+
 def test_submit_queues_the_job_and_opens_its_page(browser, pool, tenant, alice):
     response = browser.post(
         "/console/jobs/new",
-        form(pool, tenant, env="MODE=fast", ports="8080", checkpointable="on"),
+        form(
+            pool,
+            tenant,
+            env="MODE=fast",
+            ports="8080",
+            checkpointable="on",
+            network_mode="pool",
+            ingress_allow="203.0.113.0/24, 198.51.100.7",
+        ),
     )
     job = Job.objects.get()
+    assert job.network_policy["ingress_allow"] == ["203.0.113.0/24", "198.51.100.7/32"]
     assert response.status_code == 302 and response["Location"] == f"/console/jobs/{job.pk}"
     assert job.state == "queued" and job.submitted_by == alice
     assert job.image_requested == TEST_IMAGE and "@sha256:" in job.image
