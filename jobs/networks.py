@@ -17,6 +17,7 @@ on an endpoint registered now.
 
 from __future__ import annotations
 
+import time
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -27,6 +28,8 @@ from worker_agent import addresses
 # The pool's network knobs and their defaults (pools/validation.py checks them).
 NETWORK_KNOBS = {"private_ranges_allowed": False, "egress_allowed": [], "ingress_address": "node"}
 NODE_ROUTES_MAX = 256
+NODE_ROUTES_TTL_S = 30.0
+_node_routes: dict[int, tuple[float, list[str]]] = {}  # pool id → (when read, addresses)
 
 
 def network_knobs(pool) -> dict:
@@ -48,7 +51,18 @@ def control_plane_addresses() -> list[str]:
 
 def node_addresses(pool) -> list[str]:
     """The addresses the pool's nodes have published routes on (what the control plane knows
-    of them; each agent adds its own interfaces)."""
+    of them; each agent adds its own interfaces). Read at most every NODE_ROUTES_TTL_S per pool
+    and process: every agent's poll for its assignments asks."""
+    now = time.monotonic()
+    cached = _node_routes.get(pool.pk)
+    if cached is not None and now - cached[0] < NODE_ROUTES_TTL_S:
+        return cached[1]
+    found = _node_routes_now(pool)
+    _node_routes[pool.pk] = (now, found)
+    return found
+
+
+def _node_routes_now(pool) -> list[str]:
     hosts = (
         Lease.objects.filter(node__pool=pool)
         .exclude(route={})
