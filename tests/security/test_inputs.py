@@ -9,6 +9,8 @@ API, real Docker engine, real HTTP servers in a network namespace of the test's 
 from __future__ import annotations
 
 import socket
+import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -25,7 +27,7 @@ from tests.worker_agent.netns import Netns, available
 from worker_agent import addresses
 from worker_agent.inputs import Fetcher
 from worker_agent.runtime.base import Assignment, RuntimeFailure
-from worker_agent.runtime.docker import INPUTS_SUFFIX, DockerRuntime
+from worker_agent.runtime.docker import INPUTS_SUFFIX, DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 
 __all__ = ["test_image"]  # a fixture of the agent's tests, used here
@@ -425,3 +427,33 @@ def test_the_runner_fetches_in_the_throwaway_namespace(docker_client, test_image
         assert "refused" in ends["redirect"]["message"].lower(), ends
     finally:
         plane.close()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("mode", "engine_runtime"), [("none", "runsc-none"), ("pool", "runsc-netns")]
+)
+def test_a_gvisor_job_gets_its_inputs_the_same_way(
+    docker_client, test_image, workdir, space, port, mode, engine_runtime
+):
+    """The fetch is the runtime's, before the sandbox starts: under gVisor too, in the job's own
+    (or a throwaway) namespace, and the sandboxed job reads the file."""
+    require_service(GVisorRuntime.available(), "gVisor's runsc runtimes in dockerd")
+    runtime = GVisorRuntime(make_owner("test-node-inputs"), client=docker_client)
+    runtime.created = []
+    a = job(test_image, [f"http://{space.address}:{port}/data"], mode=mode)
+    if mode == "pool":
+        a = replace(a, egress_allow=(f"{space.address}:{port}",))
+    a = replace(a, limits=replace(a.limits, pids=1024))  # gVisor's own threads count too
+    try:
+        container = create(runtime, a, workdir)
+        assert container.attrs["HostConfig"]["Runtime"] == engine_runtime
+        runtime.start(container)
+        deadline = time.monotonic() + 30
+        while (ended := runtime.poll(container)) is None:
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(0.1)
+        assert ended.exit_code == 0 and container.logs() == b"input-bytes\n"
+    finally:
+        for container in runtime.created:
+            runtime.remove(container)
