@@ -23,6 +23,7 @@ import re
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -101,3 +102,27 @@ def decrypt(key_id: str, sealed: bytes, *, context: str) -> str:
             "same id, or the stored value was altered."
         ) from None
     return plain.decode()
+
+
+@checks.register(checks.Tags.security)
+def check_keyring(app_configs=None, **kwargs) -> list:
+    """A malformed ring is an error at start (`manage.py check`, every server start), not at the
+    first secret; no ring at all is a deployment warning (`check --deploy`)."""
+    ring = getattr(settings, "ENCRYPTION_KEYS", None) or {}
+    try:
+        parse_keyring(ring)
+    except EncryptionError as error:
+        return [checks.Error(str(error), id="pools.E001")]
+    return []
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_keyring_configured(app_configs=None, **kwargs) -> list:
+    if getattr(settings, "ENCRYPTION_KEYS", None):
+        return []
+    return [
+        checks.Warning(
+            "ENCRYPTION_KEYS is not configured: tenants' secrets cannot be stored.",
+            id="pools.W001",
+        )
+    ]
