@@ -18,7 +18,7 @@ from config.builders import pinned_test_image, submit_job
 from jobs.lifecycle import node_assignments
 from scheduling.passes import scheduling_pass
 from tests.worker_agent.conftest import IDS, make_owner, require_service, test_image
-from tests.worker_agent.netns import Netns, available
+from tests.worker_agent.netns import Netns, available, stable_addresses
 from worker_agent import addresses
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime
@@ -163,11 +163,9 @@ def fetch(host: str, port: int, sock=None) -> bytes | None:
 
 def other_addresses(family) -> list[str]:
     return [
-        str(net.network_address)
-        for _, net in addresses.host_networks("")
-        if net.version == family
-        and not net.network_address.is_loopback
-        and not net.network_address.is_link_local
+        str(address)
+        for address in stable_addresses()
+        if address.version == family and not address.is_loopback and not address.is_link_local
     ]
 
 

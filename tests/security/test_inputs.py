@@ -23,7 +23,7 @@ from leases.choices import LeaseState
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
 from tests.worker_agent.conftest import IDS, make_owner, require_service, test_image
-from tests.worker_agent.netns import Netns, available
+from tests.worker_agent.netns import Netns, available, stable_addresses
 from worker_agent import addresses
 from worker_agent.inputs import Fetcher
 from worker_agent.runtime.base import Assignment, RuntimeFailure
@@ -108,7 +108,7 @@ def test_the_control_planes_own_addresses_and_the_docker_gateway_are_refused(
     set_pool_knobs(
         pool, private_ranges_allowed=True
     )  # refused as the control plane's, not as private
-    own = [str(net.network_address) for _, net in addresses.host_networks("")]
+    own = [str(address) for address in stable_addresses()]
     assert docker_gateway() in own  # the engine's bridge is on this machine here
     for address in {docker_gateway(), *own}:
         host = f"[{address}]" if ":" in address else address

@@ -27,6 +27,18 @@ RANGE = ipaddress.ip_network("198.18.0.0/15")
 PRIVATE = ipaddress.ip_network("10.254.0.0/16")
 
 
+def stable_addresses() -> list:
+    """This machine's addresses less those of the tests' own namespaces (their veths come and
+    go while other tests run)."""
+    from worker_agent.addresses import host_networks
+
+    return [
+        net.network_address
+        for _, net in host_networks("")
+        if not any(net.network_address in r for r in (RANGE, PRIVATE) if r.version == net.version)
+    ]
+
+
 def available() -> str | None:
     """Why namespaces of our own cannot be made here (None: they can)."""
     if os.geteuid() != 0:
