@@ -9,6 +9,7 @@ a callback of an old attempt never touches a new one. The job's row lock orders 
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from django.db import transaction
@@ -21,6 +22,7 @@ from nodes.models import GpuDevice
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
 from pools.choices import ContainerRuntime, GpuSharingClass
+from pools.encryption import EncryptionError
 from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
@@ -112,12 +114,16 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
     wanted = {
         (lease.job.tenant_id, name) for lease in leases for name in lease.job.secrets.values()
     }
-    values = {
-        (s.tenant_id, s.name): s.reveal()
-        for s in TenantSecret.objects.filter(
-            tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
-        )
-    }
+    values, unreadable = {}, {}
+    for secret in TenantSecret.objects.filter(
+        tenant_id__in={t for t, _ in wanted}, name__in={n for _, n in wanted}
+    ):
+        try:
+            values[(secret.tenant_id, secret.name)] = secret.reveal()
+        except EncryptionError as exc:  # its key left the ring: that job fails, not the node
+            unreadable[(secret.tenant_id, secret.name)] = str(exc)
+    if unreadable:
+        leases = [lease for lease in leases if not _failed_unreadable(lease.job, unreadable)]
     network = pool_network(node.pool)
     checkpoints = {}
     for output in JobOutput.objects.filter(
@@ -129,6 +135,24 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
         | {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
         for lease in leases
     ]
+
+
+def _failed_unreadable(job: Job, unreadable: dict) -> bool:
+    """Fail a job whose secret cannot be decrypted (`secret_unreadable`, naming the secret):
+    it cannot run without it, and one such row must not stop the node's other assignments."""
+    names = [name for name in job.secrets.values() if (job.tenant_id, name) in unreadable]
+    if not names:
+        return False
+    problem = unreadable[(job.tenant_id, names[0])]
+    with contextlib.suppress(TransitionRefused):  # ended meanwhile: not this node's work
+        job_finish(
+            job=job,
+            actor=Actor.system("assignments"),
+            exit_code=None,
+            reason=Reason.SECRET_UNREADABLE,
+            message=f"secret {names[0]} cannot be decrypted: {problem}"[:1000],
+        )
+    return True
 
 
 def job_checkpoint(job: Job, outputs=None) -> JobOutput | None:

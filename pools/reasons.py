@@ -71,6 +71,7 @@ class Reason(models.TextChoices):
     MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded", "Killed at its maximum runtime"
     RUNTIME_ERROR = "runtime_error", "The container runtime failed to run it"
     RUNTIME_UNAVAILABLE = "runtime_unavailable", "The node does not offer the job's runtime"
+    SECRET_UNREADABLE = "secret_unreadable", "A secret of the job cannot be decrypted"
     RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
     ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
     OUTPUTS_SKIPPED = "outputs_skipped", "Files the job left were not uploaded (links, FIFOs …)"

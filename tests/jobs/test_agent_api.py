@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import override_settings
 from django.utils import timezone
 
 from config import builders
@@ -12,8 +13,9 @@ from config.builders import SYSTEM, build_secret, gpu_request, submit_job
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_cancel, job_submit
-from leases.choices import LeaseState
+from leases.choices import HOLDING, LeaseState
 from nodes import services as node_services
+from pools import encryption
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.services import policy_version_publish
@@ -81,6 +83,25 @@ def test_assignment_carries_the_run_with_limits_and_secret_values(agent, node_ap
     assert entry["runtime"] == "docker"
     assert (entry["startup_timeout_s"], entry["stop_grace_s"]) == (300, 10)
     assert entry["checkpoint_requested"] is False
+
+
+def test_a_secret_that_cannot_be_decrypted_fails_its_job_alone(agent, node_api, tenant):
+    """Its key left the ring: that job fails with the reason, the node's other work is still
+    assigned (the whole list answered 500 before)."""
+    build_secret(tenant, "lost-key", "sealed-under-a-removed-key")
+    doomed, _ = place(submit_job(agent.node.pool, tenant, secrets={"TOKEN": "lost-key"}))
+    fine, _ = place(submit_job(agent.node.pool, tenant))
+
+    with override_settings(ENCRYPTION_KEYS={"other": encryption.new_key()}):
+        response = node_api.get("/api/v1/agent/assignments")
+
+    assert response.status_code == 200
+    assert [entry["job"] for entry in response.json()] == [fine.pk]
+    doomed.refresh_from_db()
+    assert doomed.state == JobState.FAILED
+    event = doomed.events.order_by("-id").first()
+    assert event.reason == Reason.SECRET_UNREADABLE and "lost-key" in event.message
+    assert not doomed.leases.filter(state__in=HOLDING).exists()
 
 
 def test_gpu_lease_assigns_its_exact_devices(agent, node_api, tenant, member):
