@@ -21,7 +21,7 @@ from tests.worker_agent.conftest import IDS, make_owner, require_service, test_i
 from tests.worker_agent.netns import Netns, available, stable_addresses
 from worker_agent import addresses
 from worker_agent.runtime.base import Assignment
-from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime
+from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime, GVisorRuntime
 
 __all__ = ["test_image"]  # a fixture of the agent's tests, used here
 PAGE = b"hello-ingress"
@@ -116,7 +116,8 @@ def serve(runtime, image, workdir, bind, sources=(), ready=None):
             "ports": [8080],
             "network_policy": {"mode": "pool", "ingress_allow": list(sources)},
             "pool_network": {"ingress_address": bind},
-            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 32},
+            # the default pids: a gVisor sandbox counts its own threads too
+            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 1024},
         }
     )
     for name in ("outputs", "inputs"):
@@ -237,3 +238,45 @@ def test_node_binds_to_the_agents_own_route_address(tmp_path):
     assert bound("node", "localhost") in ("127.0.0.1", "::1")  # a name, resolved on the node
     assert bound("127.0.0.1", "198.51.100.4") == "127.0.0.1"
     assert bound("::1", "198.51.100.4") == "::1"
+
+
+@pytest.mark.docker
+def test_a_gvisor_jobs_port_keeps_its_binding_and_ingress_allow(
+    docker_client, test_image, tmp_path, space
+):
+    """Under runsc-netns the job serves from the owner's namespace: the same single binding and
+    the same ingress rules as under runc. runsc's host network drops a share of the connections
+    it accepts (docs/data-plane.md "Runtimes"), so an allowed client tries a few times; a refused
+    one never connects at all."""
+    require_service(GVisorRuntime.available(), "gVisor's runsc runtimes in dockerd")
+    runtime = GVisorRuntime(make_owner("test-node-ingress"), client=docker_client)
+    runtime.created = []
+
+    def page_from(source, port):
+        for _ in range(10):
+            sock = space.connect(space.host, port, source=source)
+            if isinstance(sock, OSError):
+                return sock
+            if PAGE in (fetch(space.host, port, sock) or b""):
+                return PAGE
+        return None
+
+    try:
+        allowed = [f"{space.address}/32"]
+        port = serve(
+            runtime,
+            test_image,
+            tmp_path,
+            space.host,
+            allowed,
+            lambda port: page_from(space.address, port) == PAGE,
+        )
+        [container] = runtime.created
+        assert container.attrs["HostConfig"]["Runtime"] == "runsc-netns"
+        assert page_from(space.address, port) == PAGE
+        refused = space.connect(space.host, port, source=space.other, timeout=2)
+        assert isinstance(refused, OSError), "a source outside ingress_allow got through"
+        assert fetch(space.host, port) is None  # nor the node itself
+    finally:
+        for container in runtime.created:
+            runtime.remove(container)
