@@ -27,18 +27,25 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         actor = Actor.for_user(self.scope.get("user"))
         if not actor.is_person:
-            await self.close(code=NOT_SIGNED_IN)
+            await self._refuse(NOT_SIGNED_IN)
             return
         pk = self.scope["url_route"]["kwargs"].get("pk")
         self.groups_joined = await database_sync_to_async(subscriptions)(
             self.stream, self.model, actor, pk
         )
         if not self.groups_joined:
-            await self.close(code=NOTHING_TO_FOLLOW)
+            await self._refuse(NOTHING_TO_FOLLOW)
             return
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
+
+    async def _refuse(self, code: int) -> None:
+        """Accepted, then closed with `code` at once (nothing is sent): a close before the
+        accept reaches the browser as a bare 1006, like a server that is down, and the page
+        could not tell a final refusal from a moment's trouble."""
+        await self.accept()
+        await self.close(code=code)
 
     async def disconnect(self, code):
         for group in getattr(self, "groups_joined", []):

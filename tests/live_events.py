@@ -47,8 +47,13 @@ async def followed(user, path: str) -> WebsocketCommunicator:
 
 
 async def refused(user, path: str) -> int | None:
-    """The close code `user` gets at `path`, or None when accepted."""
+    """The close code `user` gets at `path` (the consumers accept and close at once, so that
+    the browser sees the code), or None when the socket stays open."""
     socket, accepted, code = await follow(user, path)
-    if accepted:
+    if not accepted:
+        return code
+    if await socket.receive_nothing(timeout=0.5):
         await socket.disconnect()
-    return code
+        return None
+    message = await socket.receive_output()
+    return message.get("code") if message["type"] == "websocket.close" else None

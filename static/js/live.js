@@ -3,19 +3,21 @@
 // htmx elements listening for it (hx-trigger="live-event from:body") fetch what changed. A
 // dropped socket reconnects with backoff, and since a reconnection fires "live-event" too, a
 // timeline fetches the events it missed: it asks for those after its last one (?after=<id>).
-// A socket the server refuses is not retried.
+// A socket the server refuses is not retried for ever.
 (function () {
   "use strict";
+
+  const REFUSED_HANDSHAKES = 4; // ~4 s of backoff: a blip passes, a refusal does not loop
 
   function fire() {
     document.body.dispatchEvent(new CustomEvent("live-event"));
   }
 
-  // Whether a socket's failed handshake was the server refusing it (403: not signed in any more,
-  // not allowed, a foreign origin) rather than no server: the browser shows both as code 1006,
-  // so ask the page itself over HTTP. Any answer below 500 (a redirect to sign-in included)
-  // means a server is there and refused the socket; no answer or a 5xx (a proxy whose upstream
-  // is down) means try again.
+  // Whether a server is there when a handshake failed: the browser shows a refused handshake
+  // (a foreign origin, a path with no route, a proxy that does not pass websockets) and a server
+  // that is down alike, as code 1006, so ask the page itself over HTTP. Any answer below 500 (a
+  // redirect to sign-in included) means a server is there; no answer or a 5xx (a proxy whose
+  // upstream is down) means try again.
   async function serverAnswers() {
     try {
       const response = await fetch(location.href, {
@@ -34,12 +36,15 @@
   // "/ws/…/"; `opened(first)` runs on every (re)connection, `message(event)` on each message,
   // `show(state, text)` when the connection's state changes. A dropped socket reconnects with
   // backoff 0.5 s → 5 s. A refusal is final: a close with 4401 (not signed in) or 4403 (not
-  // allowed), or a handshake refused by a server that still answers (see serverAnswers).
+  // allowed; the consumers accept and close at once to say so), or REFUSED_HANDSHAKES failed
+  // handshakes in a row while the server still answers over HTTP (see serverAnswers). A single
+  // failed handshake is retried: under load or in a Redis blip one may time out.
   window.followSocket = function (path, { opened, message, show }) {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const url = `${scheme}://${location.host}${path}`;
     let delay = 500;
     let first = true;
+    let failedHandshakes = 0; // in a row, with the server answering
 
     function refused() {
       show("refused", "Live updates are not available for this page (reload to try again).");
@@ -57,6 +62,7 @@
       socket.onopen = () => {
         accepted = true;
         delay = 500;
+        failedHandshakes = 0;
         show("open");
         opened(first);
         first = false;
@@ -65,7 +71,12 @@
       socket.onclose = (event) => {
         if (event.code === 4401 || event.code === 4403) refused();
         else if (accepted) retry();
-        else serverAnswers().then((answers) => (answers ? refused() : retry()));
+        else
+          serverAnswers().then((answers) => {
+            failedHandshakes = answers ? failedHandshakes + 1 : 0;
+            if (failedHandshakes >= REFUSED_HANDSHAKES) refused();
+            else retry();
+          });
       };
     }
     connect();
