@@ -13,6 +13,7 @@ from django.core.management import call_command
 from config.management.commands.runstack import (
     _redis_answers,
     agent_command,
+    agent_environment,
     agent_node_status,
     agent_root,
     start_embedded_redis,
@@ -149,3 +150,26 @@ def test_a_credential_of_another_database_is_left_alone(db, tmp_path):
     assert plan.said.startswith("enrolls as") and plan.env["WORKER_AGENT_ENROLL_TOKEN"]
     assert plan.state_dir != stale
     assert AgentState(stale).credential() == "cpn_from_elsewhere"
+
+
+def test_the_agent_never_inherits_the_control_planes_secrets():
+    env = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LC_ALL": "C.UTF-8",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "WORKER_AGENT_POLL_S": "1",
+        "DOCKER_HOST": "unix:///var/run/docker.sock",
+        "SECRET_KEY": "s",
+        "DATABASE_URL": "postgres://u:p@db/cp",
+        "ENCRYPTION_KEYS": "k1=abc",
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+    }
+    assert set(agent_environment(env)) == {
+        "PATH",
+        "HOME",
+        "LC_ALL",
+        "HTTPS_PROXY",
+        "WORKER_AGENT_POLL_S",
+        "DOCKER_HOST",
+    }

@@ -114,6 +114,23 @@ def registry_answers(image_tag: str = TEST_IMAGE_TAG) -> tuple[bool, bool]:
         return True, False
 
 
+# What the agent's process inherits of runstack's environment: the node's own view of the world,
+# never the control plane's secrets (SECRET_KEY, DATABASE_URL, ENCRYPTION_KEYS …): an agent is a
+# node like any other, and on a real node none of them exist.
+AGENT_ENV_NAMES = {"PATH", "HOME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONUNBUFFERED"}
+AGENT_ENV_PREFIXES = ("LC_", "WORKER_AGENT_", "DOCKER_")
+
+
+def agent_environment(env: dict) -> dict:
+    return {
+        name: value
+        for name, value in env.items()
+        if name in AGENT_ENV_NAMES
+        or name.startswith(AGENT_ENV_PREFIXES)
+        or name.lower().endswith("_proxy")
+    }
+
+
 def wait_for_http(url: str, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -272,7 +289,8 @@ class Command(BaseCommand):
         if agent is not None:
             # The agent enrolls over HTTP: start it once the server answers.
             if wait_for_http(f"http://{host}:{port}/healthz"):
-                processes["agent"] = subprocess.Popen(agent.command, env=env | agent.env)
+                agent_env = agent_environment(env) | agent.env
+                processes["agent"] = subprocess.Popen(agent.command, env=agent_env)
                 self.stdout.write(f"agent started (pid {processes['agent'].pid})")
             else:
                 self.stderr.write("the server did not answer within 30 s: agent not started")
