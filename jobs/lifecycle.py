@@ -13,11 +13,17 @@ import contextlib
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from leases.choices import HOLDING
+from leases.choices import HOLDING, LeaseState
 from leases.models import Lease
-from leases.services import lease_commit, lease_record_final_report, lease_set_route
+from leases.services import (
+    lease_commit,
+    lease_record_final_report,
+    lease_set_route,
+    lease_stopped,
+)
 from nodes.models import GpuDevice
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
@@ -50,8 +56,10 @@ FAILURES = frozenset(
         Reason.RUNTIME_UNAVAILABLE,
     }
 )
-STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed")
-END_STEPS = ("succeeded", "failed", "checkpointed")
+STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed", "stopped")
+# The agent's last report of a run: the job's end, its checkpoint, or (for a cancelled job
+# whose lease is stopping) the confirmation that its container has stopped.
+END_STEPS = ("succeeded", "failed", "checkpointed", "stopped")
 # Why the agent skipped a member of /outputs (worker_agent/outputs.py SKIP_REASONS)
 OUTPUT_SKIP_REASONS = (
     "symlink",
@@ -99,10 +107,13 @@ def pool_agent_knobs(pool) -> dict:
 
 
 def node_assignments(*, node, api_base: str = "") -> list[dict]:
-    """One entry per job whose current holding lease is on this node and that has work here.
-    `api_base` (`https://cp.example`) prefixes the checkpoint's download URL."""
+    """One entry per job whose current holding lease is on this node and that has work here,
+    and one per stopping lease (its job cancelled: `state` "stopping", no secrets, for the
+    agent to stop the container and confirm). `api_base` (`https://cp.example`) prefixes the
+    checkpoint's download URL."""
     leases = list(
-        Lease.objects.filter(node=node, state__in=HOLDING, job__state__in=ON_NODE)
+        Lease.objects.filter(node=node)
+        .filter(Q(state__in=HOLDING, job__state__in=ON_NODE) | Q(state=LeaseState.STOPPING))
         .select_related("job", "job__tenant")
         .order_by("id")
     )
@@ -112,7 +123,10 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
     gpu_ids = {a["gpu"] for lease in leases for a in lease.gpu_allocations if a.get("gpu")}
     devices = {g.pk: g for g in GpuDevice.objects.filter(pk__in=gpu_ids, node=node)}
     wanted = {
-        (lease.job.tenant_id, name) for lease in leases for name in lease.job.secrets.values()
+        (lease.job.tenant_id, name)
+        for lease in leases
+        if lease.state != LeaseState.STOPPING
+        for name in lease.job.secrets.values()
     }
     values, unreadable = {}, {}
     for secret in TenantSecret.objects.filter(
@@ -132,7 +146,11 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
         checkpoints.setdefault(output.job_id, []).append(output)
     return [
         _assignment(lease, lease.job, node, knobs, devices, values, network)
-        | {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
+        | (
+            {"state": LeaseState.STOPPING.value, "secrets": {}, "restore": None}
+            if lease.state == LeaseState.STOPPING
+            else {"restore": _restore(lease.job, checkpoints.get(lease.job_id, ()), api_base)}
+        )
         for lease in leases
     ]
 
@@ -364,6 +382,8 @@ def job_report(
             _outputs_skipped(job, actor, outputs_skipped, outputs_skipped_total, now)
         if step in END_STEPS:  # written with the report's own changes, or not at all
             lease_record_final_report(lease=lease, now=now)
+        if lease.state == LeaseState.STOPPING:
+            return _stopping_report(job, lease, node, step, actor, message, now)
         if step == "pulling":
             job = _pulling(job, actor, reason, message, pull_seconds, now)
             if pull_seconds is not None:  # per image on the node (docs/nodes.md)
@@ -404,6 +424,11 @@ def job_report(
             return job_attempt_failed(
                 job=job, actor=actor, failure=reason, exit_code=exit_code, message=message, now=now
             )
+        if step == "stopped":
+            raise TransitionRefused(
+                "transition_not_allowed",
+                f"job {job.pk} is {job.state}: `stopped` confirms the stop of a cancelled job",
+            )
         if step == "checkpointed":
             if job.state != S.CHECKPOINTING:  # only a requested checkpoint re-queues a job
                 raise TransitionRefused(
@@ -420,6 +445,20 @@ def job_report(
             job_release_leases(job=job, actor=actor, message="checkpoint written", now=now)
             return job
     raise ValueError(f"unknown step {step!r}")
+
+
+def _stopping_report(job: Job, lease: Lease, node, step: str, actor: Actor, message, now) -> Job:
+    """A report under a stopping lease (its job was cancelled). Any end of the run confirms
+    the container stopped: the lease is released, its capacity back. An earlier step (the
+    agent had not seen the cancel yet) changes nothing, so the agent goes on to stop it."""
+    if step in END_STEPS:
+        lease_stopped(
+            lease=lease,
+            actor=actor,
+            message=message or f"{step} on {node.name}: the container has stopped",
+            now=now,
+        )
+    return job
 
 
 def job_request_checkpoint(

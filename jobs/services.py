@@ -6,9 +6,9 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from leases.choices import HOLDING
+from leases.choices import HOLDING, LeaseState
 from leases.explain import IdempotencyKeyReused
-from leases.services import check_ever_fits, lease_release, ledger
+from leases.services import check_ever_fits, lease_release, lease_stop, ledger
 from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
@@ -242,8 +242,11 @@ def jobs_note_pending(*, tenant_id: int, pool_id: int, explanation: dict, now=No
 
 
 def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
-    """Cancelled, and its leases released in the same transaction: the capacity is back at
-    once, and the node cannot keep renewing a lease for work nobody wants."""
+    """Cancelled, and in the same transaction its lease ends: at once when nothing was started
+    (reserved: the agent creates a container only once its `starting` report committed the
+    lease), else it is `stopping` — still holding the capacity, so nothing else is placed there
+    while the container gets its stop grace — until the agent confirms the stop (job_report).
+    The node cannot renew either for work nobody wants."""
     with transaction.atomic():
         job = job_transition(
             job=job,
@@ -254,6 +257,9 @@ def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
         )
         # after the job's row lock: a pass that placed it meanwhile has committed its lease
         for lease in job.leases.filter(state__in=HOLDING).order_by("id"):
+            if lease.state in (LeaseState.COMMITTED, LeaseState.UNCERTAIN):
+                lease_stop(lease=lease, actor=actor, message=f"job {job.pk} was cancelled")
+                continue
             lease_release(
                 lease=lease,
                 actor=actor,

@@ -41,6 +41,8 @@ class Reason(models.TextChoices):
     RESERVATION_UNCLAIMED = "reservation_unclaimed", "Reservation not claimed within tolerance"
     BACKFILL_WINDOW_CLOSED = "backfill_window_closed", "Backfill ended: the reservation was claimed"
     LEASE_ENDED = "lease_ended", "Its lease has ended: the node's callbacks for it are refused"
+    STOP_REQUESTED = "stop_requested", "Its job was cancelled; held until its container stops"
+    STOP_CONFIRMED = "stop_confirmed", "The node's agent confirmed its container stopped"
     # jobs
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"

@@ -291,11 +291,12 @@ class Agent:
         return parsed
 
     def sync(self) -> None:
-        """Start what is new, cancel what left; forget what ended."""
+        """Start what is new, stop what left or is stopping (cancelled); forget what ended."""
         self.reap()
         current = self.assignments()
         for key, runner in self.runners.items():
-            if key not in current and not runner.cancelled.is_set():
+            stopping = key in current and current[key].state == "stopping"
+            if (key not in current or stopping) and not runner.cancelled.is_set():
                 runner.cancel()
             elif key in current and current[key].checkpoint_requested:
                 runner.request_checkpoint()
@@ -306,8 +307,9 @@ class Agent:
 
     def reconcile(self) -> None:
         """What a previous agent left: containers of current assignments are adopted (still
-        running → reported; exited → their exit reported); the rest are stopped and removed.
-        Assignments already past `leased` with no container left are reported failed."""
+        running → reported; exited → their exit reported; stopping, its job cancelled → stopped
+        and the stop confirmed); the rest are stopped and removed. Assignments already past
+        `leased` with no container left are reported failed (stopping ones: stopped)."""
         current = self.assignments()
         for runtime in self.runtimes.values():
             for found in runtime.find():

@@ -9,9 +9,10 @@ the job wrote to /outputs is read through the runtime's archive of the stopped c
 uploaded when it ends, before the final report (which releases the lease; worker_agent/
 outputs.py). An attempt after a checkpoint first restores it into the created container's
 /outputs/checkpoint, through the same archive API (worker_agent/checkpoint.py). A job that
-leaves the assignments is stopped with its grace period and removed, and nothing more is
-reported for it. When the agent itself stops, runners
-leave their containers running for the next agent to reconcile (`found`).
+leaves the assignments, or whose lease is `stopping` (it was cancelled), is stopped with its
+grace period and removed; then `stopped` is reported (the control plane holds a stopping lease's
+capacity until it). When the agent itself stops, runners leave their containers running for
+the next agent to reconcile (`found`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ PHASE_STATE = {
     "running": "running",
     "checkpointing": "checkpointing",
 }
+STOPPING = "stopping"  # an assignment's state once its job was cancelled
+END_STEPS = ("succeeded", "failed", "checkpointed", "stopped")
 
 
 class Fenced(Exception):
@@ -73,7 +76,12 @@ class Runner(threading.Thread):
         super().__init__(daemon=True, name=f"job-{assignment.job}")
         self.assignment, self.client, self.runtime = assignment, client, runtime
         self.workdir, self.address, self.found, self.poll_s = workdir, address, found, poll_s
-        self.cancelled = threading.Event()  # the job left the assignments: stop and remove
+        # the job left the assignments, or its lease is stopping (it was cancelled): stop and
+        # remove, then confirm with `stopped` (the control plane holds the capacity until then)
+        self.cancelled = threading.Event()
+        if assignment.state == STOPPING:
+            self.cancelled.set()
+        self.end_reported = False  # the run's last report (END_STEPS) was taken
         self.halted = threading.Event()  # the agent stops: leave the container running
         self.checkpoint = threading.Event()  # the control plane asks for a checkpoint
         if assignment.checkpoint_requested:
@@ -110,6 +118,9 @@ class Runner(threading.Thread):
             if self.runtime is None:  # refused before anything is pulled or created
                 message = f"runtime {a.runtime} is not offered by this node's agent"
                 self._end_quietly(Ended("failed", "runtime_unavailable", None, message))
+            elif a.state == STOPPING:  # cancelled: stop what of it runs here (then confirmed)
+                if self.found is not None:
+                    self._stop_container(self.found.handle)
             elif self.found is not None:
                 self._adopt(self.found)
             elif a.state != "leased":
@@ -131,8 +142,28 @@ class Runner(threading.Thread):
             log.exception("job %s: runner error", a.job)
             self._end_quietly(Ended("failed", "runtime_error", None, f"agent error: {exc}"))
         finally:
+            if self.cancelled.is_set() and not self.halted.is_set() and not self.end_reported:
+                self._confirm_stopped()
             if self.phase != "left running":
                 self.phase = "ended"
+
+    def _confirm_stopped(self) -> None:
+        """A cancelled run's last report, once nothing of it runs here any more: `stopped`. A
+        refusal (the lease had already ended) or an unreachable control plane changes nothing
+        here; the control plane then ends the lease when a heartbeat no longer lists it."""
+        try:
+            self._report("stopped", message="stopped: its job was cancelled")
+        except (Fenced, ApiError, ApiUnreachable) as exc:
+            log.info("job %s: stop not confirmed: %s", self.job, exc)
+
+    def _stop_container(self, handle) -> None:
+        """SIGTERM, the stop grace, SIGKILL; the last log lines sent; the container removed."""
+        a = self.assignment
+        log.info("job %s: stopping (grace %ss)", a.job, a.stop_grace_s)
+        self.runtime.stop(handle, a.stop_grace_s)
+        self._flush_logs(quiet=True)
+        self.runtime.remove(handle)
+        self._clean_workdir()
 
     def _launch(self) -> None:
         a = self.assignment = self._bound(self.assignment)
@@ -164,7 +195,11 @@ class Runner(threading.Thread):
         except BaseException:
             self.runtime.remove(handle)
             raise
-        self._running(handle)
+        try:
+            self._running(handle)
+        except Fenced:  # no longer this node's attempt: nothing of it runs on
+            self._stop_container(handle)
+            raise
         self._monitor(handle, time.monotonic())
 
     def _adopt(self, found: Found) -> None:
@@ -211,11 +246,7 @@ class Runner(threading.Thread):
                 self.phase = "left running"
                 return
             if self.cancelled.is_set():
-                log.info("job %s left the assignments: stopping (grace %ss)", a.job, a.stop_grace_s)
-                self.runtime.stop(handle, a.stop_grace_s)
-                self._flush_logs(quiet=True)
-                self.runtime.remove(handle)
-                self._clean_workdir()
+                self._stop_container(handle)
                 return
             now = time.monotonic()
             if a.max_runtime_s and now - since > a.max_runtime_s:
@@ -303,7 +334,9 @@ class Runner(threading.Thread):
         body["message"] = str(body.get("message", ""))[:1000]
         log.info("job %s: %s %s", self.assignment.job, step, reason)
         try:
-            return self.client.report(self.assignment.job, body)
+            answer = self.client.report(self.assignment.job, body)
+            self.end_reported = self.end_reported or step in END_STEPS
+            return answer
         except ApiError as exc:
             if exc.status in (403, 404, 409):  # stale token, or no longer this node's job
                 raise Fenced(str(exc)) from exc

@@ -11,7 +11,8 @@ LeaseEvent with a reason code. Callers use `from leases import services`; the mo
   pass's `Headroom`
 - `credits`: charging tenants' credit accounts for held and consumed lease time
 - `backfill`: short work inside a reservation's hold before its window opens
-- `lifecycle`: commit, renew, release, uncertain, reconcile, usage, `lease_transition`
+- `lifecycle`: commit, renew, release, uncertain, reconcile, stopping, usage,
+  `lease_transition`
 - `sweeps`: expiry, uncertain deadline, unclaimed reservations
 - `usage`: what a heartbeat means for the leases of running jobs (renewal, usage), routes
 """
@@ -27,6 +28,8 @@ from .lifecycle import (
     lease_release,
     lease_renew,
     lease_report_usage,
+    lease_stop,
+    lease_stopped,
     lease_transition,
 )
 from .quota import tenants_at_quota
@@ -60,6 +63,8 @@ __all__ = [
     "lease_report_usage",
     "lease_reserve",
     "lease_set_route",
+    "lease_stop",
+    "lease_stopped",
     "lease_transition",
     "leases_record_usage",
     "leases_renew_by_heartbeat",

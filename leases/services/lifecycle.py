@@ -1,6 +1,7 @@
 """A lease's life after reserve: commit (startup began), renew, release, uncertain while its
-node is silent, reconcile, measured usage — each a transition with its event, through
-`lease_transition`; a transition out of HOLDING returns the capacity in the same transaction."""
+node is silent, reconcile, stopping until the agent confirms a cancelled job's container
+stopped, measured usage — each a transition with its event, through `lease_transition`; a
+transition out of HOLDING returns the capacity in the same transaction."""
 
 from __future__ import annotations
 
@@ -182,16 +183,55 @@ def end_lease(lease: Lease, *, to: str, actor: Actor, reason: str, message: str,
 
 
 def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "", now=None):
-    """Explicit and idempotent: releasing an ended lease returns it unchanged."""
+    """Explicit and idempotent: releasing an ended lease returns it unchanged. A stopping lease
+    is not released by anyone's word but the stop's (lease_stopped): its container may still
+    run on the capacity it holds."""
     now = now or timezone.now()
     _authorize(lease, actor)
     with transaction.atomic():
         current = Lease.objects.select_for_update().get(pk=lease.pk)
         if current.state in TERMINAL:
             return current
+        if current.state == S.STOPPING:
+            raise TransitionRefused(
+                "transition_not_allowed",
+                f"Lease {current.pk} is held until its cancelled job's container has stopped.",
+            )
         return end_lease(
             current, to=S.RELEASED, actor=actor, reason=reason, message=message, now=now
         )
+
+
+def lease_stop(*, lease: Lease, actor: Actor, message: str = "", now=None) -> Lease:
+    """committed (or uncertain) → stopping: the lease's job was cancelled while its container
+    may run. The capacity stays held until the node's agent confirms the stop (lease_stopped),
+    its heartbeat no longer lists the lease, or its node is found gone (receivers, sweeps). An
+    uncertain lease keeps `uncertain_since`: its node is silent, the lost-node rules apply."""
+    return lease_transition(
+        lease=lease,
+        to=S.STOPPING,
+        actor=actor,
+        reason=Reason.STOP_REQUESTED,
+        message=message or "its job was cancelled: held until its container has stopped",
+        now=now or timezone.now(),
+    )
+
+
+def lease_stopped(
+    *, lease: Lease, actor: Actor, reason: str = Reason.STOP_CONFIRMED, message: str = "", now=None
+) -> Lease:
+    """stopping → released, the capacity back: the container stopped (the agent said so, or
+    its heartbeat no longer lists it: `reconciled_gone`)."""
+    _authorize(lease, actor)
+    return end_lease(
+        lease,
+        to=S.RELEASED,
+        actor=actor,
+        reason=reason,
+        message=message or "the container has stopped",
+        now=now or timezone.now(),
+        check=_require_state(S.STOPPING),
+    )
 
 
 def lease_record_final_report(*, lease: Lease, now=None) -> None:
@@ -203,8 +243,27 @@ def lease_record_final_report(*, lease: Lease, now=None) -> None:
 
 
 def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
-    """committed → uncertain: the node's agent stopped answering; capacity stays held."""
+    """committed → uncertain: the node's agent stopped answering; capacity stays held. A
+    stopping lease stays stopping with its node silent since now (`uncertain_since`): nobody can
+    confirm its stop, so the uncertain deadline ends it unless the node returns first."""
     now = now or timezone.now()
+    if lease.state == S.STOPPING:
+        with transaction.atomic():
+            obj = Lease.objects.select_for_update().get(pk=lease.pk)
+            if obj.state != S.STOPPING or obj.uncertain_since is not None:
+                return obj
+            obj.uncertain_since = now
+            obj.save(update_fields=["uncertain_since"])
+            LeaseEvent.record(
+                obj,
+                actor=actor,
+                from_state=obj.state,
+                to_state=obj.state,
+                reason=Reason.NODE_SILENT,
+                message="its node went silent while its container was being stopped",
+                at=now,
+            )
+        return obj
     return lease_transition(
         lease=lease,
         to=S.UNCERTAIN,
@@ -216,9 +275,35 @@ def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
 
 
 def lease_reconcile(*, lease: Lease, running: bool, actor: Actor, now=None) -> Lease:
-    """uncertain → committed when the workload still runs, else released (capacity back)."""
+    """uncertain → committed when the workload still runs, else released (capacity back). A
+    stopping lease whose node returned stays stopping while the workload still runs there (its
+    agent stops it and confirms), else it is released."""
     now = now or timezone.now()
     _authorize(lease, actor)
+    if lease.state == S.STOPPING:
+        if not running:
+            return lease_stopped(
+                lease=lease,
+                actor=actor,
+                reason=Reason.RECONCILED_GONE,
+                message="its node returned without it",
+                now=now,
+            )
+        with transaction.atomic():
+            obj = Lease.objects.select_for_update().get(pk=lease.pk)
+            if obj.state == S.STOPPING and obj.uncertain_since is not None:
+                obj.uncertain_since = None
+                obj.save(update_fields=["uncertain_since"])
+                LeaseEvent.record(
+                    obj,
+                    actor=actor,
+                    from_state=obj.state,
+                    to_state=obj.state,
+                    reason=Reason.RECONCILED_RUNNING,
+                    message="its node returned with it; it is being stopped there",
+                    at=now,
+                )
+        return obj
     if running:
         with transaction.atomic():
             current = Lease.objects.select_for_update().get(pk=lease.pk)

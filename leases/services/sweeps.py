@@ -62,9 +62,10 @@ def expire_leases(*, now) -> int:
 
 
 def expire_uncertain(*, now, deadline) -> int:
-    """Uncertain longer than `deadline` (a timedelta or seconds) → expired, capacity returned."""
+    """Uncertain longer than `deadline` (a timedelta or seconds) → expired, capacity returned;
+    so is a stopping lease whose node has been silent as long (nobody can confirm its stop)."""
     cutoff = now - as_timedelta(deadline)
-    due = Lease.objects.filter(state=S.UNCERTAIN, uncertain_since__lte=cutoff)
+    due = Lease.objects.filter(state__in=(S.UNCERTAIN, S.STOPPING), uncertain_since__lte=cutoff)
     return _sweep(
         due,
         to=S.EXPIRED,

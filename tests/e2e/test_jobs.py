@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -16,7 +17,10 @@ from config.builders import build_secret, pinned_test_image
 from leases import tasks as lease_tasks
 from leases.models import Lease
 from nodes.services import node_heartbeat_sweep
+from pools.services import policy_version_publish
 from scheduling import tasks as scheduling_tasks
+
+from .conftest import ACTOR
 
 pytestmark = pytest.mark.docker
 
@@ -122,16 +126,66 @@ def test_a_sleeper_is_killed_at_its_maximum_runtime(stack):
     stack.drive(job_id, lambda job: stack.containers(job_id) == [], timeout=10)
 
 
-def test_cancelling_a_running_job_stops_its_container(stack):
-    job_id = submitted(stack, "long", ["sleep", "300"])
-    stack.drive(job_id, "running")
-    assert [c.status for c in stack.containers(job_id)] == ["running"]
-    response = stack.api("POST", f"jobs/{job_id}/cancel")
-    assert response.status_code == 200 and response.json()["state"] == "cancelled"
-    assert lease_states(job_id) == ["released"]  # the capacity is back at once
-    # The job left the node's assignments: the agent stops (1 s grace) and removes it.
-    stack.drive(job_id, lambda job: stack.containers(job_id) == [], timeout=20)
-    assert stack.job(job_id)["state"] == "cancelled"
+@contextmanager
+def stop_grace(stack, seconds: int):
+    """The pool's stop grace for the jobs placed meanwhile (the module's is 1 s)."""
+    policy = stack.pool.scheduling_policy
+
+    def publish(grace):
+        knobs = dict(policy.current.knobs or {}) | {"stop_grace_s": grace}
+        policy_version_publish(
+            policy=policy, weights=dict(policy.current.weights), knobs=knobs, actor=ACTOR
+        )
+
+    publish(seconds)
+    try:
+        yield
+    finally:
+        publish(1)
+
+
+def lease_of(job_id: int) -> Lease:
+    return Lease.objects.filter(job_id=job_id).order_by("-id").first()
+
+
+def test_a_cancelled_jobs_capacity_is_placed_again_only_once_its_container_stopped(stack):
+    """The first job takes the node's whole CPU and is cancelled: its lease is `stopping`
+    (capacity held) through the stop grace, until the agent has stopped and removed the
+    container and said so; only then does the next job of the same size get the node."""
+    node = stack.node()
+    whole = {"cpu_millicores_min": node.cpu_millicores_allocatable, "memory_mib_min": 64}
+    with stop_grace(stack, 4):
+        first = submitted(stack, "whole-node", ["sleep", "300"], resources=whole)
+        stack.drive(first, "running")
+        assert [c.status for c in stack.containers(first)] == ["running"]
+        response = stack.api("POST", f"jobs/{first}/cancel")
+        assert response.status_code == 200 and response.json()["state"] == "cancelled"
+        cancelled_at = timezone.now()
+        assert lease_states(first) == ["stopping"]  # held: nothing lands during the grace
+        second = submitted(stack, "next", ["sleep", "300"], resources=whole)
+        seen_stopping = 0
+        while stack.containers(first):
+            scheduling_tasks.scheduling_pass()
+            if lease_states(first) == ["stopping"]:
+                seen_stopping += 1
+            assert stack.job(second)["state"] == "queued", "placed while the container runs"
+            assert timezone.now() - cancelled_at < timedelta(seconds=30), stack.agent.tail()
+            time.sleep(0.2)
+        assert seen_stopping  # the lease held while the container was stopping
+        stack.drive(second, "running")
+        stopped = lease_of(first)
+        assert stopped.state == "released"
+        assert [e.reason for e in stopped.events.order_by("id")][-2:] == [
+            "stop_requested",
+            "stop_confirmed",
+        ]
+        # the container got its grace (SIGTERM is ignored by a shell's `sleep` as PID 1)
+        assert stopped.ended_at - cancelled_at >= timedelta(seconds=3)
+        placed = lease_of(second).created_at
+        assert placed >= stopped.ended_at
+        stack.api("POST", f"jobs/{second}/cancel")
+        stack.drive(second, lambda job: lease_states(second) == ["released"], timeout=30)
+    assert stack.containers(second) == []
 
 
 def test_a_restarted_agent_reconciles_a_job_that_ran_on(stack):

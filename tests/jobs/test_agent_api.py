@@ -289,12 +289,19 @@ def test_stale_fencing_token_is_refused(agent, node_api, tenant):
     assert job.state == JobState.LEASED and lease.state == LeaseState.RESERVED
 
 
-def test_a_cancelled_job_leaves_the_assignments_and_refuses_its_old_attempt(
+def test_a_cancelled_job_is_stopped_then_leaves_the_assignments_and_refuses_its_old_attempt(
     agent, node_api, tenant
 ):
     job, lease = place(submit_job(agent.node.pool, tenant))
     run(node_api, job, lease)
     job_cancel(job=job, actor=SYSTEM)
+    (stopping,) = node_api.get("/api/v1/agent/assignments").json()
+    assert (stopping["lease"], stopping["state"], stopping["secrets"]) == (lease.pk, "stopping", {})
+    # the container ended before the agent saw the cancel: that end confirms the stop
+    response = report(node_api, job, lease, "succeeded")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.RELEASED and lease.events.last().reason == "stop_confirmed"
     assert node_api.get("/api/v1/agent/assignments").json() == []
     response = report(node_api, job, lease, "succeeded")
     assert response.status_code == 409 and response.json()["code"] == "lease_ended"

@@ -1,6 +1,6 @@
 """The lease lifecycle: every transition allowed and refused (with its event row), and a
-hypothesis state machine driving reserve/commit/renew/release/expire/uncertain/reconcile in
-random order, checking the ledger invariant after every step."""
+hypothesis state machine driving reserve/commit/renew/release/expire/uncertain/reconcile/
+stop/stopped in random order, checking the ledger invariant after every step."""
 
 import uuid
 from datetime import timedelta
@@ -34,10 +34,12 @@ def lease_in(state, pool, tenant, now):
     lease = services.lease_reserve(
         pool=pool, tenant=tenant, request=cpu_request(), actor=SYSTEM, duration=5 * MIN, now=now
     )
-    if state in (S.COMMITTED, S.UNCERTAIN):
+    if state in (S.COMMITTED, S.UNCERTAIN, S.STOPPING):
         services.lease_commit(lease=lease, fencing_token=lease.fencing_token, actor=SYSTEM, now=now)
     if state == S.UNCERTAIN:
         services.lease_mark_uncertain(lease=lease, actor=SYSTEM, now=now)
+    if state == S.STOPPING:
+        services.lease_stop(lease=lease, actor=SYSTEM, now=now)
     if state == S.RELEASED:
         services.lease_release(lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT, now=now)
     if state == S.EXPIRED:
@@ -57,14 +59,25 @@ def drive(target, lease, now):
             services.lease_commit(
                 lease=lease, fencing_token=lease.fencing_token, actor=SYSTEM, now=later
             )
+    elif target == S.RELEASED and lease.state == S.STOPPING:
+        services.lease_stopped(lease=lease, actor=SYSTEM, now=later)  # the agent's confirmation
     elif target == S.RELEASED:
         services.lease_release(
             lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT, now=later
         )
+    elif target == S.UNCERTAIN and lease.state == S.STOPPING:
+        # its node going silent keeps it stopping (lease_mark_uncertain): not this transition
+        services.lease_transition(
+            lease=lease, to=S.UNCERTAIN, actor=SYSTEM, reason=Reason.NODE_SILENT, now=later
+        )
     elif target == S.UNCERTAIN:
         services.lease_mark_uncertain(lease=lease, actor=SYSTEM, now=later)
+    elif target == S.STOPPING:
+        services.lease_stop(lease=lease, actor=SYSTEM, now=later)
     elif target == S.EXPIRED:
-        if lease.state == S.UNCERTAIN:
+        if lease.state == S.STOPPING:  # its node silent past the uncertain deadline
+            services.lease_mark_uncertain(lease=lease, actor=SYSTEM, now=later)
+        if lease.state in (S.UNCERTAIN, S.STOPPING):
             return services.expire_uncertain(now=now + 20 * MIN, deadline=10 * MIN) == 1
         return services.expire_leases(now=now + 20 * MIN) == 1
     return True
@@ -80,6 +93,10 @@ EXPECTED_REASON = {
     (S.UNCERTAIN, S.COMMITTED): Reason.RECONCILED_RUNNING,
     (S.UNCERTAIN, S.RELEASED): Reason.RELEASED_BY_CLIENT,
     (S.UNCERTAIN, S.EXPIRED): Reason.UNCERTAIN_DEADLINE,
+    (S.COMMITTED, S.STOPPING): Reason.STOP_REQUESTED,
+    (S.UNCERTAIN, S.STOPPING): Reason.STOP_REQUESTED,
+    (S.STOPPING, S.RELEASED): Reason.STOP_CONFIRMED,
+    (S.STOPPING, S.EXPIRED): Reason.UNCERTAIN_DEADLINE,
 }
 
 PAIRS = [(a, b) for a in S.values for b in S.values if a != b and b != S.RESERVED]
@@ -191,10 +208,26 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(pk=leases)
     def release(self, pk):
         lease = self._lease(pk)
-        if lease:
-            services.lease_release(
-                lease=lease, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT, now=self.now
+        if lease:  # a stopping lease refuses: only its stop ends it
+            self._try(
+                services.lease_release,
+                lease=lease,
+                actor=SYSTEM,
+                reason=Reason.RELEASED_BY_CLIENT,
+                now=self.now,
             )
+
+    @rule(pk=leases)
+    def stop(self, pk):
+        lease = self._lease(pk)
+        if lease:
+            self._try(services.lease_stop, lease=lease, actor=SYSTEM, now=self.now)
+
+    @rule(pk=leases)
+    def stopped(self, pk):
+        lease = self._lease(pk)
+        if lease:
+            self._try(services.lease_stopped, lease=lease, actor=SYSTEM, now=self.now)
 
     @rule(pk=leases)
     def uncertain(self, pk):

@@ -106,7 +106,9 @@ def states(job) -> list[str]:
 
 
 def assert_cancelled_cleanly(job, pool, node) -> list[str]:
-    """The invariants every round ends in, whoever won; returns the job's state path."""
+    """The invariants every round ends in, whoever won; returns the job's state path. A job
+    cancelled after it started holds its lease `stopping` (listed so to the node, its capacity
+    held) until the agent confirms the stop, which this then does."""
     job.refresh_from_db()
     assert job.state == C
     path = states(job)
@@ -114,7 +116,24 @@ def assert_cancelled_cleanly(job, pool, node) -> list[str]:
     assert path in ([Q, C], [Q, L, C], [Q, L, ST, C]), path
     leases = list(Lease.objects.filter(job=job))
     assert len(leases) == (0 if path == [Q, C] else 1)
+    if ST in path:
+        (lease,) = leases
+        assert lease.state == LeaseState.STOPPING
+        assert ledger_problems(pool) == []
+        node.refresh_from_db()
+        assert node.cpu_millicores_reserved == lease.cpu_millicores  # still held
+        listed = [a for a in node_assignments(node=node) if a["job"] == job.pk]
+        assert [(a["lease"], a["state"]) for a in listed] == [(lease.pk, "stopping")]
+        job_report(
+            job=job,
+            node=node,
+            fencing_token=lease.fencing_token,
+            step="stopped",
+            actor=Actor.for_node(node),
+        )
+        lease.refresh_from_db()
     for lease in leases:
+        lease.refresh_from_db()
         assert lease.state == LeaseState.RELEASED
         endings = LeaseEvent.objects.filter(lease=lease, to_state=LeaseState.RELEASED)
         assert endings.count() == 1  # the capacity came back exactly once

@@ -29,6 +29,7 @@ class ControlPlane:
         self.answers: dict[str, dict] = {}  # body answered per path (default {"ok": true})
         self.input_headers: list[dict] = []  # headers of requests for input files
         self.on_refused = None  # called when a request's credential is refused (401)
+        self.on_report = None  # called with each report's body before it is answered
         # job → the checkpoint.tar served to its next attempt (default: its newest upload)
         self.checkpoints: dict[int, bytes] = {}
         self.lock = threading.Lock()
@@ -117,6 +118,8 @@ class ControlPlane:
                     )
                 ):  # as the API: only a pull or a failure carries a reason
                     return self._answer(400, {"reason": ["Only a failure or a pull has one."]})
+                if path.endswith("/report") and plane.on_report:
+                    plane.on_report(body)
                 if path.endswith("/report") and body.get("step") in plane.refuse_steps:
                     return self._answer(409, {"code": "fencing_token_mismatch"})
                 self._answer(200, plane.answers.get(path, {"ok": True}))

@@ -116,7 +116,37 @@ def test_a_job_that_leaves_the_assignments_is_stopped(agent, control_plane):
     assert not runner.is_alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert control_plane.steps(12)[-1] == ("running", "")
+    # it says it stopped (the control plane refuses it when the lease had ended: no matter)
+    assert control_plane.steps(12)[-2:] == [("running", ""), ("stopped", "")]
+
+
+def test_a_stopping_assignment_is_stopped_then_the_stop_confirmed(agent, control_plane):
+    """Its job was cancelled: the control plane holds the lease's capacity until `stopped`."""
+    agent.start()
+    control_plane.assignments = [assignment(15, ["sleep", "60"])]
+    agent.sync()
+    runner = agent.runners[(15, 150)]
+    wait_for(lambda: runner.phase == "running")
+    pid = runner.runtime.find()[0].handle.pid
+    control_plane.assignments = [assignment(15, ["sleep", "60"], state="stopping")]
+    agent.sync()
+    runner.join(15)
+    assert not runner.is_alive()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert control_plane.steps(15)[-2:] == [("running", ""), ("stopped", "")]
+    assert len(control_plane.reports(15)) == 5  # pulling twice, starting, running, stopped
+    agent.sync()  # still listed until the control plane has taken the stop: not run again
+    time.sleep(0.3)
+    assert len(control_plane.reports(15)) == 5
+
+
+def test_a_restarted_agent_confirms_the_stop_of_what_it_finds_nothing_of(agent, control_plane):
+    control_plane.assignments = [assignment(17, ["sleep", "60"], state="stopping")]
+    agent.start()  # reconciles: nothing of it here, nothing started
+    runner = agent.runners[(17, 170)]
+    runner.join(15)
+    assert control_plane.steps(17) == [("stopped", "")]
 
 
 @pytest.mark.parametrize("runtime", ["docker", "gvisor"])

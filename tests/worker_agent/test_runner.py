@@ -105,7 +105,7 @@ def test_a_tag_is_refused_before_anything_starts(
     assert containers_of(docker_client, runner.job) == []
 
 
-def test_a_cancelled_job_is_stopped_and_removed_without_a_report(
+def test_a_cancelled_job_is_stopped_and_removed_then_the_stop_reported(
     agent_parts, control_plane, test_image, docker_client
 ):
     runner = run(agent_parts, test_image, ["sleep", "60"], wait=False)
@@ -114,10 +114,13 @@ def test_a_cancelled_job_is_stopped_and_removed_without_a_report(
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert runner.workload()["state"] == "running"
-    runner.cancel()  # what the agent does when the job leaves the assignments
+    seen = []  # what of the container is left when the stop is reported
+    control_plane.on_report = lambda body: seen.append(containers_of(docker_client, runner.job))
+    runner.cancel()  # what the agent does when the job leaves the assignments or is stopping
     runner.join(30)
     assert not runner.is_alive()
-    assert control_plane.steps(runner.job)[-1] == ("running", "")
+    assert control_plane.steps(runner.job)[-2:] == [("running", ""), ("stopped", "")]
+    assert seen == [[]]  # reported once its container was gone
     assert containers_of(docker_client, runner.job) == []
 
 
