@@ -13,7 +13,7 @@ from tests.worker_agent.conftest import IDS, docker_client, test_image  # noqa: 
 from tests.worker_agent.control_plane import ControlPlane
 from worker_agent.agent import Agent, Config
 from worker_agent.runtime.base import Assignment, Owner, RuntimeFailure
-from worker_agent.runtime.docker import OWNER_SUFFIX, DockerRuntime
+from worker_agent.runtime.docker import INPUTS_SUFFIX, OWNER_SUFFIX, DockerRuntime
 
 pytestmark = pytest.mark.docker
 
@@ -94,6 +94,30 @@ def test_a_clashing_container_of_another_owner_is_never_removed_nor_adopted(
     runtime.remove(theirs_container)  # a handle of someone else's: refused too
     assert alive(theirs_container)
     assert docker_client.volumes.get(f"{name}-scratch")  # its volume is left as well
+
+
+@pytest.mark.parametrize("suffix", [OWNER_SUFFIX, INPUTS_SUFFIX])
+def test_a_clashing_network_owner_of_another_node_is_left_alone(
+    docker_client,  # noqa: F811
+    test_image,  # noqa: F811
+    foreign,
+    tmp_path,
+    suffix,
+):
+    """The same with the names of an attempt's network owners (its own namespace, and the
+    throwaway one its inputs are fetched in)."""
+    mine = Owner(str(uuid.uuid4()), next(IDS), NODE)
+    runtime = DockerRuntime(mine, client=docker_client)
+    a = assignment(test_image)
+    labels = a.labels(Owner(mine.control_plane, mine.node_id + 1, NODE))
+    theirs = foreign(runtime.container_name(a) + suffix, labels | {"computepool.role": "network"})
+    for workdir in ("outputs", "inputs"):
+        (tmp_path / workdir).mkdir()
+    with pytest.raises(RuntimeFailure) as refused:
+        runtime.create(a, tmp_path)
+    assert "not this node's" in refused.value.message
+    runtime.find()  # its orphan sweep passes it by as well
+    assert alive(theirs)
 
 
 def test_a_whole_agent_reconciles_only_its_own_containers(

@@ -374,10 +374,19 @@ class DockerRuntime:
                 log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             )
         except DockerException as exc:
-            with contextlib.suppress(NotFound, APIError):
-                self.client.containers.get(name).remove(force=True, v=True)
+            self._remove_ours(name)
             raise RuntimeFailure("runtime_error", f"network owner failed: {exc}") from exc
         return owner
+
+    def _remove_ours(self, name: str) -> None:
+        """The container of that name, when it is ours (never one by its name alone)."""
+        try:
+            container = self.client.containers.get(name)
+        except NotFound:
+            return
+        if self._ours(container):
+            with contextlib.suppress(NotFound, APIError):
+                container.remove(force=True, v=True)
 
     def _remove_owner_of(self, name: str) -> None:
         """The network owner of job container `name` (or named so), if there is one of ours."""
@@ -521,6 +530,7 @@ class DockerRuntime:
         for kind, getter, what in (
             ("container", self.client.containers.get, name),
             ("container", self.client.containers.get, name + OWNER_SUFFIX),
+            ("container", self.client.containers.get, name + INPUTS_SUFFIX),
             ("volume", self.client.volumes.get, f"{name}-scratch"),
         ):
             try:
@@ -531,10 +541,8 @@ class DockerRuntime:
                 raise RuntimeFailure(
                     "runtime_error", f"{kind} {what} exists and is not this node's: left alone"
                 )
-        with contextlib.suppress(NotFound):
-            self.client.containers.get(name).remove(force=True, v=True)
-            log.info("removed leftover container %s", name)
-        self._remove_owner_of(name)
+        for leftover in (name, name + OWNER_SUFFIX, name + INPUTS_SUFFIX):
+            self._remove_ours(leftover)
         self._remove_volume(f"{name}-scratch")
 
     def _remove_volume(self, name: str) -> None:
