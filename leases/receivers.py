@@ -8,6 +8,7 @@ from nodes import signals
 from nodes.errors import NodeScopeRefused
 from pools.actors import Actor
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 
 from .choices import LeaseState
 from .models import Lease
@@ -59,13 +60,16 @@ def end_stops_not_listed(sender, *, node, workloads: list[dict], now=None, **kwa
     )
     ended = []
     for lease in gone.order_by("id"):
-        lease_stopped(
-            lease=lease,
-            actor=Actor.for_node(node),
-            reason=Reason.RECONCILED_GONE,
-            message="its node's heartbeat no longer lists it: nothing runs for it there",
-            now=now,
-        )
+        try:
+            lease_stopped(
+                lease=lease,
+                actor=Actor.for_node(node),
+                reason=Reason.RECONCILED_GONE,
+                message="its node's heartbeat no longer lists it: nothing runs for it there",
+                now=now,
+            )
+        except TransitionRefused:  # ended meanwhile (its `stopped` report): the heartbeat goes on
+            continue
         ended.append(lease.pk)
     return ended
 
