@@ -56,4 +56,5 @@ async def refused(user, path: str) -> int | None:
         await socket.disconnect()
         return None
     message = await socket.receive_output()
+    await socket.disconnect()  # the consumer ends (a left-over one hangs the loop's teardown)
     return message.get("code") if message["type"] == "websocket.close" else None
