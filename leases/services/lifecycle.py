@@ -242,28 +242,42 @@ def lease_record_final_report(*, lease: Lease, now=None) -> None:
     )
 
 
+def _stopping_silent_since(lease, *, since, actor, reason, message, now) -> Lease:
+    """A stopping lease stays stopping when its node goes silent (`since` = now) or returns
+    (`since` = None): only `uncertain_since` changes, with an event; nothing when it already
+    says so or the lease is no longer stopping."""
+    with transaction.atomic():
+        obj = Lease.objects.select_for_update().get(pk=lease.pk)
+        if obj.state != S.STOPPING or (obj.uncertain_since is None) == (since is None):
+            return obj
+        obj.uncertain_since = since
+        obj.save(update_fields=["uncertain_since"])
+        LeaseEvent.record(
+            obj,
+            actor=actor,
+            from_state=obj.state,
+            to_state=obj.state,
+            reason=reason,
+            message=message,
+            at=now,
+        )
+    return obj
+
+
 def lease_mark_uncertain(*, lease: Lease, actor: Actor, now=None) -> Lease:
     """committed → uncertain: the node's agent stopped answering; capacity stays held. A
     stopping lease stays stopping with its node silent since now (`uncertain_since`): nobody can
     confirm its stop, so the uncertain deadline ends it unless the node returns first."""
     now = now or timezone.now()
     if lease.state == S.STOPPING:
-        with transaction.atomic():
-            obj = Lease.objects.select_for_update().get(pk=lease.pk)
-            if obj.state != S.STOPPING or obj.uncertain_since is not None:
-                return obj
-            obj.uncertain_since = now
-            obj.save(update_fields=["uncertain_since"])
-            LeaseEvent.record(
-                obj,
-                actor=actor,
-                from_state=obj.state,
-                to_state=obj.state,
-                reason=Reason.NODE_SILENT,
-                message="its node went silent while its container was being stopped",
-                at=now,
-            )
-        return obj
+        return _stopping_silent_since(
+            lease,
+            since=now,
+            actor=actor,
+            reason=Reason.NODE_SILENT,
+            message="its node went silent while its container was being stopped",
+            now=now,
+        )
     return lease_transition(
         lease=lease,
         to=S.UNCERTAIN,
@@ -289,21 +303,14 @@ def lease_reconcile(*, lease: Lease, running: bool, actor: Actor, now=None) -> L
                 message="its node returned without it",
                 now=now,
             )
-        with transaction.atomic():
-            obj = Lease.objects.select_for_update().get(pk=lease.pk)
-            if obj.state == S.STOPPING and obj.uncertain_since is not None:
-                obj.uncertain_since = None
-                obj.save(update_fields=["uncertain_since"])
-                LeaseEvent.record(
-                    obj,
-                    actor=actor,
-                    from_state=obj.state,
-                    to_state=obj.state,
-                    reason=Reason.RECONCILED_RUNNING,
-                    message="its node returned with it; it is being stopped there",
-                    at=now,
-                )
-        return obj
+        return _stopping_silent_since(
+            lease,
+            since=None,
+            actor=actor,
+            reason=Reason.RECONCILED_RUNNING,
+            message="its node returned with it; it is being stopped there",
+            now=now,
+        )
     if running:
         with transaction.atomic():
             current = Lease.objects.select_for_update().get(pk=lease.pk)
