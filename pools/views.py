@@ -58,12 +58,10 @@ def members_page(request):
     """The members of the tenants this person administers; adding one by username answers the
     same whether or not the name may join (services.member_add: no enumeration)."""
     actor = Actor.from_request(request)
-    admin_of = [t for t in selectors.tenants_visible_to(actor) if actor.is_tenant_admin(t.pk)]
+    admin_of = _administered(actor)
     errors = {}
     if request.method == "POST":
-        tenant = next((t for t in admin_of if t.slug == request.POST.get("tenant")), None)
-        if tenant is None:  # not a tenant of theirs to administer: as if it did not exist
-            raise Http404("No tenant you administer has this slug.")
+        tenant = _posted_tenant(request, admin_of)
         body = MembershipSerializer(
             data={"user": request.POST.get("username", ""), **_role(request)}
         )
@@ -93,6 +91,19 @@ def members_page(request):
     return render(request, "console/members.html", context)
 
 
+def _administered(actor) -> list:
+    return [t for t in selectors.tenants_visible_to(actor) if actor.is_tenant_admin(t.pk)]
+
+
+def _posted_tenant(request, admin_of: list):
+    """The form's tenant, one of those the person administers; any other is a 404 (as if it
+    did not exist)."""
+    tenant = next((t for t in admin_of if t.slug == request.POST.get("tenant")), None)
+    if tenant is None:
+        raise Http404("No tenant you administer has this slug.")
+    return tenant
+
+
 def _role(request) -> dict:
     role = request.POST.get("role")
     return {"role": role} if role else {}
@@ -103,12 +114,10 @@ def support_grants_page(request):
     """A tenant admin's support grants: which operator may read the tenant's logs and outputs,
     until when (create, revoke); an operator sees the grants made to them."""
     actor = Actor.from_request(request)
-    admin_of = [t for t in selectors.tenants_visible_to(actor) if actor.is_tenant_admin(t.pk)]
+    admin_of = _administered(actor)
     errors = {}
     if request.method == "POST":
-        tenant = next((t for t in admin_of if t.slug == request.POST.get("tenant")), None)
-        if tenant is None:  # not a tenant of theirs to administer: as if it did not exist
-            raise Http404("No tenant you administer has this slug.")
+        tenant = _posted_tenant(request, admin_of)
         fields = ("operator", "reason", "ttl_hours")
         body = SupportGrantCreateSerializer(
             data={k: request.POST[k] for k in fields if request.POST.get(k)}
