@@ -187,7 +187,7 @@ def build_node(
     *,
     cpu: int = 4000,
     memory: int = 8192,
-    scratch: int = 0,
+    scratch: int = 100_000,  # disk: every job's /outputs filesystem is some (output_limit_mib)
     gpus=(),
     ready: bool = True,
     actor: Actor = SYSTEM,

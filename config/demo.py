@@ -32,9 +32,11 @@ DEV_POOL = {
     "name": "Development",
     "description": "Local process runtime (no isolation): for trying Compute Pool without Docker",
 }
-DEV_KNOBS = {"allow_process_runtime": True}
+# The process runtime cannot bound a job's disk, so the dev pool's jobs get no output limit by
+# default (0); the lab's get a 256 MiB /outputs filesystem (docs/data-plane.md, "Disk limits").
+DEV_KNOBS = {"allow_process_runtime": True, "output_limit_mib": 0}
 # The demo's published ports are reached from this machine only (jobs/networks.py).
-LAB_KNOBS = {"ingress_address": "127.0.0.1"}
+LAB_KNOBS = {"ingress_address": "127.0.0.1", "output_limit_mib": 256}
 DEV_SHAPE_FIELDS = {"container_runtime": "process"}
 # The loopback registry (.ci/ensure-services.sh runs one with the busybox test image): every
 # repository in it is allowed, so a newcomer may push and run images of their own.
@@ -128,14 +130,18 @@ ACTOR = Actor.system("demo")
 
 
 def _demo_pool(fields: dict, knobs: dict, comment: str) -> ComputePool:
+    """The pool, with a new policy version when the current one lacks any of `knobs` (an
+    operator's own values of them are kept)."""
     pool = ComputePool.objects.filter(slug=fields["slug"]).first()
     if pool is None:
         pool = build_pool(**fields, registry=REGISTRY)
-        current = pool.scheduling_policy.current
+    current = pool.scheduling_policy.current
+    have = dict(current.knobs or {})
+    if any(name not in have for name in knobs):
         policy_version_publish(
             policy=pool.scheduling_policy,
             weights=dict(current.weights),
-            knobs=dict(current.knobs or {}) | knobs,
+            knobs=knobs | have,
             comment=comment,
             actor=ACTOR,
         )
@@ -146,7 +152,9 @@ def _demo_pool(fields: dict, knobs: dict, comment: str) -> ComputePool:
 def load_demo() -> list[tuple[str, str, str]]:
     """Create what is missing; return (username, password, roles) for the printout."""
     actor = ACTOR
-    pool = _demo_pool(POOL, LAB_KNOBS, "demo: published ports on the loopback only")
+    pool = _demo_pool(
+        POOL, LAB_KNOBS, "demo: published ports on the loopback only, /outputs of 256 MiB"
+    )
     dev = _demo_pool(DEV_POOL, DEV_KNOBS, "demo: allow the local process runtime")
     pools = [pool, dev]
     tenants = {}

@@ -237,7 +237,9 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
         "limits": {
             "cpu_millicores": lease.cpu_millicores,
             "memory_mib": lease.memory_mib,
-            "scratch_mib": lease.scratch_mib,
+            # the lease's disk is scratch and /outputs together (leases.snapshot.core_request)
+            "scratch_mib": max(0, lease.scratch_mib - job.output_limit_mib),
+            "output_limit_mib": job.output_limit_mib,
             "pids": DEFAULT_PIDS,
             "cpuset": _cpuset(node, (lease.placement or {}).get("numa_node")),
             "gpus": _gpu_ids(lease, devices),

@@ -54,6 +54,9 @@ class Job(models.Model):
     retry_policy = models.JSONField(default=default_retry_policy, blank=True)
     # "" = the control plane's artifact storage (Django's default storage)
     output_destination = models.CharField(max_length=300, blank=True)
+    # /outputs is a filesystem of this size on the node, counted as the job's disk there
+    # (with scratch); 0: no limit (only the process runtime runs such a job)
+    output_limit_mib = models.PositiveIntegerField(default=0)
     # Placement (docs/scheduler.md "Labels and affinity"): the job's own labels (other jobs'
     # anti-affinity sees them on its node), node labels it requires, workload labels it avoids,
     # and whether its CPU and memory must come from one NUMA node. Also carried in `resources`,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from leases.choices import HOLDING, LeaseState
 from leases.explain import IdempotencyKeyReused
 from leases.services import check_ever_fits, lease_release, lease_stop, ledger
+from leases.services.quota import storage_left_mib
+from leases.snapshot import pool_knobs
+from pools import validation
 from pools.actors import Actor
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
@@ -76,6 +80,7 @@ def job_submit(
     network_policy: dict | None = None,
     retry_policy: dict | None = None,
     output_destination: str = "",
+    output_limit_mib: int | None = None,
     image_platforms: list[str] | None = None,
     labels: dict | None = None,
     affinity: dict | None = None,
@@ -109,7 +114,9 @@ def job_submit(
         )
         if value
     }
-    resources = {**resources, **placement}
+    output_limit_mib = _output_limit(tenant, pool, output_limit_mib)
+    # the /outputs filesystem is disk on the node: the request reserves it with the scratch
+    resources = {**resources, **placement, "output_limit_mib": output_limit_mib}
     # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
     # forever: the same answer as POST /compute-leases.
     # The image's platforms count too: an amd64-only image never fits a pool of arm64 nodes.
@@ -140,6 +147,7 @@ def job_submit(
                 inputs=inputs or [],
                 ports=ports or [],
                 output_destination=output_destination,
+                output_limit_mib=output_limit_mib,
                 labels=labels or {},
                 affinity=affinity or {},
                 anti_affinity=anti_affinity or {},
@@ -164,6 +172,22 @@ def job_submit(
             return earlier
         raise
     return job
+
+
+def _output_limit(tenant: Tenant, pool: ComputePool, wanted: int | None) -> int:
+    """The job's output limit (the pool's knob `output_limit_mib` when it names none); 400 on
+    `output_limit_mib` when it is above what the tenant's storage quota in the pool has left."""
+    if wanted is None:
+        wanted = int(pool_knobs(pool).get("output_limit_mib", validation.OUTPUT_LIMIT_DEFAULT_MIB))
+    left = storage_left_mib(tenant.pk, pool.pk)
+    if left is not None and wanted > left:
+        raise ValidationError(
+            {
+                "output_limit_mib": f"{wanted} MiB is more than the {max(0, int(left))} MiB "
+                f"left of tenant {tenant.slug}'s storage quota in pool {pool.slug}."
+            }
+        )
+    return wanted
 
 
 def _keyed_job(tenant: Tenant, key: str, digest: str) -> Job | None:

@@ -481,7 +481,10 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         preferred_cpu_millicores=request.get("cpu_millicores_preferred"),
         memory_mib=int(request.get("memory_mib_min") or 0),
         preferred_memory_mib=request.get("memory_mib_preferred"),
-        scratch_mib=int(request.get("scratch_mib") or 0),
+        # a job's disk on its node: its scratch and its /outputs filesystem (output_limit_mib,
+        # put in its request by jobs.services.job_submit)
+        scratch_mib=int(request.get("scratch_mib") or 0)
+        + int(request.get("output_limit_mib") or 0),
         gpu_count=gpu_count,
         gpu_milli=gpu_milli,
         gpu_memory_mib=int(request.get("gpu_memory_mib_min") or 0),

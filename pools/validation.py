@@ -58,6 +58,11 @@ RETRY_REASONS = (
     "runtime_unavailable",
 )
 OUTPUT_DESTINATION_MAX_CHARS = 300
+# /outputs is a filesystem of this many MiB on the node (job field and pool knob
+# output_limit_mib; the knob's 0: the pool's jobs get no output limit, which only the process
+# runtime runs and the Docker runtime refuses)
+OUTPUT_LIMIT_DEFAULT_MIB = 1024
+OUTPUT_LIMIT_MAX_MIB = 1024 * 1024
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)", re.ASCII)
 
 # Policy versions: the knobs the code reads (the reservation defaults of the lease services
@@ -460,6 +465,14 @@ def _retention_days(value) -> str | None:
     return None
 
 
+def _output_limit(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "an integer number of MiB"
+    if not 0 <= value <= OUTPUT_LIMIT_MAX_MIB:
+        return f"between 0 (no limit) and {OUTPUT_LIMIT_MAX_MIB} MiB"
+    return None
+
+
 def _agent_seconds(value) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return "an integer number of seconds"
@@ -548,6 +561,7 @@ KNOBS = {
     "private_ranges_allowed": _boolean,
     "egress_allowed": _egress_allowed,
     "ingress_address": _ingress_address,
+    "output_limit_mib": _output_limit,  # the default of a job's output_limit_mib
     # preemption (scheduling/core/preemption.py): fresh work is protected this long
     "preemption_min_runtime_s": _protection_seconds,
     "credit_rates": _credit_rates,

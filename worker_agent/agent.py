@@ -311,6 +311,7 @@ class Agent:
         and the stop confirmed); the rest are stopped and removed. Assignments already past
         `leased` with no container left are reported failed (stopping ones: stopped)."""
         current = self.assignments()
+        adopted = []
         for runtime in self.runtimes.values():
             for found in runtime.find():
                 assignment = current.get((found.job, found.lease))
@@ -322,7 +323,11 @@ class Agent:
                         runtime.stop(found.handle, 10)
                     runtime.remove(found.handle)
                     continue
-                self._start_runner(assignment, found=found)
+                adopted.append((assignment, found))
+        # the directories (and filesystems) of every attempt not adopted are leftovers
+        self.work.sweep(keep={self.work.attempt_path(a.job, a.attempt) for a, _ in adopted})
+        for assignment, found in adopted:
+            self._start_runner(assignment, found=found)
         for assignment in current.values():
             if assignment.key not in self.runners:
                 self._start_runner(assignment)

@@ -31,6 +31,17 @@ OUTPUT_FILES_MAX = 256
 OUTPUT_FILE_MAX_BYTES = 1024**3  # the control plane's default JOB_OUTPUT_MAX_BYTES
 CHECKPOINT_FILES_MAX = 100_000
 READ_MAX_BYTES = 16 * 1024**3  # of the archive, skipped data included (sparse files!)
+READ_SLACK_BYTES = 64 * 1024**2
+
+
+def read_budget(output_limit_mib: int) -> int:
+    """How much of an archive is read: what the job's /outputs filesystem can hold and a
+    little more (a sparse file's holes read as zeros), READ_MAX_BYTES without a limit."""
+    if output_limit_mib <= 0:
+        return READ_MAX_BYTES
+    return min(READ_MAX_BYTES, output_limit_mib * 1024**2 + READ_SLACK_BYTES)
+
+
 SKIPPED_MAX = 100  # entries listed in the report; the total counts them all
 NAME_MAX_CHARS = 255
 KINDS = {

@@ -10,7 +10,8 @@ subprocess — and answers with what the container printed and how long it took:
 - chain i iterates sha256 over `<seed>-<i>` (`printf %s "$x" | sha256sum`, busybox), all chains
   in parallel with one CPU each (the container's CPU quota is the number of chains);
 - `memory_mib` MiB are written into /scratch, a tmpfs of exactly that size (RAM counted against
-  the container's memory limit) — under the process runtime a plain directory, which proves
+  the container's memory limit; `Limits.scratch_in_memory`, the probes' own: a job's scratch is
+  on disk) — under the process runtime a plain directory, which proves
   nothing about memory: that runtime is for trusted development pools only;
 - the GPU UUIDs the container sees (nvidia-smi where the NVIDIA runtime injects it, else the
   driver's /proc entries); a node without GPUs lists none.
@@ -29,11 +30,13 @@ import logging
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
 
 from worker_agent.inventory import read_gpus
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,7 @@ ITERATIONS_MAX = 1_000_000
 WORKERS_MAX = 64
 MEMORY_MAX_MIB = 1 << 20
 MEMORY_MARGIN_MIB = 64  # the shell and busybox beside the filled tmpfs
+PROBE_OUTPUT_MIB = 4  # a probe writes nothing to /outputs; the runtime bounds it anyway
 UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,76}$")
 LINE_RE = re.compile(r"^(answer|memory|gpu) (\S+)(?: (\S+))?$")
 
@@ -127,6 +131,8 @@ def probe_assignment(probe_id: int, challenge: dict) -> Assignment:
             cpu_millicores=challenge["workers"] * 1000,
             memory_mib=challenge["memory_mib"] + MEMORY_MARGIN_MIB,
             scratch_mib=challenge["memory_mib"],
+            scratch_in_memory=True,
+            output_limit_mib=PROBE_OUTPUT_MIB,
             pids=challenge["workers"] * 8 + 64,
             gpus=tuple(challenge["gpus"]),
         ),
@@ -159,9 +165,11 @@ def parse_output(text: str) -> dict:
 def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
     """Run one probe container through the runtime's job path: (ended, output, seconds).
     Raises RuntimeFailure; `ended` is None when it ran past its maximum and was killed."""
-    for name in ("outputs", "inputs"):
-        (workdir / name).mkdir(parents=True, exist_ok=True)
-        (workdir / name).chmod(0o777)
+    (workdir / "inputs").mkdir(parents=True, exist_ok=True)
+    (workdir / "inputs").chmod(0o777)
+    if runtime.name == "process":  # it bounds no disk: asked for none (/scratch a folder)
+        limits = replace(assignment.limits, output_limit_mib=0, scratch_mib=0)
+        assignment = replace(assignment, limits=limits)
     handle = None
     try:
         runtime.pull(assignment)
@@ -183,6 +191,7 @@ def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
     finally:
         if handle is not None:
             runtime.remove(handle)
+        disks.release(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -300,7 +309,12 @@ def recovery_assignment(probe_id: int, uuid: str, image: str) -> Assignment:
         max_runtime_s=RECOVERY_SECONDS_MAX,
         stop_grace_s=0,
         limits=Limits(
-            cpu_millicores=500, memory_mib=64, pids=32, gpus=(uuid,), gpu_isolation="exclusive"
+            cpu_millicores=500,
+            memory_mib=64,
+            pids=32,
+            gpus=(uuid,),
+            gpu_isolation="exclusive",
+            output_limit_mib=PROBE_OUTPUT_MIB,
         ),
     )
 

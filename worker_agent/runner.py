@@ -30,10 +30,10 @@ from pathlib import Path
 from worker_agent import addresses, inputs
 from worker_agent import checkpoint as checkpoints
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
-from worker_agent.outputs import Outputs
+from worker_agent.outputs import Outputs, read_budget
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import (
     CHECKPOINT_SIGNAL,
-    CHECKPOINT_SUBDIR,
     Assignment,
     Ended,
     Found,
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
-NOBODY = 65534
 PHASE_STATE = {
     "pulling": "leased",
     "starting": "starting",
@@ -358,17 +357,11 @@ class Runner(threading.Thread):
 
     # ------------------------------------------------------------------ files
     def _prepare_dirs(self) -> None:
-        outputs, inputs = self.workdir / "outputs", self.workdir / "inputs"
-        checkpoint = outputs / CHECKPOINT_SUBDIR
-        for path in (outputs, inputs, checkpoint):
-            path.mkdir(parents=True, exist_ok=True)
-        os.chmod(inputs, 0o755)
-        for path in (outputs, checkpoint):
-            if os.geteuid() == 0:  # the container runs as nobody: let it write its outputs
-                os.chown(path, NOBODY, NOBODY)
-                os.chmod(path, 0o755)
-            else:
-                os.chmod(path, 0o777)
+        """inputs/, for the job to read; /outputs is the runtime's to make (under Docker a
+        filesystem of the job's output limit: worker_agent/runtime/disks.py)."""
+        folder = self.workdir / "inputs"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)
 
     def _fetcher(self, deadline: float) -> inputs.Fetcher:
         """The inputs, fetched where the runtime says (the job's own network namespace), within
@@ -384,7 +377,8 @@ class Runner(threading.Thread):
         """What the stopped container left in /outputs, read through the runtime's archive
         (worker_agent/outputs.py); the final report's fields for what was skipped."""
         token = self.assignment.fencing_token
-        outputs = Outputs(self.runtime, handle, self.client, self.job, token)
+        budget = read_budget(self.assignment.limits.output_limit_mib)
+        outputs = Outputs(self.runtime, handle, self.client, self.job, token, read_max=budget)
         try:
             outputs.upload()
         except (ApiError, ApiUnreachable, RuntimeFailure, OSError, tarfile.TarError) as exc:
@@ -392,6 +386,7 @@ class Runner(threading.Thread):
         return outputs.report()
 
     def _clean_workdir(self) -> None:
+        disks.release(self.workdir)  # its filesystems first: never delete through a mount
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     @property

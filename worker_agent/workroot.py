@@ -8,8 +8,14 @@ inside the state directory (or the other way round) is refused at start.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from pathlib import Path
+
+from worker_agent.runtime import disks
+
+log = logging.getLogger(__name__)
 
 
 class WorkRootError(ValueError):
@@ -38,12 +44,31 @@ class WorkRoot:
                 "other: job files would be mounted beside the node credential"
             )
 
+    def attempt_path(self, job: int, attempt: int) -> Path:
+        return self.attempts / f"job{int(job)}-a{int(attempt)}"
+
     def attempt_dir(self, job: int, attempt: int) -> Path:
         """Where one attempt's inputs/, outputs/ (and, for the process runtime, scratch/ and
         its log) live; created on first use."""
-        path = self.dir / "attempts" / f"job{int(job)}-a{int(attempt)}"
+        path = self.attempt_path(job, attempt)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def sweep(self, keep=()) -> list[Path]:
+        """Deletes every attempt and probe directory but `keep` (what a previous agent left of
+        runs that are gone), its filesystems unmounted first; the paths it removed."""
+        keep = {Path(path) for path in keep}
+        removed = []
+        for folder in (self.attempts, self.dir / "probes"):
+            for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+                if path in keep or not path.is_dir() or path.is_symlink():
+                    continue
+                disks.release(path)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        if removed:
+            log.info("removed %d leftover attempt directories", len(removed))
+        return removed
 
     def probe_dir(self, probe: int) -> Path:
         return self.dir / "probes" / str(int(probe))

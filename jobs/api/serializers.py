@@ -62,6 +62,7 @@ class JobSerializer(serializers.ModelSerializer):
             "network_policy",
             "retry_policy",
             "output_destination",
+            "output_limit_mib",
             "labels",
             "affinity",
             "anti_affinity",
@@ -140,6 +141,12 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     network_policy = serializers.JSONField(required=False, help_text='{"mode": "none"}')
     retry_policy = serializers.JSONField(required=False)
     output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
+    output_limit_mib = serializers.IntegerField(
+        min_value=1,
+        max_value=validation.OUTPUT_LIMIT_MAX_MIB,
+        required=False,
+        help_text="/outputs is a filesystem of this size (default: the pool's knob)",
+    )
     # Placement (docs/scheduler.md "Labels and affinity"), label maps checked by pools.validation.
     labels = serializers.JSONField(default=dict, help_text='This job\'s labels {"team": "a"}')
     affinity = serializers.JSONField(default=dict, help_text="Node labels required {key: value}")

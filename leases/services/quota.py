@@ -229,6 +229,19 @@ def stored_bytes(pool_id: int, tenant_ids) -> dict[int, int]:
     return {tenant_id: size or 0 for tenant_id, size in stored.values_list("pk", "stored")}
 
 
+def storage_left_mib(tenant_id: int, pool_id: int) -> float | None:
+    """What the tenant's `storage_mib` quota in the pool has left after its stored outputs
+    (None: no storage quota)."""
+    quota = (
+        Quota.objects.filter(tenant_id=tenant_id, pool_id=pool_id, storage_mib__isnull=False)
+        .values_list("storage_mib", flat=True)
+        .first()
+    )
+    if quota is None:
+        return None
+    return quota - stored_bytes(pool_id, [tenant_id])[tenant_id] / MIB
+
+
 def check_storage(tenant_id: int, pool_id: int, size: int) -> None:
     """At an output's upload, inside its transaction: refuses (`storage_mib`) an output of
     `size` bytes that would take the tenant's stored outputs in the pool past its quota. Under

@@ -52,6 +52,7 @@ from pools.models import Quota
 from pools.services import policy_version_publish
 from scheduling import tasks as scheduling_tasks
 from tests.conftest import require_service
+from worker_agent.runtime import disks
 from worker_agent.state import write_private
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,6 +265,7 @@ def stack(e2e_database, django_db_blocker, tmp_path_factory):
                 all=True, filters={"label": f"computepool.node={agent.node_name}"}
             ):
                 container.remove(force=True)
+            disks.release(tmp)  # the jobs' filesystems an agent that stopped left mounted
         if server is not None:
             server.terminate()
         media.disable()

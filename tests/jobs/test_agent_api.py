@@ -74,7 +74,8 @@ def test_assignment_carries_the_run_with_limits_and_secret_values(agent, node_ap
     assert entry["limits"] == {
         "cpu_millicores": 1000,
         "memory_mib": 512,
-        "scratch_mib": 0,
+        "scratch_mib": 0,  # the lease's disk is /outputs alone: the pool's default limit
+        "output_limit_mib": 1024,
         "pids": 1024,
         "cpuset": None,
         "gpus": [],

@@ -230,3 +230,66 @@ def test_no_gvisor_node_in_the_pool_is_a_422_at_submit(api, member, pool, ready_
     response = submit(api(member), shape=None, resources=inline)
     assert response.status_code == 422
     assert "runtime_unsupported" in response.json()["message"]
+
+
+def publish_knobs(pool, **knobs):
+    current = pool.scheduling_policy.current
+    policy_version_publish(
+        policy=pool.scheduling_policy,
+        weights=dict(current.weights),
+        knobs=dict(current.knobs or {}) | knobs,
+        actor=SYSTEM,
+    )
+
+
+def test_the_output_limit_defaults_to_the_pools_knob_and_is_the_jobs_disk(
+    api, member, cpu_shape, tenant
+):
+    from config.builders import build_node
+    from leases.models import Lease
+    from scheduling.passes import scheduling_pass
+
+    node = build_node(cpu_shape.pool, "disk", cpu=16000, memory=65536, scratch=1000)
+    client = api(member)
+    # no knob: 1 GiB, more disk than the pool's only node has (422 never_fits)
+    assert submit(client).json()["code"] == "never_fits"
+    publish_knobs(cpu_shape.pool, output_limit_mib=300)
+    inline = {"cpu_millicores_min": 100, "memory_mib_min": 64, "scratch_mib": 200}
+    job = submit(client, shape=None, resources=inline).json()
+    assert job["output_limit_mib"] == 300
+    explicit = submit(client, output_limit_mib=400).json()
+    assert explicit["output_limit_mib"] == 400
+    waiting = submit(client).json()  # 300 more: the node's disk is 100 short once both run
+    placed = scheduling_pass(pool_id=cpu_shape.pool.pk).placed
+    assert sorted(placed) == sorted([job["id"], explicit["id"]])  # 500 + 400 of 1000 MiB
+    assert waiting["id"] not in placed
+    leases = {lease.job_id: lease.scratch_mib for lease in Lease.objects.all()}
+    assert leases == {job["id"]: 500, explicit["id"]: 400}
+    node.refresh_from_db()
+    assert node.scratch_mib_reserved == 900  # scratch and /outputs, on the node's ledger
+
+
+@pytest.mark.parametrize("value", [0, -1, 1024 * 1024 + 1, "big", True])
+def test_a_bad_output_limit_is_a_field_error(api, member, cpu_shape, value):
+    response = submit(api(member), output_limit_mib=value)
+    assert response.status_code == 400 and "output_limit_mib" in response.json()["errors"]
+
+
+def test_an_output_limit_above_the_storage_quota_left_is_400(api, member, cpu_shape, tenant):
+    from pools.models import Quota
+
+    Quota.objects.create(
+        tenant=tenant,
+        pool=cpu_shape.pool,
+        cpu_millicores=10**6,
+        memory_mib=10**7,
+        gpus=100,
+        storage_mib=100,
+    )
+    client = api(member)
+    response = submit(client)  # the default 1024 MiB
+    assert response.status_code == 400
+    assert "output_limit_mib" in response.json()["errors"]
+    assert "100 MiB left" in response.json()["errors"]["output_limit_mib"][0]
+    assert submit(client, output_limit_mib=100).status_code == 201
+    assert not Job.objects.filter(output_limit_mib=1024).exists()

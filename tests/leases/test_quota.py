@@ -6,6 +6,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, cpu_request, gpu_request, submit_job
@@ -145,7 +146,7 @@ def test_storage_refuses_an_upload_past_it_and_then_new_work(
 ):
     settings.MEDIA_ROOT = str(tmp_path / "media")
     set_quota(ltenant, lpool, storage_mib=1)
-    job = submit_job(lpool, ltenant)
+    job = submit_job(lpool, ltenant, output_limit_mib=1)  # no more than the quota's room
     half = b"x" * (600 * 1024)
     artifacts.job_output_store(job=job, attempt=1, name="a.bin", fileobj=io.BytesIO(half))
     with pytest.raises(quota.QuotaRefused) as caught:
@@ -160,6 +161,22 @@ def test_storage_refuses_an_upload_past_it_and_then_new_work(
     Quota.objects.filter(tenant=ltenant).update(storage_mib=0)
     blocked = services.tenants_at_quota(pool_id=lpool.pk)
     assert blocked[(ltenant.pk, lpool.pk)]["dimension"] == "storage_mib"
+
+
+def test_an_output_limit_above_the_storage_left_is_refused_at_submit(
+    lpool, ltenant, lnode, settings, tmp_path
+):
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    set_quota(ltenant, lpool, storage_mib=3)
+    job = submit_job(lpool, ltenant, output_limit_mib=3)
+    assert job.output_limit_mib == 3 and job.resources["output_limit_mib"] == 3
+    artifacts.job_output_store(job=job, attempt=1, name="a.bin", fileobj=io.BytesIO(b"x" * MIB))
+    with pytest.raises(ValidationError) as caught:
+        submit_job(lpool, ltenant, output_limit_mib=3)  # 2 MiB left
+    assert "output_limit_mib" in caught.value.message_dict
+    assert submit_job(lpool, ltenant, output_limit_mib=2).output_limit_mib == 2
+    with pytest.raises(ValidationError):
+        submit_job(lpool, ltenant)  # the default (1024 MiB) does not fit either
 
 
 def test_headroom_names_the_dimension_and_counts_shares(lpool, ltenant, ltenant2, lnode):

@@ -80,6 +80,7 @@ def ready_node(pool, name):
         actor=SYSTEM,
         cpu_millicores=16000,
         memory_mib=65536,
+        scratch_mib=100_000,  # disk for the jobs' /outputs
         gpus=[{"index": 0, "uuid": f"GPU-{name}", "model": "A100-80GB", "memory_mib": 81920}],
     )
     return node_mark_ready(node=node_verify(node=node, actor=SYSTEM), actor=SYSTEM)

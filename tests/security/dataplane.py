@@ -13,6 +13,7 @@ from leases.choices import LeaseState
 from nodes.selectors import control_plane_id
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment, Owner
 from worker_agent.runtime.docker import DockerRuntime
 
@@ -67,3 +68,4 @@ class Run:
     def remove(self):
         if self.container is not None:
             self.runtime.remove(self.container)
+        disks.release(self.workdir)  # its /outputs filesystem, as the runner does

@@ -26,6 +26,7 @@ from tests.worker_agent.conftest import (  # noqa: F401
 from worker_agent.client import ApiClient
 from worker_agent.outputs import Outputs
 from worker_agent.runner import Runner
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.state import AgentState
@@ -61,6 +62,7 @@ def run_job(node, image, script, **changes) -> Runner:
         "stop_grace_s": 1,
         "limits": {"cpu_millicores": 500, "memory_mib": 64, "pids": 64},
     } | changes
+    data["limits"] = {"output_limit_mib": 64} | data["limits"]
     a = Assignment.parse(data)
     runner = Runner(
         a, client=client, runtime=runtime, workdir=work.attempt_dir(a.job, a.attempt), poll_s=0.2
@@ -273,17 +275,18 @@ def test_the_state_dir_is_never_mounted_into_a_job(node, test_image, docker_clie
             "fencing_token": "1",
             "image": test_image,
             "command": ["true"],
+            "limits": {"output_limit_mib": 4, "scratch_mib": 4},
         }
     )
     workdir = work.attempt_dir(a.job, 1)
-    for name in ("outputs", "inputs"):
-        (workdir / name).mkdir()
+    (workdir / "inputs").mkdir()
     container = runtime.create(a, workdir)
     try:
         sources = [m["Source"] for m in container.attrs["Mounts"]]
     finally:
         runtime.remove(container)
-    assert len(sources) == 2  # /outputs and /inputs of the attempt, below the work root
+        disks.release(workdir)
+    assert len(sources) == 3  # /outputs, /scratch and /inputs of the attempt, in the work root
     for source in map(Path, sources):
         assert work.dir in source.parents
         assert state.dir not in source.parents and source not in state.dir.parents

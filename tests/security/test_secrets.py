@@ -326,6 +326,8 @@ def test_the_process_runtime_gets_the_same_files_in_its_own_directory(agent, ten
         "runtime": "process",
         "command": ["sh", "-c", 'cat "$DB_PASS_FILE"; echo; env'],
     }
+    # a pool for the process runtime gives no output limit (it cannot keep one)
+    entry["limits"] = entry["limits"] | {"output_limit_mib": 0}
     runtime = ProcessRuntime(work_dir=tmp_path)
     workdir = tmp_path / "attempt"
     (workdir / "outputs").mkdir(parents=True)

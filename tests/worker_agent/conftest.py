@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from worker_agent.client import ApiClient
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import Owner
 from worker_agent.runtime.docker import DockerRuntime
 from worker_agent.state import AgentState
@@ -92,8 +93,9 @@ def agent_parts(tmp_path, control_plane, docker_client):
 
 @pytest.fixture
 def workdir(tmp_path):
-    """An attempt's directory: outputs and inputs the container's non-root user may use."""
-    for name in ("outputs", "inputs"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name).chmod(0o777)
-    return tmp_path
+    """An attempt's directory: inputs the container's non-root user may read (/outputs and
+    /scratch are the runtime's filesystems, unmounted at the end)."""
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs").chmod(0o777)
+    yield tmp_path
+    disks.release(tmp_path)

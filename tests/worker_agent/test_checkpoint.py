@@ -98,7 +98,7 @@ def test_the_agent_passes_a_checkpoint_request_to_the_running_job(
         "image": test_image,
         "command": ["sh", "-c", TRAPPING],
         "stop_grace_s": 10,
-        "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
+        "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64, "output_limit_mib": 16},
     }
     control_plane.assignments = [entry]
     # a whole agent reconciles every container labelled with its owner: an owner of its own

@@ -2,6 +2,7 @@
 container's HostConfig carries every limit of the lease, and each way a container ends is told
 apart (exit 0, exit 3, OOM-killed, killed at the maximum runtime, stopped)."""
 
+import os
 import time
 
 import pytest
@@ -26,6 +27,7 @@ def assignment(image, command, **changes) -> Assignment:
         "network_policy": {"mode": "none", "egress_allow": []},
         "limits": {"cpu_millicores": 500, "memory_mib": 64, "scratch_mib": 8, "pids": 64},
     } | changes
+    data["limits"] = {"output_limit_mib": 16} | data["limits"]  # every job has one
     return Assignment.parse(data)
 
 
@@ -79,20 +81,24 @@ def test_the_container_has_exactly_the_leases_limits(runtime, test_image, workdi
     assert set(mounts) == {"/outputs", "/inputs", "/scratch"}
     assert mounts["/inputs"].get("ReadOnly") is True and not mounts["/outputs"].get("ReadOnly")
     assert mounts["/outputs"]["Source"] == str(workdir / "outputs")
+    assert mounts["/scratch"]["Source"] == str(workdir / "scratch")
     everything = str(host.get("Binds")) + str(host["Mounts"])
     assert "docker.sock" not in everything
-    scratch = runtime.client.volumes.get(mounts["/scratch"]["Source"])
-    assert "size=8m" in scratch.attrs["Options"]["o"]
+    # both are filesystems of their limits on the node's disk (not RAM), owned by the job
+    for folder, size in (("outputs", 16), ("scratch", 8)):
+        found = os.statvfs(workdir / folder)
+        assert size * 1024 * 0.85 <= found.f_blocks * found.f_frsize / 1024 <= size * 1024
+        assert (workdir / folder).stat().st_uid == 65534
+        assert (workdir / f"{folder}.img").stat().st_size == size * 1024 * 1024
     labels = container.labels
     assert labels["computepool.job"] == str(a.job)
     assert labels["computepool.lease"] == str(a.lease)
     assert labels["computepool.attempt"] == "1"
     assert labels["computepool.node"] == "test-node"
-    # its owner: the control plane's id and the node's id, on the container and its volume
+    # its owner: the control plane's id and the node's id
     owner = runtime.owner
     assert labels["computepool.control_plane"] == owner.control_plane
     assert labels["computepool.node_id"] == str(owner.node_id)
-    assert scratch.attrs["Labels"]["computepool.node_id"] == str(owner.node_id)
     assert container.name == f"computepool-{owner.control_plane}-job{a.job}-l{a.lease}"
     assert labels["computepool.gpu_isolation"] == "none"  # no GPUs
 

@@ -4,12 +4,14 @@ job shares, with no NET_ADMIN of its own). All traffic goes to HTTP servers in t
 listening in a network namespace of the test's own (tests/worker_agent/netns.py): never the node's
 own addresses, which no job may reach, and it never leaves this machine."""
 
+import shutil
 import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from worker_agent import netpolicy
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import RuntimeFailure
 from worker_agent.runtime.docker import OWNER_SUFFIX, POOL_NETWORK, DockerRuntime
 from worker_agent.runtime.process import ProcessRuntime
@@ -171,7 +173,11 @@ def test_a_node_without_iptables_refuses_pool_jobs(
 ):
     a = assignment(test_image, ["true"], allow=["127.0.0.1:80"])
     runtime.pull(a)
-    monkeypatch.setenv("PATH", str(tmp_path))  # a node where nsenter and iptables are missing
+    tools = tmp_path / "bin"  # a node where nsenter and iptables are missing (not mkfs, mount)
+    tools.mkdir()
+    for tool in disks.TOOLS:
+        (tools / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tools))
     with pytest.raises(RuntimeFailure) as failure:
         runtime.create(a, workdir)
     assert failure.value.reason == "runtime_error"
@@ -180,18 +186,19 @@ def test_a_node_without_iptables_refuses_pool_jobs(
     assert not runtime.client.containers.list(all=True, filters={"name": name})
     monkeypatch.undo()
     # Mode none needs nothing of it.
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tools))
     runtime.create(assignment(test_image, ["true"], mode="none"), workdir)
 
 
 def test_the_process_runtime_refuses_an_allow_list(tmp_path):
     runtime = ProcessRuntime(make_owner(), tmp_path)
-    a = assignment("x", ["true"], allow=["pypi.org:443"])
+    no_disk = {"output_limit_mib": 0}  # what it cannot bound it is never asked for
+    a = assignment("x", ["true"], allow=["pypi.org:443"], limits=no_disk)
     with pytest.raises(RuntimeFailure) as failure:
         runtime.create(a, tmp_path)
     assert failure.value.reason == "runtime_error"
     assert "egress cannot be enforced on this node" in failure.value.message
-    runtime.create(assignment("x", ["true"], mode="none"), tmp_path)  # no network asked: runs
+    runtime.create(assignment("x", ["true"], mode="none", limits=no_disk), tmp_path)  # runs
 
 
 def test_the_rules_allow_loopback_replies_dns_and_the_list_then_reject():

@@ -30,6 +30,7 @@ def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
         "stop_grace_s": 1,
         "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
     } | changes
+    data["limits"] = {"output_limit_mib": 16} | data["limits"]  # every job has one
     a = Assignment.parse(data)
     runner = Runner(
         a,

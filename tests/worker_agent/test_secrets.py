@@ -36,7 +36,12 @@ def assignment(image, command, secrets) -> Assignment:
             "command": command,
             "secrets": secrets,
             # gVisor counts its own threads against the pids limit: the default, not fewer
-            "limits": {"cpu_millicores": 200, "memory_mib": 64, "pids": 1024},
+            "limits": {
+                "cpu_millicores": 200,
+                "memory_mib": 64,
+                "pids": 1024,
+                "output_limit_mib": 4,
+            },
         }
     )
 

@@ -73,6 +73,10 @@ class Limits:
     cpu_millicores: int = 1000
     memory_mib: int = 1024
     scratch_mib: int = 0
+    output_limit_mib: int = 0  # /outputs is a filesystem of this size (0: no limit)
+    # /scratch in RAM (a tmpfs of scratch_mib, counted against the memory limit): the agent's
+    # own validation probes only, which prove memory by filling it; never from an assignment
+    scratch_in_memory: bool = False
     pids: int = 1024
     cpuset: str | None = None  # the kernel's cpulist form, "0-3,8"
     gpus: tuple[str, ...] = ()  # exact device UUIDs (GPU-…) or MIG instances (MIG-…)
@@ -89,6 +93,7 @@ class Limits:
             cpu_millicores=int(data.get("cpu_millicores") or 1000),
             memory_mib=int(data.get("memory_mib") or 1024),
             scratch_mib=int(data.get("scratch_mib") or 0),
+            output_limit_mib=int(data.get("output_limit_mib") or 0),
             pids=int(data.get("pids") or 1024),
             cpuset=str(cpuset) if cpuset else None,
             gpus=tuple(str(gpu) for gpu in data.get("gpus") or ()),

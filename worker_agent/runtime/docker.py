@@ -4,10 +4,13 @@ Isolation, each limit taken from the lease (docs/data-plane.md, "Running a job")
 - the image only by digest (`…@sha256:<64 hex>`; anything else is refused as image_invalid);
 - CPU quota (NanoCpus) and the lease's cpuset; memory with no extra swap (Memory ==
   MemorySwap); a pids limit; GPUs as the exact device UUIDs / MIG instances of the lease;
-- a read-only root filesystem, /tmp a small tmpfs, /scratch a volume of the leased size
-  (a size-capped tmpfs volume: RAM-backed, so it also counts against the container's memory),
-  /outputs a per-attempt directory below the work root (rw; read back and restored only
-  through the engine's archive API, never by host path), /inputs one read-only;
+- a read-only root filesystem, /tmp a small tmpfs; /outputs an ext4 filesystem of the job's
+  `output_limit_mib` and /scratch one of the lease's scratch (none when 0), each a sparse image
+  loop-mounted below the attempt's directory (runtime/disks.py; ENOSPC past the limit, on disk,
+  not in RAM), bind-mounted; /outputs is read back and restored only through the engine's
+  archive API, never by host path; /inputs a read-only directory. A node that cannot make the
+  filesystems (not root, no mkfs.ext4/mount/loop devices) fails the job `runtime_error`, and a
+  job without an output limit is never run here;
 - user nobody (65534:65534), every capability dropped, no-new-privileges, never privileged,
   no host namespaces (private IPC, no pid/net/uts/userns host mode), no Docker socket mounted;
 - network `none`, or the pool network with egress limited to the allow-list: a small
@@ -24,10 +27,10 @@ Secrets are files in /run/secrets, a read-only bind mount of a per-attempt ramfs
 unmounts on the host as soon as the container has started (runtime/secrets.py): never in the
 container's environment or configuration, never on the node's disk.
 
-Ownership: several agents may share the engine. Every container and volume carries its owner's
+Ownership: several agents may share the engine. Every container carries its owner's
 labels (control-plane id and node id, base.Owner) and a name that starts with the
 control-plane id; the agent finds, adopts and removes only what carries both labels of its own,
-never a container or volume by its name alone (a foreign one in the way fails the attempt).
+never a container by its name alone (a foreign one in the way fails the attempt).
 
 `GVisorRuntime` is the same container, created on the same path with every limit above, under
 gVisor's runsc instead of runc: the job talks to a kernel of gVisor's own (the sandbox's Sentry,
@@ -52,9 +55,11 @@ from docker.types import DeviceRequest, LogConfig, Mount
 from worker_agent import netpolicy, tarstream
 from worker_agent.host import architecture
 from worker_agent.inventory import container_device_ids, load_nvml
+from worker_agent.runtime import disks
 from worker_agent.runtime import secrets as secret_files
 from worker_agent.runtime.base import (
     CHECKPOINT_SUBDIR,
+    JOB_USER_ID,
     LABEL,
     Assignment,
     Ended,
@@ -411,23 +416,35 @@ class DockerRuntime:
             return None
         return owner if owner.labels.get(ROLE) == "network" and self._ours(owner) else None
 
-    def _scratch(self, assignment: Assignment) -> list[Mount]:
-        size = assignment.limits.scratch_mib
-        if size <= 0:
-            return []
-        volume = self.client.volumes.create(
-            name=f"{self.container_name(assignment)}-scratch",
-            driver="local",
-            driver_opts={
-                "type": "tmpfs",
-                "device": "tmpfs",
-                "o": f"size={size}m,uid=65534,gid=65534,mode=0700",
-            },
-            labels=self._labels(assignment),
-        )
-        if not self._ours(volume):  # the engine hands back a same-named volume as it is
-            raise RuntimeFailure("runtime_error", f"volume {volume.name} is not this node's")
-        return [Mount("/scratch", volume.name, type="volume")]
+    @staticmethod
+    def _disks(assignment: Assignment, workdir: Path) -> list[Mount]:
+        """/outputs (and /scratch when the lease has some) as filesystems of their limits
+        (runtime/disks.py), made before anything of the job exists; never run unbounded."""
+        limits = assignment.limits
+        if limits.output_limit_mib <= 0:
+            raise disks.unenforceable("the job has no output limit (output_limit_mib)")
+        problem = disks.enforcement_problem()
+        if problem:
+            raise disks.unenforceable(problem)
+        disks.release(workdir)  # what a crash left of this attempt (its container is gone)
+        outputs = workdir / "outputs"
+        disks.make(outputs, limits.output_limit_mib)
+        checkpoint = outputs / CHECKPOINT_SUBDIR  # in the fresh filesystem: nothing of the job
+        checkpoint.mkdir()
+        os.chown(checkpoint, JOB_USER_ID, JOB_USER_ID)
+        mounts = [Mount("/outputs", str(outputs), type="bind", read_only=False)]
+        if limits.scratch_mib > 0 and not limits.scratch_in_memory:
+            disks.make(workdir / "scratch", limits.scratch_mib)
+            mounts.append(Mount("/scratch", str(workdir / "scratch"), type="bind"))
+        return mounts
+
+    @staticmethod
+    def _memory_scratch(limits) -> dict:
+        """A probe's /scratch: a tmpfs of its size, RAM counted against the memory limit."""
+        if not (limits.scratch_in_memory and limits.scratch_mib > 0):
+            return {}
+        owner = f"uid={JOB_USER_ID},gid={JOB_USER_ID}"
+        return {"/scratch": f"rw,nosuid,nodev,size={limits.scratch_mib}m,{owner},mode=0700"}
 
     def create(self, assignment: Assignment, workdir: Path, fetcher=None):
         """The container of one attempt, created (not started) with the lease's limits; its
@@ -437,16 +454,14 @@ class DockerRuntime:
         device_ids = self._device_ids(limits.gpus) if limits.gpus else []  # before creating
         name = self.container_name(assignment)
         self._remove_leftover(name)
-        mounts = [
-            Mount("/outputs", str(workdir / "outputs"), type="bind", read_only=False),
-            Mount("/inputs", str(workdir / "inputs"), type="bind", read_only=True),
-            *self._scratch(assignment),
-        ]
         if fetcher is not None:  # the addresses its inputs and its egress may not reach
             refused = fetcher.rules.refused
         else:
             refused = netpolicy.refused(assignment.pool_network)
         try:
+            outputs, *scratch = self._disks(assignment, workdir)
+            inputs = Mount("/inputs", str(workdir / "inputs"), type="bind", read_only=True)
+            mounts = [outputs, inputs, *scratch]
             if assignment.secrets:  # a ramfs of this attempt, read-only in the container
                 source = self._secret_mounts().prepare(name, assignment.secrets, *JOB_USER)
                 mounts.append(Mount(SECRETS_DIR, str(source), type="bind", read_only=True))
@@ -454,7 +469,7 @@ class DockerRuntime:
             if assignment.inputs and fetcher is not None:
                 self._fetch_inputs(assignment, pid, fetcher)
         except BaseException:
-            self._remove_volume(f"{name}-scratch")
+            disks.release(workdir)
             self._release_secrets(name)
             self._remove_owner_of(name)
             raise
@@ -471,7 +486,7 @@ class DockerRuntime:
             "environment": environment,
             "user": NOBODY,
             "read_only": True,
-            "tmpfs": {"/tmp": TMP_TMPFS},
+            "tmpfs": {"/tmp": TMP_TMPFS} | self._memory_scratch(limits),
             "mounts": mounts,
             "nano_cpus": limits.cpu_millicores * 1_000_000,
             "mem_limit": f"{limits.memory_mib}m",
@@ -501,9 +516,9 @@ class DockerRuntime:
         try:
             return self.client.containers.create(assignment.image, **options)
         except DockerException as exc:
-            self._remove_volume(f"{name}-scratch")
             self._remove_owner_of(name)
             self._release_secrets(name)
+            disks.release(workdir)
             raise RuntimeFailure("runtime_error", f"create failed: {exc}") from exc
 
     def start(self, container) -> None:
@@ -526,12 +541,11 @@ class DockerRuntime:
 
     def _remove_leftover(self, name: str) -> None:
         """What a crash between create and report left of the same attempt, when it is ours;
-        a container or volume of that name that is not ours is left alone and fails the run."""
+        a container of that name that is not ours is left alone and fails the run."""
         for kind, getter, what in (
             ("container", self.client.containers.get, name),
             ("container", self.client.containers.get, name + OWNER_SUFFIX),
             ("container", self.client.containers.get, name + INPUTS_SUFFIX),
-            ("volume", self.client.volumes.get, f"{name}-scratch"),
         ):
             try:
                 found = getter(what)
@@ -543,17 +557,6 @@ class DockerRuntime:
                 )
         for leftover in (name, name + OWNER_SUFFIX, name + INPUTS_SUFFIX):
             self._remove_ours(leftover)
-        self._remove_volume(f"{name}-scratch")
-
-    def _remove_volume(self, name: str) -> None:
-        try:
-            volume = self.client.volumes.get(name)
-            if self._ours(volume):
-                volume.remove(force=True)
-        except NotFound:
-            pass
-        except APIError as exc:
-            log.warning("volume %s not removed: %s", name, exc)
 
     # ------------------------------------------------------------------ files, through the engine
     def get_archive(self, container, path: str):
@@ -644,8 +647,8 @@ class DockerRuntime:
             container.kill(signal=name)
 
     def remove(self, container) -> None:
-        """The container, its network owner and its scratch volume (deleted when a run ends);
-        only ever one of ours."""
+        """The container and its network owner (when a run ends); only ever ours. Its
+        filesystems go with its attempt's directory (disks.release)."""
         if not self._ours(container):
             log.warning("container %s is not this node's: not removed", container.name)
             return
@@ -653,7 +656,6 @@ class DockerRuntime:
         with contextlib.suppress(NotFound):
             container.remove(force=True, v=True)
         self._remove_owner_of(name)
-        self._remove_volume(f"{name}-scratch")
         self._release_secrets(name)
 
     def follow_logs(self, container, since: int | None = None) -> LogFollower:

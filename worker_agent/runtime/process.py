@@ -128,10 +128,19 @@ class ProcessRuntime:
     def create(self, assignment: Assignment, workdir: Path, fetcher=None) -> ProcessHandle:
         """The job's directory; its inputs fetched by `fetcher` in the node's namespace (the
         address rules apply: this runtime has no namespace of the job's own to fetch in)."""
-        (workdir / "scratch").mkdir(exist_ok=True)
-        (workdir / "tmp").mkdir(exist_ok=True)
         if not assignment.command:
             raise RuntimeFailure("runtime_error", "the process runtime needs a command")
+        limits = assignment.limits
+        if limits.output_limit_mib or limits.scratch_mib:
+            # The job writes where it likes as the agent's user: a size would be a false promise.
+            raise RuntimeFailure(
+                "runtime_error",
+                "disk limits cannot be enforced on this node: the process runtime has none "
+                f"(output_limit_mib {limits.output_limit_mib}, scratch_mib {limits.scratch_mib}; "
+                "its pools set the knob output_limit_mib to 0 and ask for no scratch)",
+            )
+        for folder in ("scratch", "tmp", "outputs", f"outputs/{CHECKPOINT_SUBDIR}"):
+            (workdir / folder).mkdir(exist_ok=True)
         if assignment.network_mode == "pool" and assignment.egress_allow:
             # It runs on the host's network: an allow-list would be a promise it cannot keep.
             raise RuntimeFailure(
