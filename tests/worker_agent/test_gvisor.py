@@ -107,9 +107,13 @@ def test_the_job_runs_on_gvisors_kernel_and_writes_its_outputs(runtime, test_ima
     [
         (["sh", "-c", "touch /bin/x"], {}),  # read-only root
         (["sh", "-c", "busybox dd if=/dev/zero of=/scratch/f bs=1M count=16"], {}),  # 8 MiB
+        (
+            ["sh", "-c", "busybox dd if=/dev/zero of=/outputs/f bs=1M count=32"],
+            {"output_limit_mib": 16},
+        ),
         (["sh", "-c", "for i in $(busybox seq 300); do sleep 5 & done"], {"pids": 256}),
     ],
-    ids=["read-only-root", "scratch-size", "pids"],
+    ids=["read-only-root", "scratch-size", "outputs-size", "pids"],
 )
 def test_the_leases_limits_hold_inside_the_sandbox(runtime, test_image, workdir, command, limits):
     a = assignment(test_image, command, limits=limits)
