@@ -117,7 +117,12 @@ def serve(runtime, image, workdir, bind, sources=(), ready=None):
             "network_policy": {"mode": "pool", "ingress_allow": list(sources)},
             "pool_network": {"ingress_address": bind},
             # the default pids: a gVisor sandbox counts its own threads too
-            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 1024},
+            "limits": {
+                "cpu_millicores": 200,
+                "memory_mib": 32,
+                "pids": 1024,
+                "output_limit_mib": 16,
+            },
         }
     )
     for name in ("outputs", "inputs"):

@@ -444,7 +444,8 @@ def test_a_gvisor_job_gets_its_inputs_the_same_way(
     a = job(test_image, [f"http://{space.address}:{port}/data"], mode=mode)
     if mode == "pool":
         a = replace(a, egress_allow=(f"{space.address}:{port}",))
-    a = replace(a, limits=replace(a.limits, pids=1024))  # gVisor's own threads count too
+    # gVisor's own threads count against pids too; every Docker job has an output limit
+    a = replace(a, limits=replace(a.limits, pids=1024, output_limit_mib=16))
     try:
         container = create(runtime, a, workdir)
         assert container.attrs["HostConfig"]["Runtime"] == engine_runtime
