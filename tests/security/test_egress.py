@@ -149,7 +149,8 @@ def pool_job(image, egress, bound) -> Assignment:
             "command": ["true"],
             "network_policy": {"mode": "pool", "egress_allow": egress},
             "pool_network": {"egress_allowed": bound},
-            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 32},
+            # a Docker job always has an /outputs filesystem of its size (runtime/disks.py)
+            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 32, "output_limit_mib": 16},
         }
     )
 

@@ -244,9 +244,16 @@ def job(image, urls, mode="none", allow=(), stop_grace_s=10, **pool_network) -> 
             "inputs": [u if isinstance(u, dict) else {"url": u, "name": "data"} for u in urls],
             "network_policy": {"mode": mode, "egress_allow": list(allow)},
             "pool_network": {"egress_allowed": ["198.18.0.0/15"]} | pool_network,
-            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 32},
+            # a Docker job always has an /outputs filesystem of its size (runtime/disks.py)
+            "limits": {"cpu_millicores": 200, "memory_mib": 32, "pids": 32, "output_limit_mib": 16},
         }
     )
+
+
+def process_job(urls, **fields) -> Assignment:
+    """A job for the process runtime, which has no disk limits to give (output_limit_mib 0)."""
+    a = job("x", urls, **fields)
+    return replace(a, limits=replace(a.limits, output_limit_mib=0))
 
 
 def create(runtime, a, workdir):
@@ -313,7 +320,7 @@ def test_a_name_that_resolves_to_the_node_is_refused_after_the_lookup(
     assert "always refused" in message, message
     # the process runtime fetches from the node's namespace: the fetch's own check refuses it
     process = ProcessRuntime("n", workdir)
-    a = job("x", [url])
+    a = process_job([url])
     with pytest.raises(RuntimeFailure) as failure:
         process.create(a, workdir, Fetcher.for_attempt(a, workdir, API))
     assert f"{name} →" in failure.value.message and "always refused" in failure.value.message
@@ -334,13 +341,13 @@ def test_a_redirect_to_a_refused_address_is_refused(workdir, space, port, target
     Files.seen.clear()
     url = f"http://{space.address}:{port}/to?{target}"
     process = ProcessRuntime("n", workdir)  # no namespace: only the fetch's own check stands
-    a = job("x", [url])
+    a = process_job([url])
     with pytest.raises(RuntimeFailure) as failure:
         process.create(a, workdir, Fetcher.for_attempt(a, workdir, API))
     assert "always refused" in failure.value.message, failure.value.message
     assert Files.seen == [f"{space.address}/to?{target}"]  # the redirect was not followed
     # and a redirect to an allowed place is followed
-    ok = job("x", [f"http://{space.address}:{port}/to?http://{space.address}:{port}/data"])
+    ok = process_job([f"http://{space.address}:{port}/to?http://{space.address}:{port}/data"])
     process.create(ok, workdir, Fetcher.for_attempt(ok, workdir, API))
     assert (workdir / "inputs" / "data").read_bytes() == b"input-bytes\n"
 
@@ -377,7 +384,7 @@ def test_only_presigned_inputs_on_a_registered_store_pass_the_loopback(tmp_path)
         ]
         for item, endpoints, fetched in cases:
             (tmp_path / "inputs" / "data").unlink(missing_ok=True)
-            a = job("x", [item], object_store_endpoints=endpoints)
+            a = process_job([item], object_store_endpoints=endpoints)
             fetcher = Fetcher.for_attempt(a, tmp_path, API)
             if fetched:
                 process.create(a, tmp_path, fetcher)
