@@ -21,8 +21,19 @@ from pools.actors import Actor
 from pools.choices import PlatformRole, TenantRole, TrustLevel
 from pools.models import ResourceShape
 from tests.clients import client_for
+from worker_agent.runtime import disks
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_loop_mounts_left(tmp_path_factory):
+    """Disk limits are filesystems loop-mounted below a test's directory (worker_agent/runtime/
+    disks.py). Whatever a test left mounted there is unmounted when its session ends, so runs
+    never leak loop devices (nor leave pytest directories it cannot delete)."""
+    yield
+    if os.geteuid() == 0:
+        disks.release(tmp_path_factory.getbasetemp())
 
 
 def require_service(available: bool, what: str):
