@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import itertools
 import logging
 import threading
@@ -18,6 +17,7 @@ from urllib3.filepost import choose_boundary
 
 from worker_agent import __version__
 from worker_agent.state import AgentState
+from worker_agent.tarstream import ChunkReader
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class Download:
         return self.digest.hexdigest()
 
 
-class StreamedUpload(io.RawIOBase):
+class StreamedUpload(ChunkReader):
     """A multipart body of one file whose length is known up front (so it goes out with a
     Content-Length, streamed): the `fencing_token` part, the file's part head, its data
     from `opener()`, the closing boundary. seek(0) (a retry) opens the data again."""
@@ -255,22 +255,15 @@ class StreamedUpload(io.RawIOBase):
             + part.render_headers().encode()
         )
         self._tail = f"\r\n--{boundary}--\r\n".encode()
-        self.size, self._opener = size, opener
+        self.size, self._opener, self._source = size, opener, None
         self.len = len(self._head) + size + len(self._tail)  # requests' length
         self.seek(0)
-
-    def readable(self) -> bool:
-        return True
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if (offset, whence) != (0, 0):
             raise OSError("a streamed upload only rewinds to its start")
-        self._pieces = itertools.chain([self._head], self._data(), [self._tail])
-        self._buffer, self._offset, self._position = b"", 0, 0
+        self._start(itertools.chain([self._head], self._data(), [self._tail]))
         return 0
-
-    def tell(self) -> int:
-        return self._position
 
     def _data(self):
         sent = 0
@@ -281,15 +274,3 @@ class StreamedUpload(io.RawIOBase):
             yield block
         if sent != self.size:
             raise OSError(f"the output has {sent} bytes, not {self.size}")
-
-    def readinto(self, target) -> int:
-        while self._offset >= len(self._buffer):
-            self._buffer, self._offset = next(self._pieces, None), 0
-            if self._buffer is None:
-                self._buffer = b""
-                return 0
-        size = min(len(target), len(self._buffer) - self._offset)
-        target[:size] = memoryview(self._buffer)[self._offset : self._offset + size]
-        self._offset += size
-        self._position += size
-        return size

@@ -19,12 +19,18 @@ class ChunkReader(io.RawIOBase):
     """A readable binary file over an iterator of byte chunks (the engine's archive stream)."""
 
     def __init__(self, chunks):
-        self._chunks = iter(chunks)
         self._source = chunks
-        self._buffer, self._offset = b"", 0
+        self._start(iter(chunks))
+
+    def _start(self, chunks) -> None:
+        self._chunks = chunks
+        self._buffer, self._offset, self._position = b"", 0, 0
 
     def readable(self) -> bool:
         return True
+
+    def tell(self) -> int:
+        return self._position
 
     def readinto(self, target) -> int:
         while self._offset >= len(self._buffer):
@@ -35,6 +41,7 @@ class ChunkReader(io.RawIOBase):
         size = min(len(target), len(self._buffer) - self._offset)
         target[:size] = memoryview(self._buffer)[self._offset : self._offset + size]
         self._offset += size
+        self._position += size
         return size
 
     def close(self) -> None:
