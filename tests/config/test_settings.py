@@ -67,42 +67,9 @@ def test_migrations_are_complete(db):
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
-def test_postgresql_connection_pool_is_configurable():
-    env = os.environ | {
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
-        "DATABASE_POOL_MAX_SIZE": "8",
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-    }
-    script = (
-        "import django; django.setup();"
-        "from django.db import connection;"
-        "connection.ensure_connection();"
-        "pool = connection.settings_dict['OPTIONS']['pool'];"
-        "print(pool['max_size'], connection.pool is not None)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.stdout.split() == ["8", "True"]
-
-
-def _channel_prefix(**env) -> str:
-    script = (
-        "from django.conf import settings;"
-        "print(settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'])"
-    )
-    env = (
-        {"CHANNEL_LAYER_PREFIX": ""}
-        | os.environ
-        | {"DJANGO_SETTINGS_MODULE": "config.settings"}
-        | env
-    )
+def _with_settings(script: str, **env) -> str:
+    """What `script` prints in a fresh process under config.settings and `env`."""
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "config.settings"} | env
     out = subprocess.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
@@ -113,6 +80,30 @@ def _channel_prefix(**env) -> str:
         timeout=60,
     )
     return out.stdout.strip()
+
+
+def test_postgresql_connection_pool_is_configurable():
+    script = (
+        "import django; django.setup();"
+        "from django.db import connection;"
+        "connection.ensure_connection();"
+        "pool = connection.settings_dict['OPTIONS']['pool'];"
+        "print(pool['max_size'], connection.pool is not None)"
+    )
+    out = _with_settings(
+        script,
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres",
+        DATABASE_POOL_MAX_SIZE="8",
+    )
+    assert out.split() == ["8", "True"]
+
+
+def _channel_prefix(**env) -> str:
+    script = (
+        "from django.conf import settings;"
+        "print(settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'])"
+    )
+    return _with_settings(script, **({"CHANNEL_LAYER_PREFIX": ""} | env))
 
 
 def test_two_deployments_on_one_redis_never_share_live_events():

@@ -277,43 +277,37 @@ def test_a_job_without_secrets_has_no_secrets_mount(agent, tenant, docker_client
     assert "No such file or directory" in printed and "none" in printed
 
 
+def submit(client, tenant, pool, shape, **fields):
+    body = {
+        "tenant": tenant.slug,
+        "pool": pool.slug,
+        "name": "train",
+        "shape": shape.name,
+        "image": pinned_test_image(),
+        "command": ["true"],
+    }
+    return client.post("/api/v1/jobs", body | fields, format="json")
+
+
 @pytest.mark.parametrize("name", ["../etc", "a/b", ".", "..", "A.B", "1A", "a b", ""])
 def test_a_secret_name_that_is_not_a_plain_file_name_is_a_400(
     api, member, tenant, pool, cpu_shape, name
 ):
     build_secret(tenant, "db-pass", VALUE)
-    response = api(member).post(
-        "/api/v1/jobs",
-        {
-            "tenant": tenant.slug,
-            "pool": pool.slug,
-            "name": "train",
-            "shape": cpu_shape.name,
-            "image": pinned_test_image(),
-            "command": ["true"],
-            "secrets": {name: "db-pass"},
-        },
-        format="json",
-    )
+    response = submit(api(member), tenant, pool, cpu_shape, secrets={name: "db-pass"})
     assert response.status_code == 400, response.content
     assert "secrets" in response.json()
 
 
 def test_env_cannot_set_the_variable_that_names_a_secret_file(api, member, tenant, pool, cpu_shape):
     build_secret(tenant, "db-pass", VALUE)
-    response = api(member).post(
-        "/api/v1/jobs",
-        {
-            "tenant": tenant.slug,
-            "pool": pool.slug,
-            "name": "train",
-            "shape": cpu_shape.name,
-            "image": pinned_test_image(),
-            "command": ["true"],
-            "env": {"DB_PASS_FILE": "/tmp/mine"},
-            "secrets": {"DB_PASS": "db-pass"},
-        },
-        format="json",
+    response = submit(
+        api(member),
+        tenant,
+        pool,
+        cpu_shape,
+        env={"DB_PASS_FILE": "/tmp/mine"},
+        secrets={"DB_PASS": "db-pass"},
     )
     assert response.status_code == 400, response.content
     assert "DB_PASS_FILE" in str(response.json().get("secrets")), response.json()
