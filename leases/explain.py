@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from placement import types as core
+from placement.explain import FREES_UP, coarse_window
 from pools.statemachine import Refusal
-from scheduling.core import types as core
-from scheduling.core.explain import FREES_UP, coarse_window
 
 
 class NoCapacity(Refusal):

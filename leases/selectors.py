@@ -8,8 +8,8 @@ from django.db.models import Count, F, Q, Sum
 
 from nodes.choices import NodeState
 from nodes.models import GpuDevice, Node
+from placement import evaluate, make_context
 from pools.models import CreditAccount, Quota, ResourceShape
-from scheduling.core import evaluate, make_context
 
 from . import snapshot as snap
 from .choices import HOLDING, LeaseState

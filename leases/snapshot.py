@@ -35,11 +35,11 @@ from leases.choices import HOLDING
 from leases.models import Lease
 from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
+from placement import types as core
+from placement.mig import profiles_for
+from placement.policy import DEFAULT_POLICY, policy_from
 from pools.choices import GpuSharingClass
 from pools.models import SchedulingPolicyVersion
-from scheduling.core import types as core
-from scheduling.core.mig import profiles_for
-from scheduling.core.policy import DEFAULT_POLICY, policy_from
 
 _NODE_FIELDS = (
     "id",

@@ -1,7 +1,7 @@
 """The one catalogue of lifecycle reason codes, documented in docs/reason-codes.md.
 
 Every event row carries one of these. Placement rejections (why a node was filtered out) have
-their own catalogue in scheduling/core/reasons.py because the pure core cannot import Django.
+their own catalogue in placement/reasons.py because the pure core cannot import Django.
 """
 
 from django.db import models

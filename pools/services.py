@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.core import DEFAULT_POLICY
+from placement import DEFAULT_POLICY
 
 from . import encryption, validation
 from .actors import Actor

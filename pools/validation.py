@@ -11,10 +11,10 @@ from urllib.parse import unquote, urlsplit
 
 from django.core.exceptions import ValidationError
 
+from placement import policy_problems
+from placement.queue import QUEUE_KNOBS
+from placement.types import GANG_TOPOLOGIES
 from pools.choices import RUNTIME_STRENGTH, ContainerRuntime, DrainPolicy
-from scheduling.core import policy_problems
-from scheduling.core.queue import QUEUE_KNOBS
-from scheduling.core.types import GANG_TOPOLOGIES
 from worker_agent.addresses import ALWAYS_REFUSED, host_refusal
 
 # Lists of names in a shape (gpu_models, regions, zones).
@@ -562,10 +562,10 @@ KNOBS = {
     "egress_allowed": _egress_allowed,
     "ingress_address": _ingress_address,
     "output_limit_mib": _output_limit,  # the default of a job's output_limit_mib
-    # preemption (scheduling/core/preemption.py): fresh work is protected this long
+    # preemption (placement/preemption.py): fresh work is protected this long
     "preemption_min_runtime_s": _protection_seconds,
     "credit_rates": _credit_rates,
-    # the queue's order and gate (scheduling/core/queue.py: the checks live with the defaults)
+    # the queue's order and gate (placement/queue.py: the checks live with the defaults)
     **QUEUE_KNOBS,
 }
 

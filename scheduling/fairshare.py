@@ -1,4 +1,4 @@
-"""Fair share on the database: the rows the core's queue policy (`scheduling.core.queue`) needs.
+"""Fair share on the database: the rows the core's queue policy (`placement.queue`) needs.
 
 * `standings(pool_id, tenant_ids, now)` — each tenant's standing in a pool: what its leases
   hold now (and the part held by long jobs), its decayed past use, its weight.
@@ -29,9 +29,7 @@ from leases.models import Lease, gpu_share
 from leases.snapshot import pool_knobs
 from nodes.choices import SCHEDULABLE, Reachability
 from nodes.models import GpuDevice, Node
-from pools.models import ComputePool, Tenant
-from pools.statemachine import error_summary
-from scheduling.core.queue import (
+from placement.queue import (
     QueuedJob,
     QueuePolicy,
     TenantStanding,
@@ -39,6 +37,8 @@ from scheduling.core.queue import (
     decay,
     usage_as_held,
 )
+from pools.models import ComputePool, Tenant
+from pools.statemachine import error_summary
 from scheduling.models import TenantUsage
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What a queued job can expect: its queue class and a predicted start window (`Job.forecast`).
 
-`refresh(pool_id, now)` orders the pool's queue as a pass would (`scheduling.core.queue.order`)
+`refresh(pool_id, now)` orders the pool's queue as a pass would (`placement.queue.order`)
 and gives every queued job {"queue_class", "earliest", "latest"} (ISO timestamps; either may
 be null: unknown). Two estimates meet in the window:
 
@@ -13,7 +13,7 @@ be null: unknown). Two estimates meet in the window:
 
 The window starts at the later of the two lower bounds and ends at the later of the upper
 ones, then widens outward to the steps of `LADDER_S` — the coarse windows of every explanation
-(now, 1 h, 4 h, 24 h, 7 days; scheduling.core.explain.COARSE_WINDOWS) — so it never tells an
+(now, 1 h, 4 h, 24 h, 7 days; placement.explain.COARSE_WINDOWS) — so it never tells an
 exact position in the queue, nor when another tenant's lease ends. It holds nothing else: no
 job or lease ids, no tenant, nothing of another tenant's work beyond what the pool's totals
 imply. Written for all jobs in one statement; jobs no longer
@@ -32,9 +32,9 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from leases.models import gpu_share
+from placement.explain import COARSE_WINDOWS
+from placement.queue import order, queue_class
 from pools.reasons import Reason
-from scheduling.core.explain import COARSE_WINDOWS
-from scheduling.core.queue import order, queue_class
 from scheduling.fairshare import (
     holding_leases,
     pool_capacity,

@@ -1,9 +1,9 @@
 """The scheduling pass: queued jobs become leases, in the queue's order, planned together.
 
 One pass per pool (PostgreSQL): read a window of queued jobs (`queued_jobs`, round-robin over
-tenants, retries past their backoff), order it (`scheduling.core.queue.order` fed by the
+tenants, retries past their backoff), order it (`placement.queue.order` fed by the
 tenants' fair-share standings), take ONE snapshot of the pool, plan every job on it in the pure
-core (`scheduling.core.batch.plan`: the decisions `place` would make one by one; quotas through
+core (`placement.batch.plan`: the decisions `place` would make one by one; quotas through
 each tenant's `Headroom`), then apply the plan in ONE transaction (`_apply`):
 
 1. lock the planned jobs' rows (SKIP LOCKED): a job another pass or a cancel holds is dropped
@@ -56,6 +56,14 @@ from leases.explain import NoCapacity, explanation_dict
 from leases.models import Lease
 from leases.services import SCHEDULER_KEY_PREFIX, lease_reserve, ledger, quota, tenants_at_quota
 from leases.window import request_digest
+from placement import Explanation, apply_placement, batch, place_gang
+from placement.fragmentation import Workload
+from placement.queue import (
+    BACKFILL_WOULD_DELAY_HEAD,
+    SHORT_SHARE_RESERVED,
+    Gate,
+    order,
+)
 from pools import validation
 from pools.actors import Actor
 from pools.events import MESSAGE_TYPE, event_fields, groups_of
@@ -63,14 +71,6 @@ from pools.models import ComputePool, PriorityClass
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, error_summary, record_sweep_failure
 from scheduling import fairshare
-from scheduling.core import Explanation, apply_placement, batch, place_gang
-from scheduling.core.fragmentation import Workload
-from scheduling.core.queue import (
-    BACKFILL_WOULD_DELAY_HEAD,
-    SHORT_SHARE_RESERVED,
-    Gate,
-    order,
-)
 from scheduling.health import record_pass
 from scheduling.preemption import preempt_for
 
@@ -582,7 +582,7 @@ TENANT_WIDE = ("quota_exceeded", "credit_exhausted")  # every queued job of the 
 
 
 class _Queue:
-    """The window in the queue's order (scheduling.core.queue: weighted fair share, aging, the
+    """The window in the queue's order (placement.queue: weighted fair share, aging, the
     classes' maximum waits), and the gate the plan admits each job through (short-job share,
     backfill behind the head), both fed by the tenants' standings in the pool."""
 

@@ -5,7 +5,7 @@ work to checkpoint (docs/scheduler.md, "Preemption").
 priority class `may_preempt`, and handles them highest priority first on one snapshot of the pool.
 In that snapshot the leases of work already checkpointing are counted as ended: capacity on its
 way. A job that fits once they end waits for them and claims its room, so no other work is
-stopped for it; otherwise the core (`scheduling.core.preemption`) chooses victims, and in one
+stopped for it; otherwise the core (`placement.preemption`) chooses victims, and in one
 transaction, with the rows locked and re-checked, each victim goes running → checkpointing
 (`preempted`) and the preemptor gets a `preempting` event and a pending reason saying it waits.
 The checkpoint itself is the data plane's (`jobs.lifecycle.job_request_checkpoint`): the agent
@@ -32,11 +32,8 @@ from jobs.services import job_note_pending
 from leases.choices import HOLDING
 from leases.models import Lease
 from leases.snapshot import core_request, pool_knobs, pool_policy, pool_snapshot
-from pools.actors import Actor
-from pools.reasons import Reason
-from pools.statemachine import error_summary
-from scheduling.core import Placement, apply_to_nodes, place
-from scheduling.core.preemption import (
+from placement import Placement, apply_to_nodes, place
+from placement.preemption import (
     DEFAULT_MIN_RUNTIME_S,
     Candidate,
     Preemption,
@@ -44,6 +41,9 @@ from scheduling.core.preemption import (
     free_leases,
     lost_seconds,
 )
+from pools.actors import Actor
+from pools.reasons import Reason
+from pools.statemachine import error_summary
 
 PREEMPTION = Actor.system("preemption")
 logger = logging.getLogger(__name__)

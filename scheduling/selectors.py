@@ -15,9 +15,9 @@ from leases.choices import HOLDING
 from leases.models import Lease
 from leases.selectors import pool_capacity
 from nodes.models import Node
+from placement.queue import RESOURCES, dominant_share
 from pools.models import Tenant
 from scheduling import fairshare
-from scheduling.core.queue import RESOURCES, dominant_share
 
 MEASURES = ("allocatable", "reserved", "used", "free", "fragmented", "draining", "unhealthy")
 DIMENSIONS = ("cpu_millicores", "memory_mib", "scratch_mib", "gpu_milli")

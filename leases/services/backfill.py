@@ -9,8 +9,8 @@ from django.db import IntegrityError, transaction
 from leases import snapshot as snap
 from leases.choices import LeaseState
 from leases.models import Lease
-from scheduling.core import place
-from scheduling.core import types as core
+from placement import place
+from placement import types as core
 
 from . import ledger
 

@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from leases import snapshot as snap
+from placement import apply_placement, make_context, place
+from placement import types as core
 from pools.statemachine import TransitionRefused
-from scheduling.core import apply_placement, make_context, place
-from scheduling.core import types as core
 
 from . import ledger, quota
 

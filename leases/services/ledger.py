@@ -28,9 +28,9 @@ from leases.models import Lease, LeaseEvent, new_fencing_token
 from leases.window import request_digest
 from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
+from placement import types as core
 from pools.actors import Actor
 from pools.reasons import Reason
-from scheduling.core import types as core
 
 
 class Conflict(Exception):
@@ -83,7 +83,7 @@ def _placement_record(placement: core.Placement, decision: dict | None = None) -
         # the NUMA node CPU and memory come from when the request pinned one: the agent's cpuset
         "numa_node": placement.numa_node,
     }
-    if decision is not None:  # how the scheduling pass chose (scheduling.core.batch)
+    if decision is not None:  # how the scheduling pass chose (placement.batch)
         record["decision"] = decision
     return record
 

@@ -22,10 +22,10 @@ from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity, explanat
 from leases.models import Lease, gpu_share
 from leases.window import Window, as_timedelta, request_digest
 from nodes.choices import NodeState
+from placement import make_context, place
+from placement import types as core
 from pools.actors import Actor
 from pools.statemachine import TransitionRefused
-from scheduling.core import make_context, place
-from scheduling.core import types as core
 
 from . import group_commit, ledger
 from .backfill import try_backfill

@@ -6,7 +6,7 @@ know, so those pools placed with a policy no benchmark measured. The snapshot no
 unknown names, and a version with no weights no longer falls back to the default. Versions are
 immutable (decisions cite their number), so each affected pool gets a new version instead:
 
-- the old default exactly -> the product default (scheduling.core.DEFAULT_POLICY, copied here
+- the old default exactly -> the product default (placement.DEFAULT_POLICY, copied here
   as it is today so that this migration means the same thing forever);
 - no weights -> the product default, which is what the snapshot used for them;
 - any other use of "binpack" -> renamed "bin_pack", what its author meant.

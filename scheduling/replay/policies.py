@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduling.core import DEFAULT_POLICY, Policy
+from placement import DEFAULT_POLICY, Policy
 
 from .trace import Pod, typical_workload
 

@@ -22,9 +22,9 @@ from random import Random
 
 import numpy as np
 
-from scheduling.core import apply_placement, evaluate, make_context
-from scheduling.core.planner import to_placement
-from scheduling.core.types import NodeView, Policy, Request
+from placement import apply_placement, evaluate, make_context
+from placement.planner import to_placement
+from placement.types import NodeView, Policy, Request
 
 from .policies import for_trace, policy_for
 from .trace import Pod, build_arrivals, node_order, pod_request, read_nodes, read_pods

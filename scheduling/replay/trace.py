@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from random import Random
 
-from scheduling.core.fragmentation import Shape, Workload
-from scheduling.core.types import EXCLUSIVE, TIMESLICE, GpuView, NodeView, Request
+from placement.fragmentation import Shape, Workload
+from placement.types import EXCLUSIVE, TIMESLICE, GpuView, NodeView, Request
 
 
 @dataclass(frozen=True, slots=True)

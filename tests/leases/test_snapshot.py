@@ -6,9 +6,9 @@ from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, cpu_request, gpu_request
 from leases import services, snapshot
+from placement import place
+from placement import types as core
 from pools.reasons import Reason
-from scheduling.core import place
-from scheduling.core import types as core
 
 
 def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, ltenant):

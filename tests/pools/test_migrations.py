@@ -8,9 +8,9 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import override_settings
 
+from placement import DEFAULT_POLICY
 from pools import encryption
 from pools.models import secret_context
-from scheduling.core import DEFAULT_POLICY
 
 fix = importlib.import_module("pools.migrations.0003_publish_corrected_policy_versions")
 default = importlib.import_module("pools.migrations.0008_memory_coupled_default")

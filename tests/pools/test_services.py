@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from leases import snapshot
+from placement import DEFAULT_POLICY
 from pools.models import SchedulingPolicyVersion
-from scheduling.core import DEFAULT_POLICY
 
 
 @pytest.fixture(autouse=True)

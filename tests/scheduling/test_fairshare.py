@@ -18,10 +18,10 @@ from config.builders import (
 )
 from leases import services
 from leases.models import Lease
+from placement.queue import QueuePolicy, accrued, mean_life_s
 from pools.actors import Actor
 from pools.models import SchedulingPolicyVersion
 from scheduling import fairshare
-from scheduling.core.queue import QueuePolicy, accrued, mean_life_s
 from scheduling.models import TenantUsage
 
 HOUR = timedelta(hours=1)

@@ -14,9 +14,9 @@ from jobs.models import Job
 from jobs.services import job_cancel, job_submit
 from leases.choices import LeaseState
 from leases.snapshot import core_request, pool_policy, pool_snapshot
+from placement.preemption import choose_victims
 from pools.reasons import Reason
 from scheduling import drain, preemption
-from scheduling.core.preemption import choose_victims
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from tests.clients import bearer_client
 from tests.jobs.test_agent_api import place, report, run

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from placement import policy_from
 from pools.services import policy_version_publish
-from scheduling.core import policy_from
 from scheduling.replay import make_variant, read_nodes, read_pods, replay_run
 
 FIXTURES = Path(__file__).parent / "replay" / "fixtures"

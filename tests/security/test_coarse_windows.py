@@ -13,8 +13,8 @@ from django.utils import timezone
 from config.builders import SYSTEM, TEST_IMAGE_TAG, build_node, build_pool, cpu_request
 from jobs.models import Job
 from leases import services
+from placement.explain import coarse_window
 from scheduling import forecast
-from scheduling.core.explain import coarse_window
 from scheduling.passes import scheduling_pass
 from tests.clients import client_for
 

@@ -25,9 +25,9 @@ from leases.services import reserve as reserve_module
 from leases.tasks import expire_leases as expire_leases_task
 from nodes.choices import Reachability
 from nodes.services import node_mark_unreachable
+from placement import place
 from pools.models import PriorityClass, Quota
 from pools.reasons import Reason
-from scheduling.core import place
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
 

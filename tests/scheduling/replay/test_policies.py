@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from scheduling.core import DEFAULT_POLICY, policy_problems
-from scheduling.core.fragmentation import Shape
+from placement import DEFAULT_POLICY, policy_problems
+from placement.fragmentation import Shape
 from scheduling.replay import PAPER_POLICIES, Pod, policy_for
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.core import DEFAULT_POLICY
+from placement import DEFAULT_POLICY
 from scheduling.replay import (
     POLICY_NAMES,
     curve_from_events,
