@@ -7,6 +7,7 @@ import pytest
 
 from config.builders import (
     SYSTEM,
+    TEST_IMAGE_TAG,
     Enrolled,
     build_node,
     build_person,
@@ -24,6 +25,9 @@ from tests.clients import client_for
 from worker_agent.runtime import disks
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The Docker runtime's pause image has no default (a node names one): the tests, and the agents
+# they start, use the busybox test image, as `make run` does.
+os.environ.setdefault("WORKER_AGENT_PAUSE_IMAGE", TEST_IMAGE_TAG)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,9 +19,10 @@ from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
-from worker_agent.runtime.base import Assignment
+from worker_agent.runtime.base import Assignment, RuntimeUnconfigured
 from worker_agent.runtime.docker import DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
+from worker_agent.runtime.protocol import Runtime
 from worker_agent.state import AgentState
 from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
 
@@ -41,6 +42,7 @@ class Config:
     work_dir: str = ""  # the work root (default `<state dir>.work`): never inside the state dir
     enroll_token: str = ""
     runtime: str = "auto"  # auto | docker | process
+    pause_image: str = ""  # the Docker runtime's (else WORKER_AGENT_PAUSE_IMAGE; one is needed)
     node_name: str = ""
     pool: str = ""
     address: str = ""  # where this node's published ports are reached (routes)
@@ -69,17 +71,21 @@ def machine_id() -> str:
     return ""
 
 
-def make_runtimes(choice: str, work: WorkRoot) -> dict:
+def make_runtimes(choice: str, work: WorkRoot, pause_image: str = "") -> dict[str, Runtime]:
     """The runtimes this agent offers, the primary first. `process` is always present for the
     pools that allow it (the control plane sends runtime "process" nowhere else); `gvisor` beside
     `docker` where the engine has gVisor's two runsc runtimes. Their owner is set once the agent
-    knows who it is (Agent.start)."""
-    runtimes = {}
+    knows who it is (Agent.start). An engine that answers without a pause image configured is
+    an AgentError: the agent does not start rather than offer less than it could."""
+    runtimes: dict[str, Runtime] = {}
     if choice in ("auto", "docker"):
         if DockerRuntime.available():
-            runtimes["docker"] = DockerRuntime()
+            try:
+                runtimes["docker"] = DockerRuntime(pause_image=pause_image or None)
+            except RuntimeUnconfigured as exc:
+                raise AgentError(str(exc)) from exc
             if GVisorRuntime.available():
-                runtimes["gvisor"] = GVisorRuntime()
+                runtimes["gvisor"] = GVisorRuntime(pause_image=pause_image or None)
             else:
                 log.info("gvisor not offered: dockerd has no runsc-none and runsc-netns runtimes")
         elif choice == "docker":
@@ -91,7 +97,13 @@ def make_runtimes(choice: str, work: WorkRoot) -> dict:
 
 
 class Agent:
-    def __init__(self, config: Config, *, runtimes: dict | None = None, host: Host | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        runtimes: dict[str, Runtime] | None = None,
+        host: Host | None = None,
+    ):
         self.config = config
         self.stop_event = threading.Event()
         self.state = AgentState(config.state_dir)
@@ -105,7 +117,7 @@ class Agent:
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
         )
-        self.runtimes = runtimes or make_runtimes(config.runtime, self.work)
+        self.runtimes = runtimes or make_runtimes(config.runtime, self.work, config.pause_image)
         self.primary = next(iter(self.runtimes.values()))
         self.address = config.address or default_address()
         self.heartbeat_interval = config.heartbeat_interval_s

@@ -6,12 +6,12 @@ container, streamed as one plain tar `checkpoint.tar` with paths `checkpoint/…
 
 Restoring: the next attempt streams the newest earlier checkpoint from its own API (with its
 node credential) straight into its created, not yet started container, through the runtime's
-archive API (`put_archive` of /outputs): never through a path on the node. The archive came
-from a job, so it is rewritten on the way as untrusted: regular files only, relative paths
-under `checkpoint/` without `.`, `..` or empty parts, each folder and file owned by the job's
-user (0755 / 0644), within a total size and a number of files. Its sha256 is checked against
-the assignment's when the download ends; a mismatch fails the attempt before the container
-starts (and the container, with whatever was unpacked into it, is removed).
+`unpack` of /outputs (the engine's archive API under Docker): never through a path on the node.
+The archive came from a job, so it is rewritten on the way as untrusted: regular files only,
+relative paths under `checkpoint/` without `.`, `..` or empty parts, each folder and file owned
+by the job's user (0755 / 0644), within a total size and a number of files. Its sha256 is
+checked against the assignment's when the download ends; a mismatch fails the attempt before the
+container starts (and the container, with whatever was unpacked into it, is removed).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from worker_agent import tarstream
 from worker_agent.client import ApiError, ApiUnreachable
 from worker_agent.outputs import CHECKPOINT_ARCHIVE, OUTPUTS
 from worker_agent.runtime.base import CHECKPOINT_SUBDIR, JOB_USER_ID, RuntimeFailure
+from worker_agent.runtime.protocol import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,14 @@ def safe_parts(name: str) -> list[str] | None:
     return parts[1:]
 
 
-def restore(client, assignment, runtime, handle) -> int:
+def restore(client, assignment, runtime: Runtime, handle) -> int:
     """Streams the assignment's checkpoint into the created container's /outputs/checkpoint;
     how many files it restored. A checkpoint that cannot be had or does not verify fails the
     attempt (runtime_error): the job must not start without the state it was promised."""
     restored = Restored(assignment.restore["sha256"])
     try:
         with client.checkpoint(assignment.job, RESTORE_MAX_BYTES) as download:
-            runtime.put_archive(handle, OUTPUTS, restored.tar(download))
+            runtime.unpack(handle, OUTPUTS, restored.tar(download))
     except (ApiError, ApiUnreachable) as exc:
         raise RuntimeFailure("runtime_error", f"checkpoint not downloaded: {exc}") from exc
     if restored.error is not None:  # raised inside the stream: the engine may have hidden it

@@ -1,11 +1,12 @@
 """`python -m worker_agent --api URL --state-dir DIR [--enroll-token-file FILE]`.
 
 Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN_FILE, _STATE_DIR,
-_WORK_DIR, _RUNTIME, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag wins over its
-variable. The enrollment token itself is read from that file or from WORKER_AGENT_ENROLL_TOKEN,
-never from the command line (which every user of the host can read in the process list). One
-agent at a time holds a state dir (a lock in it): a second one there exits. SIGTERM and SIGINT end
-the loops; containers keep running for the next agent to reconcile.
+_WORK_DIR, _RUNTIME, _PAUSE_IMAGE, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag
+wins over its variable. The enrollment token itself is read from that file or from
+WORKER_AGENT_ENROLL_TOKEN, never from the command line (which every user of the host can read in
+the process list). One agent at a time holds a state dir (a lock in it): a second one there
+exits. SIGTERM and SIGINT end the loops; containers keep running for the next agent to
+reconcile.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
         choices=["auto", "docker", "process"],
         help="auto: Docker when an engine answers, else the local process runtime",
     )
+    p.add_argument(
+        "--pause-image",
+        default=env("PAUSE_IMAGE", ""),
+        help="the Docker runtime's network-owner image (needs `sleep`); required with Docker",
+    )
     p.add_argument("--node-name", default=env("NODE_NAME", ""), help="default: the hostname")
     p.add_argument("--pool", default=env("POOL", ""), help="the pool expected (checked)")
     p.add_argument("--address", default=env("ADDRESS", ""), help="address in job routes")
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=args.work_dir,
         enroll_token=enroll_token,
         runtime=args.runtime,
+        pause_image=args.pause_image,
         node_name=args.node_name,
         pool=args.pool,
         address=args.address,

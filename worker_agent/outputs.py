@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from worker_agent import tarstream
 from worker_agent.client import ApiError
 from worker_agent.runtime.base import CHECKPOINT_SUBDIR
+from worker_agent.runtime.protocol import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def kind_of(member: tarfile.TarInfo) -> str:
 class Outputs:
     """One attempt's upload of its outputs, from the runtime's archive of `handle`."""
 
-    runtime: object
+    runtime: Runtime
     handle: object
     client: object
     job: int
@@ -128,7 +129,7 @@ class Outputs:
     def upload(self) -> None:
         """Every top-level regular file, then the checkpoint; ApiError/ApiUnreachable other
         than a refused file stop it (the runner logs them)."""
-        stream = self.runtime.get_archive(self.handle, OUTPUTS)
+        stream = self.runtime.archive(self.handle, OUTPUTS)
         if stream is None:
             return
         with stream:
@@ -197,7 +198,7 @@ class Outputs:
         self.uploaded.append(name)
 
     def _reread(self, name: str, size: int):
-        stream = self.runtime.get_archive(self.handle, f"{OUTPUTS}/{name}")
+        stream = self.runtime.archive(self.handle, f"{OUTPUTS}/{name}")
         if stream is None:
             raise OSError(f"{name} is gone")
         with stream:
@@ -236,7 +237,7 @@ class Outputs:
             return
 
         def opener():
-            stream = self.runtime.get_archive(self.handle, f"{OUTPUTS}/{CHECKPOINT_SUBDIR}")
+            stream = self.runtime.archive(self.handle, f"{OUTPUTS}/{CHECKPOINT_SUBDIR}")
             if stream is None:
                 raise OSError("the checkpoint folder is gone")
             left = dict(self.checkpoint)

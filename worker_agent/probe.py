@@ -3,7 +3,7 @@
 The control plane sends a fresh challenge with each validation probe (heartbeat answer,
 `probes[].challenge`): a seed, an iteration count, a number of parallel chains, a memory size,
 the claimed GPU UUIDs and the image to run in (pinned by digest). The agent runs it through the
-same execution path as a job — its runtime's pull, create, start, logs, poll and remove; the
+same execution path as a job — its runtime's pull, create, start, logs, wait and remove; the
 Docker runtime puts it in a container with the lease-like limits below, the process runtime in a
 subprocess — and answers with what the container printed and how long it took:
 
@@ -32,12 +32,17 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pynvml
 
 from worker_agent.inventory import read_gpus
 from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure
+from worker_agent.runtime.protocol import Runtime
+
+if TYPE_CHECKING:  # the recovery probe's container check needs the engine itself
+    from worker_agent.runtime.docker import DockerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +167,12 @@ def parse_output(text: str) -> dict:
     return {"answers": ordered[:WORKERS_MAX], "memory_mib": memory, "gpus": gpus[:512]}
 
 
-def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
+def run_once(assignment: Assignment, *, runtime: Runtime, workdir: Path) -> tuple:
     """Run one probe container through the runtime's job path: (ended, output, seconds).
     Raises RuntimeFailure; `ended` is None when it ran past its maximum and was killed."""
     (workdir / "inputs").mkdir(parents=True, exist_ok=True)
     (workdir / "inputs").chmod(0o777)
-    if runtime.name == "process":  # it bounds no disk: asked for none (/scratch a folder)
+    if not runtime.bounds_disks:  # asked for none (/scratch a folder)
         limits = replace(assignment.limits, output_limit_mib=0, scratch_mib=0)
         assignment = replace(assignment, limits=limits)
     handle = None
@@ -176,16 +181,12 @@ def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
         handle = runtime.create(assignment, workdir)
         started = time.monotonic()
         runtime.start(handle)
-        follower = runtime.follow_logs(handle)
-        deadline = started + assignment.max_runtime_s
-        ended = runtime.poll(handle)
-        while ended is None:
-            if time.monotonic() > deadline:
-                runtime.kill(handle)
-                return None, "", round(time.monotonic() - started, 3)
-            time.sleep(0.05)
-            ended = runtime.poll(handle)
+        follower = runtime.logs(handle)
+        ended = runtime.wait(handle, timeout=assignment.max_runtime_s)
         seconds = round(time.monotonic() - started, 3)
+        if ended is None:
+            runtime.stop(handle, 0)
+            return None, "", seconds
         follower.join(5)
         return ended, follower.take(), seconds
     finally:
@@ -195,7 +196,7 @@ def run_once(assignment: Assignment, *, runtime, workdir: Path) -> tuple:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> dict:
+def run_challenge(probe_id: int, challenge: dict, *, runtime: Runtime, workdir: Path) -> dict:
     """The challenge's answer (`answers`, `seconds`, `memory_mib`, `gpus`), or `error` saying
     why it could not run."""
     try:
@@ -215,7 +216,7 @@ def run_challenge(probe_id: int, challenge: dict, *, runtime, workdir: Path) -> 
     return answer | {"seconds": seconds}
 
 
-def probe_result(probe: dict, *, runtime, workdir: Path, inventory: dict) -> dict:
+def probe_result(probe: dict, *, runtime: Runtime, workdir: Path, inventory: dict) -> dict:
     """The whole result of a validation probe: what this host measures of itself (compared with
     the claims) and the challenge's answer (checked by the control plane)."""
     answer = run_challenge(
@@ -319,13 +320,13 @@ def recovery_assignment(probe_id: int, uuid: str, image: str) -> Assignment:
     )
 
 
-def recovery_image(probe: dict, runtime) -> str:
+def recovery_image(probe: dict, runtime: DockerRuntime) -> str:
     """The image to run in: the probe's own when it names one by digest, else the runtime's
-    pause image pinned by its digest (the busybox image every node here caches)."""
+    pause image pinned by its digest (`--pause-image`, which every node has)."""
     image = str((probe.get("challenge") or {}).get("image") or "")
     if re.fullmatch(r"[^\s@]+@sha256:[0-9a-f]{64}", image):
         return image
-    return runtime._pinned_pause_image()  # the runtime's one helper image (netpolicy)
+    return runtime.helper_image()
 
 
 def device_container_check(probe_id: int, uuid: str, image: str, *, runtime, workdir) -> dict:
@@ -346,7 +347,9 @@ def device_container_check(probe_id: int, uuid: str, image: str, *, runtime, wor
     return {"health_check": "passed"}
 
 
-def recovery_result(probe: dict, *, nvml, runtime=None, workdir: Path) -> dict:
+def recovery_result(
+    probe: dict, *, nvml, runtime: DockerRuntime | None = None, workdir: Path
+) -> dict:
     """The answer to a recovery probe, in the form of the control plane's probe result
     (nodes/api/serializers.py ProbeMeasurementSerializer): the device's readings, `passed`
     when NVML shows it and (under Docker) a container that requested it saw it.
@@ -365,7 +368,7 @@ def recovery_result(probe: dict, *, nvml, runtime=None, workdir: Path) -> dict:
     if result is None:
         return not_visible(uuid, "NVML lists no device with this UUID")
     result["passed"] = True
-    if runtime is not None and getattr(runtime, "name", "") == "docker":
+    if runtime is not None:
         try:
             image = recovery_image(probe, runtime)
         except RuntimeFailure as exc:

@@ -24,7 +24,8 @@ import socket
 import tarfile
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 from worker_agent import addresses, inputs
@@ -34,25 +35,57 @@ from worker_agent.outputs import Outputs, read_budget
 from worker_agent.runtime import disks
 from worker_agent.runtime.base import (
     CHECKPOINT_SIGNAL,
+    END_STEPS,
     Assignment,
     Ended,
     Found,
     RuntimeFailure,
+    Step,
 )
+from worker_agent.runtime.protocol import Runtime
 
 log = logging.getLogger(__name__)
 
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
-PHASE_STATE = {
-    "pulling": "leased",
-    "starting": "starting",
-    "running": "running",
-    "checkpointing": "checkpointing",
-}
 STOPPING = "stopping"  # an assignment's state once its job was cancelled
-END_STEPS = ("succeeded", "failed", "checkpointed", "stopped")
+
+
+class Phase(StrEnum):
+    """Where a runner is with its run."""
+
+    PULLING = "pulling"
+    STARTING = "starting"
+    RUNNING = "running"
+    CHECKPOINTING = "checkpointing"
+    LEFT_RUNNING = "left running"  # the agent stops: its container runs on for the next agent
+    ENDED = "ended"
+
+
+# The run's state in the heartbeat's workloads (nodes/api/serializers.py WorkloadSerializer),
+# by phase; a phase not here is not listed.
+WORKLOAD_STATE = {
+    Phase.PULLING: "leased",
+    Phase.STARTING: "starting",
+    Phase.RUNNING: "running",
+    Phase.CHECKPOINTING: "checkpointing",
+}
+
+
+@dataclass
+class Every:
+    """A duty of the watch, due every `period` seconds (at once the first time)."""
+
+    period: float
+    last: float = float("-inf")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.period:
+            return False
+        self.last = now
+        return True
 
 
 class Fenced(Exception):
@@ -65,7 +98,7 @@ class Runner(threading.Thread):
         assignment: Assignment,
         *,
         client: ApiClient,
-        runtime,
+        runtime: Runtime | None,
         workdir: Path,
         address: str = "127.0.0.1",
         found: Found | None = None,
@@ -86,10 +119,12 @@ class Runner(threading.Thread):
         if assignment.checkpoint_requested:
             self.checkpoint.set()
         self.gpu_usage = gpu_usage  # uuids → {"gpu_utilization_percent", "gpu_memory_mib"}
-        self.phase = "pulling"
+        self.phase = Phase.PULLING
         self.usage: dict = {}
         self.outcome: Ended | None = None
         self._follower = None
+        self.started_at = 0.0  # time.monotonic() when the run started (the maximum runtime's)
+        self._logs_due, self._usage_due = Every(LOG_FLUSH_S), Every(USAGE_EVERY_S)
 
     # ------------------------------------------------------------------ for the agent
     def cancel(self) -> None:
@@ -102,7 +137,7 @@ class Runner(threading.Thread):
         self.checkpoint.set()
 
     def workload(self) -> dict | None:
-        state = PHASE_STATE.get(self.phase)
+        state = WORKLOAD_STATE.get(self.phase)
         if state is None:
             return None
         entry = {"lease": self.assignment.lease, "job": self.assignment.job, "state": state}
@@ -116,7 +151,7 @@ class Runner(threading.Thread):
         try:
             if self.runtime is None:  # refused before anything is pulled or created
                 message = f"runtime {a.runtime} is not offered by this node's agent"
-                self._end_quietly(Ended("failed", "runtime_unavailable", None, message))
+                self._end_quietly(Ended.failed("runtime_unavailable", message))
             elif a.state == STOPPING:  # cancelled: stop what of it runs here (then confirmed)
                 if self.found is not None:
                     self._stop_container(self.found.handle)
@@ -125,7 +160,7 @@ class Runner(threading.Thread):
             elif a.state != "leased":
                 # Reported starting/running by an earlier agent, and no container is left.
                 self._report(
-                    "failed", "runtime_error", message="the container is gone (agent restart)"
+                    Step.FAILED, "runtime_error", message="the container is gone (agent restart)"
                 )
             else:
                 self._launch()
@@ -136,22 +171,22 @@ class Runner(threading.Thread):
             log.error("job %s: control plane unreachable (%s); left for reconciliation", a.job, exc)
         except RuntimeFailure as exc:
             log.warning("job %s failed: %s", a.job, exc)
-            self._end_quietly(Ended("failed", exc.reason, None, exc.message))
+            self._end_quietly(Ended.failed(exc.reason, exc.message))
         except Exception as exc:  # never let a runner die silently
             log.exception("job %s: runner error", a.job)
-            self._end_quietly(Ended("failed", "runtime_error", None, f"agent error: {exc}"))
+            self._end_quietly(Ended.failed("runtime_error", f"agent error: {exc}"))
         finally:
             if self.cancelled.is_set() and not self.halted.is_set() and not self.end_reported:
                 self._confirm_stopped()
-            if self.phase != "left running":
-                self.phase = "ended"
+            if self.phase != Phase.LEFT_RUNNING:
+                self.phase = Phase.ENDED
 
     def _confirm_stopped(self) -> None:
         """A cancelled run's last report, once nothing of it runs here any more: `stopped`. A
         refusal (the lease had already ended) or an unreachable control plane changes nothing
         here; the control plane then ends the lease when a heartbeat no longer lists it."""
         try:
-            self._report("stopped", message="stopped: its job was cancelled")
+            self._report(Step.STOPPED, message="stopped: its job was cancelled")
         except (Fenced, ApiError, ApiUnreachable) as exc:
             log.info("job %s: stop not confirmed: %s", self.job, exc)
 
@@ -167,13 +202,13 @@ class Runner(threading.Thread):
     def _launch(self) -> None:
         a = self.assignment = self._bound(self.assignment)
         deadline = time.monotonic() + a.startup_timeout_s
-        self._report("pulling", "image_pulling")
+        self._report(Step.PULLING, "image_pulling")
         pull_seconds = self._before(deadline, "image pull", lambda: self.runtime.pull(a))
-        self._report("pulling", "image_pulled", pull_seconds=round(pull_seconds, 3))
+        self._report(Step.PULLING, "image_pulled", pull_seconds=round(pull_seconds, 3))
         if self.cancelled.is_set():
             return
-        self.phase = "starting"
-        self._report("starting")
+        self.phase = Phase.STARTING
+        self._report(Step.STARTING)
         self._prepare_dirs()
         handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
         try:
@@ -184,13 +219,8 @@ class Runner(threading.Thread):
                     lambda: checkpoints.restore(self.client, a, self.runtime, handle),
                 )
                 log.info("job %s: %d checkpoint files restored", a.job, restored)
-            self.runtime.start(handle)
-            self._follower = self.runtime.follow_logs(handle)
-            while not self.runtime.running(handle) and self.runtime.poll(handle) is None:
-                if time.monotonic() > deadline:
-                    self.runtime.kill(handle)
-                    raise RuntimeFailure("startup_timed_out", "the container did not start")
-                time.sleep(0.1)
+            self.runtime.start(handle, timeout=max(0.0, deadline - time.monotonic()))
+            self._follower = self.runtime.logs(handle)
         except BaseException:
             self.runtime.remove(handle)
             raise
@@ -199,7 +229,8 @@ class Runner(threading.Thread):
         except Fenced:  # no longer this node's attempt: nothing of it runs on
             self._stop_container(handle)
             raise
-        self._monitor(handle, time.monotonic())
+        self.started_at = time.monotonic()
+        self._monitor(handle)
 
     def _adopt(self, found: Found) -> None:
         """A container a previous agent started: report where it is, then follow it."""
@@ -207,10 +238,10 @@ class Runner(threading.Thread):
         log.info("job %s: reconciling its container (running=%s)", a.job, found.running)
         if a.state in ("leased", "starting"):
             self._running(found.handle)
-        self.phase = "running"
-        self._follower = self.runtime.follow_logs(found.handle, since=int(time.time()))
-        elapsed = self.runtime.elapsed(found.handle)
-        self._monitor(found.handle, time.monotonic() - elapsed)
+        self.phase = Phase.RUNNING
+        self._follower = self.runtime.logs(found.handle, since=int(time.time()))
+        self.started_at = time.monotonic() - found.elapsed_s
+        self._monitor(found.handle)
 
     def _bound(self, a: Assignment) -> Assignment:
         """The assignment with its ports' bind address settled: the pool's `ingress_address`,
@@ -229,45 +260,78 @@ class Runner(threading.Thread):
 
     def _running(self, handle) -> None:
         host = self._bound(self.assignment).pool_network.ingress_address
-        route = self.runtime.route(handle, host)
-        self._report("running", route=route)
-        self.phase = "running"
+        ports = self.runtime.ports(handle)
+        self._report(Step.RUNNING, route={"host": host, "ports": ports} if ports else None)
+        self.phase = Phase.RUNNING
 
-    def _monitor(self, handle, since: float) -> None:
-        a = self.assignment
-        flushed = sampled = 0.0
-        while True:
-            ended = self.runtime.poll(handle)
-            if ended is not None:
-                break
-            if self.halted.is_set():
-                self._flush_logs(quiet=True)
-                self.phase = "left running"
-                return
-            if self.cancelled.is_set():
-                self._stop_container(handle)
-                return
-            now = time.monotonic()
-            if a.max_runtime_s and now - since > a.max_runtime_s:
-                self.runtime.kill(handle)
-                code = getattr(self.runtime.poll(handle), "exit_code", None)
-                message = f"killed after the maximum runtime of {a.max_runtime_s}s"
-                ended = Ended("failed", "max_runtime_exceeded", code, message)
-                break
-            if now - flushed >= LOG_FLUSH_S:
-                self._flush_logs()
-                flushed = now
-            if self.checkpoint.is_set():
-                self._checkpoint(handle)
-                return
-            if now - sampled >= USAGE_EVERY_S:
-                self.usage = self._sample(handle) or self.usage
-                sampled = time.monotonic()
+    # ------------------------------------------------------------------ the watch
+    def _monitor(self, handle) -> None:
+        """Every `poll_s`, each handler in turn looks at one thing; the first that ends the
+        watch (it returns True) has dealt with the run."""
+        handlers = (
+            self._on_exit,
+            self._on_halt,
+            self._on_cancel,
+            self._on_max_runtime,
+            self._on_logs_due,
+            self._on_checkpoint,
+            self._on_usage_due,
+        )
+        while not any(handler(handle) for handler in handlers):
             self.cancelled.wait(self.poll_s)
+
+    def _on_exit(self, handle) -> bool:
+        """The job ended: its logs, outputs and end reported."""
+        ended = self.runtime.wait(handle)
+        if ended is None:
+            return False
         self._finish(handle, ended)
+        return True
+
+    def _on_halt(self, handle) -> bool:
+        """The agent stops: the logs so far sent, the container left for the next agent."""
+        if not self.halted.is_set():
+            return False
+        self._flush_logs(quiet=True)
+        self.phase = Phase.LEFT_RUNNING
+        return True
+
+    def _on_cancel(self, handle) -> bool:
+        """The job left the assignments, or its lease is stopping: stopped and removed."""
+        if not self.cancelled.is_set():
+            return False
+        self._stop_container(handle)
+        return True
+
+    def _on_max_runtime(self, handle) -> bool:
+        """Past its maximum runtime (counted from its start, across agents): killed, failed."""
+        limit = self.assignment.max_runtime_s
+        if not limit or time.monotonic() - self.started_at <= limit:
+            return False
+        self.runtime.stop(handle, 0)
+        code = getattr(self.runtime.wait(handle), "exit_code", None)
+        message = f"killed after the maximum runtime of {limit}s"
+        self._finish(handle, Ended.failed("max_runtime_exceeded", message, code))
+        return True
+
+    def _on_logs_due(self, handle) -> bool:
+        if self._logs_due.due():
+            self._flush_logs()
+        return False
+
+    def _on_checkpoint(self, handle) -> bool:
+        if not self.checkpoint.is_set():
+            return False
+        self._checkpoint(handle)
+        return True
+
+    def _on_usage_due(self, handle) -> bool:
+        if self._usage_due.due():
+            self.usage = self._sample(handle) or self.usage
+        return False
 
     def _sample(self, handle) -> dict:
-        usage = dict(self.runtime.usage(handle) or {})
+        usage = dict(self.runtime.stats(handle) or {})
         if self.assignment.limits.gpus and self.gpu_usage is not None:
             usage |= self.gpu_usage(self.assignment.limits.gpus)
         return usage
@@ -280,24 +344,24 @@ class Runner(threading.Thread):
         log.info(
             "job %s: checkpoint requested (%s, grace %ss)", a.job, CHECKPOINT_SIGNAL, a.stop_grace_s
         )
-        self.phase = "checkpointing"
+        self.phase = Phase.CHECKPOINTING
         self.runtime.signal(handle, CHECKPOINT_SIGNAL)
         deadline = time.monotonic() + a.stop_grace_s
-        while time.monotonic() < deadline and self.runtime.poll(handle) is None:
+        while time.monotonic() < deadline and self.runtime.wait(handle) is None:
             if self.cancelled.wait(0.2):
                 break
-        ended = self.runtime.poll(handle)
+        ended = self.runtime.wait(handle)
         if ended is None:
             self.runtime.stop(handle, 1)
-            ended = self.runtime.poll(handle)
+            ended = self.runtime.wait(handle)
         if self._follower is not None:
             self._follower.join(5)
         self._flush_logs()
         skipped = self._upload_outputs(handle)
         code = getattr(ended, "exit_code", None)
         message = f"checkpoint written; the job exited with {code}"
-        self._report("checkpointed", message=message, **skipped)
-        self.phase = "ended"
+        self._report(Step.CHECKPOINTED, message=message, **skipped)
+        self.phase = Phase.ENDED
         self.runtime.remove(handle)
         self._clean_workdir()
 
@@ -310,7 +374,7 @@ class Runner(threading.Thread):
         self._report(
             ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message, **skipped
         )
-        self.phase = "ended"
+        self.phase = Phase.ENDED
         self.runtime.remove(handle)
         self._clean_workdir()
 
@@ -324,10 +388,10 @@ class Runner(threading.Thread):
         self._clean_workdir()
 
     # ------------------------------------------------------------------ reports
-    def _report(self, step: str, reason: str = "", **fields) -> dict | None:
+    def _report(self, step: Step, reason: str = "", **fields) -> dict | None:
         """Only pulls and failures carry a reason; the other steps' events are implied."""
-        body = {"fencing_token": self.assignment.fencing_token, "step": step}
-        if step in ("pulling", "failed"):
+        body = {"fencing_token": self.assignment.fencing_token, "step": str(step)}
+        if step in (Step.PULLING, Step.FAILED):
             body["reason"] = reason
         body |= {key: value for key, value in fields.items() if value is not None}
         body["message"] = str(body.get("message", ""))[:1000]

@@ -10,6 +10,7 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from django.core.management import call_command
 
+from config.builders import TEST_IMAGE_TAG
 from config.management.commands.runstack import (
     _redis_answers,
     agent_command,
@@ -95,6 +96,20 @@ def test_a_fresh_agent_enrolls_into_its_pool_with_a_token_in_its_environment(db,
     shutil.rmtree(plan.state_dir)
     plan = agent_command(api="http://x", pool="dev", runtime="process", root=tmp_path)
     assert _flag(plan.command, "--node-name") == f"{name}-2"
+
+
+def test_the_agent_gets_the_test_image_as_its_pause_image_unless_one_is_set(
+    db, tmp_path, monkeypatch
+):
+    """The Docker runtime has no pause image by default: `make run` gives the test image it
+    pushes to the loopback registry, or the one the environment names."""
+    call_command("load_demo", verbosity=0)
+    monkeypatch.delenv("WORKER_AGENT_PAUSE_IMAGE", raising=False)
+    plan = agent_command(api="http://x", pool="lab", runtime="docker", root=tmp_path)
+    assert _flag(plan.command, "--pause-image") == TEST_IMAGE_TAG
+    monkeypatch.setenv("WORKER_AGENT_PAUSE_IMAGE", "registry.example/pause:1")
+    plan = agent_command(api="http://x", pool="lab", runtime="docker", root=tmp_path)
+    assert _flag(plan.command, "--pause-image") == "registry.example/pause:1"
 
 
 def test_an_enrolled_agent_resumes_and_its_state_is_shown(db, tmp_path):

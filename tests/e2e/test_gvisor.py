@@ -71,7 +71,7 @@ def test_a_gvisor_job_without_network_runs_on_gvisors_kernel(stack):
 def host_server(stack):
     """An HTTP server of this test on every host address, and the pool network's gateway: where
     a pool job would reach it if its egress rules let it (they do not: nothing is allowed)."""
-    DockerRuntime(client=stack.docker)._pool_network()  # as the agent makes it
+    DockerRuntime(client=stack.docker).networks.pool_network()  # as the agent makes it
     network = stack.docker.networks.get(POOL_NETWORK)
     server = ThreadingHTTPServer(("0.0.0.0", 0), SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from config import builders
 from config.builders import SYSTEM, build_secret, gpu_request, submit_job
+from jobs import lifecycle
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_cancel, job_submit
@@ -22,6 +23,7 @@ from pools.services import policy_version_publish
 from scheduling.drain import node_drain_enforce
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client, client_for
+from worker_agent.runtime.base import END_STEPS, Step
 
 RETRY_TWICE = {"max_attempts": 2, "backoff_s": 60, "retry_on": ["exited_nonzero"]}
 
@@ -493,3 +495,10 @@ def test_pull_time_is_kept_per_image_on_the_node_and_shown_in_the_node_api(
     assert shown["image_pull_seconds"] == {digest: 2.25}
     too_long = report(node_api, job, lease, "pulling", pull_seconds=86401)
     assert too_long.status_code == 400 and "pull_seconds" in too_long.json()
+
+
+def test_the_agent_reports_the_steps_this_api_takes():
+    """The agent's steps (an enum of its own: it imports nothing of the control plane) are the
+    strings the report's serializer accepts."""
+    assert [str(step) for step in Step] == list(lifecycle.STEPS)
+    assert {str(step) for step in END_STEPS} == set(lifecycle.END_STEPS)

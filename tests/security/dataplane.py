@@ -5,7 +5,6 @@ Docker runtime on the real engine (the container's output followed as the agent 
 from __future__ import annotations
 
 import os
-import time
 
 from config.builders import submit_job
 from jobs.models import Job
@@ -56,11 +55,9 @@ class Run:
     def to_end(self, timeout: float = 30) -> str:
         """Starts the container, waits for its end; what it printed (stdout and stderr)."""
         self.runtime.start(self.container)
-        follower = self.runtime.follow_logs(self.container)
-        deadline = time.monotonic() + timeout
-        while (ended := self.runtime.poll(self.container)) is None:
-            assert time.monotonic() < deadline, "the container did not end"
-            time.sleep(0.1)
+        follower = self.runtime.logs(self.container)
+        ended = self.runtime.wait(self.container, timeout)
+        assert ended is not None, "the container did not end"
         follower.join(5)
         self.ended = ended
         return follower.take()

@@ -6,7 +6,6 @@ on the real Docker engine, as root, with real loop devices."""
 
 import os
 import shutil
-import time
 
 import pytest
 
@@ -57,10 +56,8 @@ def run_to_end(runtime, a, workdir):
     container = runtime.create(a, workdir)
     try:
         runtime.start(container)
-        deadline = time.monotonic() + 60
-        while (ended := runtime.poll(container)) is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        ended = runtime.wait(container, timeout=60)
+        assert ended is not None
         return ended, container.logs().decode()
     finally:
         runtime.remove(container)

@@ -135,10 +135,7 @@ def serve(runtime, image, workdir, bind, sources=(), ready=None):
     owner = runtime.client.containers.get(container.name + OWNER_SUFFIX)
     bindings = owner.attrs["NetworkSettings"]["Ports"]["8080/tcp"]
     assert [b["HostIp"] for b in bindings] == [bind]  # one binding: this address, no wildcard
-    assert runtime.route(container, bind) == {
-        "host": bind,
-        "ports": {"8080": int(bindings[0]["HostPort"])},
-    }
+    assert runtime.ports(container) == {"8080": int(bindings[0]["HostPort"])}
     port = int(bindings[0]["HostPort"])
     deadline = time.monotonic() + 10
     ready = ready or (lambda port: fetch(bind, port))

@@ -9,7 +9,6 @@ API, real Docker engine, real HTTP servers in a network namespace of the test's 
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 
@@ -457,10 +456,8 @@ def test_a_gvisor_job_gets_its_inputs_the_same_way(
         container = create(runtime, a, workdir)
         assert container.attrs["HostConfig"]["Runtime"] == engine_runtime
         runtime.start(container)
-        deadline = time.monotonic() + 30
-        while (ended := runtime.poll(container)) is None:
-            assert time.monotonic() < deadline, "the job did not end"
-            time.sleep(0.1)
+        ended = runtime.wait(container, timeout=30)
+        assert ended is not None, "the job did not end"
         assert ended.exit_code == 0 and container.logs() == b"input-bytes\n"
     finally:
         for container in runtime.created:

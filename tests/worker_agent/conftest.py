@@ -32,6 +32,10 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
     "application/vnd.oci.image.manifest.v1+json"
 )
+# The Docker runtime has no pause image of its own (a node names one); these tests give it the
+# busybox test image, as `make run` does. Set before any runtime is made.
+PAUSE_IMAGE = f"{REGISTRY}/{REPO}:test"
+os.environ.setdefault("WORKER_AGENT_PAUSE_IMAGE", PAUSE_IMAGE)
 
 
 def make_owner(node_name: str = "test-node") -> Owner:

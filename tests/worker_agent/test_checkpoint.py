@@ -253,7 +253,7 @@ def tar_of(*files, links=()) -> bytes:
 
 
 def test_restoring_writes_only_plain_files_below_the_checkpoint_folder(tmp_path, control_plane):
-    """Through the process runtime's put_archive (the engine's, for containers): what the
+    """Through the process runtime's unpack (the engine's archive API, for containers): what the
     archive names is rewritten as plain files below checkpoint/ and unpacked nowhere else."""
     archive = tar_of(
         ("checkpoint/state", b"saved"),

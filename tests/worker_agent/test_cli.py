@@ -83,3 +83,24 @@ def test_an_agent_enrolls_with_the_token_of_its_file_which_its_command_line_neve
         agent.kill()
         agent.stderr.close()
     assert not AgentState.in_use(state_dir)  # released with the process
+
+
+@pytest.mark.docker
+def test_an_agent_with_docker_and_no_pause_image_exits_naming_what_to_set(
+    tmp_path, control_plane, docker_client
+):
+    """The test image is no production default: without --pause-image (or its variable) the
+    Docker runtime is not offered and the agent does not start, before it enrolls."""
+    agent = agent_process(
+        control_plane,
+        tmp_path / "state",
+        env={"WORKER_AGENT_RUNTIME": "docker", "WORKER_AGENT_ENROLL_TOKEN": "cpe_x"},
+    )
+    try:
+        assert agent.wait(30) == 2
+        said = agent.stderr.read()
+        assert "WORKER_AGENT_PAUSE_IMAGE" in said and "--pause-image" in said
+        assert control_plane.sent("enroll/") == []
+    finally:
+        agent.kill()
+        agent.stderr.close()

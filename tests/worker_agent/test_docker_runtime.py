@@ -52,10 +52,8 @@ def runtime(docker_client):
 def run_to_end(runtime, container, timeout=30, start=True):
     if start:
         runtime.start(container)
-    deadline = time.monotonic() + timeout
-    while (ended := runtime.poll(container)) is None:
-        assert time.monotonic() < deadline, "the container did not end"
-        time.sleep(0.1)
+    ended = runtime.wait(container, timeout)
+    assert ended is not None, "the container did not end"
     return ended
 
 
@@ -130,7 +128,7 @@ def test_exit_zero_succeeds_and_outputs_land_in_the_attempt_dir(runtime, test_im
     runtime.pull(a)
     container = runtime.create(a, workdir)
     runtime.start(container)
-    follower = runtime.follow_logs(container)  # from the start, even if it already ended
+    follower = runtime.logs(container)  # from the start, even if it already ended
     ended = run_to_end(runtime, container, start=False)
     assert (ended.step, ended.reason, ended.exit_code) == ("succeeded", "exited_zero", 0)
     assert (workdir / "outputs" / "greeting.txt").read_text() == "hello\n"
@@ -194,11 +192,11 @@ def test_a_sigkill_that_is_not_an_oom_is_an_exit_137(runtime, test_image, workdi
 def test_a_stop_gives_the_grace_period_then_kills(runtime, test_image, workdir):
     container = runtime.create(assignment(test_image, ["sleep", "60"]), workdir)
     runtime.start(container)
-    assert runtime.running(container)
+    assert runtime.wait(container) is None  # it runs
     started = time.monotonic()
     runtime.stop(container, 1)
     assert time.monotonic() - started < 15
-    assert runtime.poll(container) is not None
+    assert runtime.wait(container) is not None
 
 
 def test_images_only_by_digest(runtime, test_image):
@@ -226,7 +224,7 @@ def test_containers_are_found_again_by_label(runtime, test_image, workdir):
     runtime.start(container)
     found = {(f.job, f.lease): f for f in runtime.find()}
     assert found[a.key].running and found[a.key].attempt == 1
-    runtime.kill(container)
+    runtime.stop(container, 0)  # killed
     found = {(f.job, f.lease): f for f in runtime.find()}
     assert not found[a.key].running and found[a.key].ended.exit_code == 137
 

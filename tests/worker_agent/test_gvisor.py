@@ -93,7 +93,7 @@ def test_the_job_runs_on_gvisors_kernel_and_writes_its_outputs(runtime, test_ima
     runtime.pull(a)
     container = runtime.create(a, workdir)
     runtime.start(container)
-    follower = runtime.follow_logs(container)
+    follower = runtime.logs(container)
     ended = run_to_end(runtime, container, start=False)
     assert (ended.step, ended.reason, ended.exit_code) == ("succeeded", "exited_zero", 0)
     assert (workdir / "outputs" / "kernel").read_text() == SANDBOX_KERNEL + "\n"

@@ -170,7 +170,7 @@ def test_a_running_jobs_workload_carries_its_gpu_usage(tmp_path):
     try:
         usage = runner._sample(handle)
     finally:
-        runtime.kill(handle)
+        runtime.stop(handle, 0)
     assert usage["gpu_utilization_percent"] == 90.0 and usage["gpu_memory_mib"] == 30720
     assert "memory_mib" in usage and "cpu_millicores" in usage
 

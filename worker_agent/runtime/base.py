@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 DIGEST_MARK = "@sha256:"
 # label prefix: computepool.job, .lease, .attempt, .node (its name, for people), .node_id and
@@ -16,6 +19,28 @@ LABEL = "computepool"
 CHECKPOINT_SIGNAL = "SIGUSR1"
 CHECKPOINT_SUBDIR = "checkpoint"
 JOB_USER_ID = 65534  # nobody: the containers' user and group, owner of what is given to them
+WAIT_STEP_S = 0.05  # between two looks of a runtime's `wait`
+
+
+class Step(StrEnum):
+    """What the agent reports of a run (`POST /api/v1/agent/jobs/{id}/report`): the control
+    plane's jobs/lifecycle.py STEPS, the same strings."""
+
+    PULLING = "pulling"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CHECKPOINTED = "checkpointed"
+    STOPPED = "stopped"
+
+
+# A run's last report: its end, its checkpoint, or a cancelled run's confirmation (END_STEPS)
+END_STEPS = frozenset({Step.SUCCEEDED, Step.FAILED, Step.CHECKPOINTED, Step.STOPPED})
+
+
+class RuntimeUnconfigured(Exception):
+    """A runtime cannot be offered as configured: the agent does not start."""
 
 
 class RuntimeFailure(Exception):
@@ -221,7 +246,7 @@ def _restore(data) -> dict | None:
 class Ended:
     """How a run ended: `step` succeeded or failed, with the reason and exit code to report."""
 
-    step: str
+    step: Step
     reason: str
     exit_code: int | None = None
     message: str = ""
@@ -229,10 +254,22 @@ class Ended:
     @classmethod
     def from_exit(cls, exit_code: int, *, oom: bool = False, message: str = "") -> Ended:
         if oom:
-            return cls("failed", "oom_killed", exit_code, message or "killed: out of memory")
+            return cls(Step.FAILED, "oom_killed", exit_code, message or "killed: out of memory")
         if exit_code == 0:
-            return cls("succeeded", "exited_zero", 0, message)
-        return cls("failed", "exited_nonzero", exit_code, message or f"exit code {exit_code}")
+            return cls(Step.SUCCEEDED, "exited_zero", 0, message)
+        return cls(Step.FAILED, "exited_nonzero", exit_code, message or f"exit code {exit_code}")
+
+    @classmethod
+    def failed(cls, reason: str, message: str, exit_code: int | None = None) -> Ended:
+        return cls(Step.FAILED, reason, exit_code, message)
+
+
+def wait_for_end(look: Callable[[], Ended | None], timeout: float) -> Ended | None:
+    """A runtime's `wait`: `look()` until it tells an end or `timeout` seconds have passed."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    while (ended := look()) is None and time.monotonic() < deadline:
+        time.sleep(min(WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
+    return ended
 
 
 @dataclass
@@ -245,3 +282,4 @@ class Found:
     handle: object
     running: bool
     ended: Ended | None = None
+    elapsed_s: float = 0.0  # since it started: the maximum runtime counts across agents

@@ -47,7 +47,9 @@ from worker_agent.runtime.base import (
     Found,
     Owner,
     RuntimeFailure,
+    wait_for_end,
 )
+from worker_agent.runtime.protocol import START_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,6 @@ class ProcessHandle:
     assignment: Assignment | None = None
     popen: subprocess.Popen | None = None
     pid: int | None = None
-    killed: bool = False
 
 
 class FileFollower:
@@ -111,7 +112,10 @@ def _limits(assignment: Assignment):
 
 
 class ProcessRuntime:
+    """The runtime contract (runtime/protocol.py) over local processes."""
+
     name = "process"
+    bounds_disks = False  # the job writes where it likes: a probe asks it for no disk
 
     def __init__(self, owner: Owner | None = None, work_dir: str | os.PathLike = "."):
         self.owner = owner  # set by the agent once enrolled; pid files name it
@@ -157,7 +161,8 @@ class ProcessRuntime:
             fetcher.run(None)
         return ProcessHandle(workdir=workdir, assignment=assignment)
 
-    def start(self, handle: ProcessHandle) -> None:
+    def start(self, handle: ProcessHandle, timeout: float = START_TIMEOUT_S) -> None:
+        """Runs once Popen returns: nothing to wait for."""
         assignment, workdir = handle.assignment, handle.workdir
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -188,7 +193,7 @@ class ProcessRuntime:
         (workdir / PID_FILE).write_text(json.dumps(record))
 
     # the files of an attempt, as the Docker runtime hands them out: tar streams
-    def get_archive(self, handle: ProcessHandle, path: str):
+    def archive(self, handle: ProcessHandle, path: str):
         """`path` ("/outputs/…", below the attempt's directory) as a tar stream written by a
         thread into a pipe: links as links (never followed), FIFOs and devices as such (never
         opened). The job ran as the agent's own user, so this reads nothing it could not."""
@@ -208,37 +213,32 @@ class ProcessRuntime:
         threading.Thread(target=pack, daemon=True, name=f"archive-{local.name}").start()
         return open(read, "rb")
 
-    def put_archive(self, handle: ProcessHandle, path: str, chunks) -> None:
+    def unpack(self, handle: ProcessHandle, path: str, chunks) -> None:
         root = handle.workdir / path.strip("/")
         try:
             tarstream.extract_plain(tarstream.reader(chunks), root)
         except (OSError, tarfile.TarError) as exc:
             raise RuntimeFailure("runtime_error", f"writing {path}: {exc}") from exc
 
-    def poll(self, handle: ProcessHandle) -> Ended | None:
+    def wait(self, handle: ProcessHandle, timeout: float = 0.0) -> Ended | None:
+        return wait_for_end(lambda: self._look(handle), timeout)
+
+    def _look(self, handle: ProcessHandle) -> Ended | None:
         if handle.popen is not None:
             code = handle.popen.poll()
             if code is None:
                 return None
             if code < 0:  # killed by a signal
-                return Ended("failed", "exited_nonzero", 128 - code, f"killed by signal {-code}")
+                return Ended.failed("exited_nonzero", f"killed by signal {-code}", 128 - code)
             return Ended.from_exit(code)
         if handle.pid and _alive(handle.pid):
             return None
-        return Ended("failed", "runtime_error", None, "exit status lost across an agent restart")
+        return Ended.failed("runtime_error", "exit status lost across an agent restart")
 
-    def running(self, handle: ProcessHandle) -> bool:
-        return self.poll(handle) is None
-
-    def elapsed(self, handle: ProcessHandle) -> float:
-        try:
-            return max(0.0, time.time() - psutil.Process(handle.pid).create_time())
-        except (psutil.Error, TypeError):
-            return 0.0
-
-    def route(self, handle: ProcessHandle, host: str) -> dict | None:
+    def ports(self, handle: ProcessHandle) -> dict[str, int]:
+        """The job's own ports, on the host's network as they are."""
         ports = handle.assignment.ports if handle.assignment else ()
-        return {"host": host, "ports": {str(p): p for p in ports}} if ports else None
+        return {str(port): port for port in ports}
 
     def _signal(self, handle: ProcessHandle, sig) -> None:
         if handle.pid:
@@ -249,15 +249,10 @@ class ProcessRuntime:
         """Send signal `name` ("SIGUSR1") to the job's process group."""
         self._signal(handle, getattr(signal, name))
 
-    def stop(self, handle: ProcessHandle, grace: int) -> None:
-        self._signal(handle, signal.SIGTERM)
-        deadline = time.monotonic() + max(0, grace)
-        while time.monotonic() < deadline and self.poll(handle) is None:
-            time.sleep(0.1)
-        self.kill(handle)
-
-    def kill(self, handle: ProcessHandle) -> None:
-        handle.killed = True
+    def stop(self, handle: ProcessHandle, grace: float) -> None:
+        if grace > 0:
+            self._signal(handle, signal.SIGTERM)
+            self.wait(handle, grace)
         self._signal(handle, signal.SIGKILL)
         if handle.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -267,12 +262,12 @@ class ProcessRuntime:
         (handle.workdir / PID_FILE).unlink(missing_ok=True)
         shutil.rmtree(handle.workdir / SECRETS_SUBDIR, ignore_errors=True)
 
-    def follow_logs(self, handle: ProcessHandle, since=None) -> FileFollower:
+    def logs(self, handle: ProcessHandle, since=None) -> FileFollower:
         path = handle.workdir / LOG_FILE
         offset = path.stat().st_size if since is not None and path.exists() else 0
         return FileFollower(path, offset)
 
-    def usage(self, handle: ProcessHandle) -> dict:
+    def stats(self, handle: ProcessHandle) -> dict:
         try:
             root = psutil.Process(handle.pid)
             procs = [root, *root.children(recursive=True)]
@@ -296,9 +291,17 @@ class ProcessRuntime:
                 job, lease = int(record["job"]), int(record["lease"])
             except (OSError, ValueError, KeyError):
                 continue
-            ended = self.poll(handle)
-            found.append(Found(job, lease, int(record.get("attempt", 1)), handle, not ended, ended))
+            ended, attempt = self._look(handle), int(record.get("attempt", 1))
+            elapsed = _seconds_since_start(handle.pid)
+            found.append(Found(job, lease, attempt, handle, not ended, ended, elapsed))
         return found
+
+
+def _seconds_since_start(pid: int) -> float:
+    try:
+        return max(0.0, time.time() - psutil.Process(pid).create_time())
+    except psutil.Error:
+        return 0.0
 
 
 def _alive(pid: int) -> bool:

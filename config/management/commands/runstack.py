@@ -164,6 +164,8 @@ def agent_command(*, api: str, pool: str, runtime: str, root: Path) -> AgentPlan
     token. An existing state dir is never removed or reused for another node."""
     command = [sys.executable, "-m", "worker_agent", "--api", api]
     command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1"]
+    # the Docker runtime has no pause image of its own: the test image `make services` pushes
+    command += ["--pause-image", os.environ.get("WORKER_AGENT_PAUSE_IMAGE") or TEST_IMAGE_TAG]
     for state_dir in sorted(root.iterdir()) if root.is_dir() else ():
         if (
             (state_dir / "credential").exists()
