@@ -13,6 +13,11 @@ leaves the assignments, or whose lease is `stopping` (it was cancelled), is stop
 grace period and removed; then `stopped` is reported (the control plane holds a stopping lease's
 capacity until it). When the agent itself stops, runners leave their containers running for
 the next agent to reconcile (`found`).
+
+The runner talks to its runtime through the contract of worker_agent/runtime/protocol.py alone.
+Where it is is a `Phase`; while the job runs, `_monitor` only dispatches, every poll, to small
+handlers that each look at one thing (exit, halt, cancel, maximum runtime, logs, checkpoint,
+usage).
 """
 
 from __future__ import annotations
@@ -309,8 +314,9 @@ class Runner(threading.Thread):
         if not limit or time.monotonic() - self.started_at <= limit:
             return False
         self.runtime.stop(handle, 0)
-        code = getattr(self.runtime.wait(handle), "exit_code", None)
+        killed = self.runtime.wait(handle)
         message = f"killed after the maximum runtime of {limit}s"
+        code = killed.exit_code if killed is not None else None
         self._finish(handle, Ended.failed("max_runtime_exceeded", message, code))
         return True
 
@@ -358,7 +364,7 @@ class Runner(threading.Thread):
             self._follower.join(5)
         self._flush_logs()
         skipped = self._upload_outputs(handle)
-        code = getattr(ended, "exit_code", None)
+        code = ended.exit_code if ended is not None else None
         message = f"checkpoint written; the job exited with {code}"
         self._report(Step.CHECKPOINTED, message=message, **skipped)
         self.phase = Phase.ENDED
