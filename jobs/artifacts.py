@@ -30,9 +30,9 @@ from django.db.models.functions import Length
 from django.utils import timezone
 
 from leases.services.quota import check_storage
-from leases.snapshot import pool_knobs
 from pools import validation
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.models import ComputePool, TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import record_sweep_failure
@@ -234,12 +234,7 @@ def job_outputs(job: Job):
 
 # --- retention ------------------------------------------------------------------------------
 
-RETENTION_DEFAULT_DAYS = 30  # knob output_retention_days (pools/validation.py: 1..3650)
 RETENTION_BATCH = 500  # jobs per pool per sweep; the next sweep takes the rest
-
-
-def retention_days(pool) -> int:
-    return int(pool_knobs(pool).get("output_retention_days") or RETENTION_DEFAULT_DAYS)
 
 
 def _expirable(pool, cutoff):
@@ -259,7 +254,7 @@ def expire_artifacts(*, now=None, batch: int = RETENTION_BATCH) -> int:
     actor = Actor.system("artifact-retention")
     cleared = 0
     for pool in ComputePool.objects.order_by("pk"):
-        days = retention_days(pool)
+        days = knobs_for(pool).output_retention_days
         due = _expirable(pool, now - timedelta(days=days))
         for pk in list(due.order_by("pk").values_list("pk", flat=True)[:batch]):
             try:

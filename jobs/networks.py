@@ -23,19 +23,12 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from leases.models import Lease
+from pools.knobs import PoolKnobs, knobs_for
 from worker_agent import addresses
 
-# The pool's network knobs and their defaults (pools/validation.py checks them).
-NETWORK_KNOBS = {"private_ranges_allowed": False, "egress_allowed": [], "ingress_address": "node"}
 NODE_ROUTES_MAX = 256
 NODE_ROUTES_TTL_S = 30.0
 _node_routes: dict[int, tuple[float, list[str]]] = {}  # pool id → (when read, addresses)
-
-
-def network_knobs(pool) -> dict:
-    version = pool.scheduling_policy.current if hasattr(pool, "scheduling_policy") else None
-    knobs = (version.knobs or {}) if version is not None else {}
-    return {name: knobs.get(name, default) for name, default in NETWORK_KNOBS.items()}
 
 
 def control_plane_addresses() -> list[str]:
@@ -85,14 +78,14 @@ def refused(pool) -> list[tuple[str, object]]:
     return [(why, net) for why, address in pairs for net in addresses.networks([address])]
 
 
-def _address_problem(host: str, knobs: dict, refused_pairs) -> str | None:
+def _address_problem(host: str, knobs: PoolKnobs, refused_pairs) -> str | None:
     if problem := addresses.host_refusal(host):
         return problem
     literal = addresses.ip_literal(host)
     if literal is None:
         return None
     return addresses.refusal(
-        literal, private_allowed=knobs["private_ranges_allowed"], refused=refused_pairs
+        literal, private_allowed=knobs.private_ranges_allowed, refused=refused_pairs
     )
 
 
@@ -100,7 +93,7 @@ def input_errors(pool, inputs: list[dict]) -> dict:
     """{index: {"url": [message]}} for each input whose URL names a refused address."""
     if not inputs:
         return {}
-    knobs, refused_pairs = network_knobs(pool), refused(pool)
+    knobs, refused_pairs = knobs_for(pool), refused(pool)
     errors = {}
     for index, item in enumerate(inputs):
         host = urlsplit(item["url"]).hostname or ""
@@ -115,9 +108,9 @@ def egress_errors(pool, policy: dict) -> dict:
     entries = policy.get("egress_allow") or []
     if not entries:
         return {}
-    knobs, refused_pairs = network_knobs(pool), refused(pool)
+    knobs, refused_pairs = knobs_for(pool), refused(pool)
     nets, names = [], set()
-    for entry in knobs["egress_allowed"]:
+    for entry in knobs.egress_allowed:
         try:
             nets.extend(addresses.networks([entry]))
         except ValueError:
@@ -177,11 +170,11 @@ def assignment_inputs(inputs: list[dict]) -> list[dict]:
 
 def pool_network(pool) -> dict:
     """The assignment's `pool_network` (docs/data-plane.md)."""
-    knobs = network_knobs(pool)
+    knobs = knobs_for(pool)
     return {
-        "private_ranges_allowed": knobs["private_ranges_allowed"],
-        "egress_allowed": list(knobs["egress_allowed"]),
-        "ingress_address": knobs["ingress_address"],
+        "private_ranges_allowed": knobs.private_ranges_allowed,
+        "egress_allowed": list(knobs.egress_allowed),
+        "ingress_address": knobs.ingress_address,
         "refused": [str(net) for _, net in refused(pool)],
         "object_store_endpoints": list(settings.OBJECT_STORE_ENDPOINTS),
     }

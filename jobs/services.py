@@ -11,9 +11,8 @@ from leases.choices import HOLDING, LeaseState
 from leases.explain import IdempotencyKeyReused
 from leases.services import check_ever_fits, lease_release, lease_stop, ledger
 from leases.services.quota import storage_left_mib
-from leases.snapshot import pool_knobs
-from pools import validation
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
 from pools.statemachine import Refusal, transition
@@ -178,7 +177,7 @@ def _output_limit(tenant: Tenant, pool: ComputePool, wanted: int | None) -> int:
     """The job's output limit (the pool's knob `output_limit_mib` when it names none); 400 on
     `output_limit_mib` when it is above what the tenant's storage quota in the pool has left."""
     if wanted is None:
-        wanted = int(pool_knobs(pool).get("output_limit_mib", validation.OUTPUT_LIMIT_DEFAULT_MIB))
+        wanted = knobs_for(pool).output_limit_mib
     left = storage_left_mib(tenant.pk, pool.pk)
     if left is not None and wanted > left:
         raise ValidationError(

@@ -24,7 +24,6 @@ Conventions of the adapter (documented in docs/leases.md):
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from datetime import datetime
 
@@ -37,9 +36,8 @@ from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from placement import types as core
 from placement.mig import profiles_for
-from placement.policy import DEFAULT_POLICY, policy_from
 from pools.choices import GpuSharingClass
-from pools.models import SchedulingPolicyVersion
+from pools.knobs import pool_policy as pool_policy  # the core's policy of a pool, re-exported
 
 _NODE_FIELDS = (
     "id",
@@ -512,44 +510,6 @@ def _label_dict(labels) -> dict[str, str]:
     if not isinstance(labels, dict):
         return {}
     return {str(k): str(v) for k, v in labels.items() if isinstance(v, str | int | float)}
-
-
-# Policies change rarely; a pool's current version is cached a few seconds per process so the
-# hot path does not read it on every request.
-_POLICY_CACHE: dict[int, tuple[float, core.Policy]] = {}
-POLICY_CACHE_SECONDS = 5.0
-
-
-def pool_policy(pool) -> core.Policy:
-    now = time.monotonic()
-    cached = _POLICY_CACHE.get(pool.pk)
-    if cached and now - cached[0] < POLICY_CACHE_SECONDS:
-        return cached[1]
-    version = (
-        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
-        .order_by("-number")
-        .values("number", "weights")
-        .first()
-    )
-    mixing = pool.allow_tenant_mixing_on_shared_gpus
-    if version is None:  # a pool without a version yet places with the default
-        policy = replace(DEFAULT_POLICY, allow_tenant_mixing=mixing)
-    else:  # a name the core does not know raises ValueError: never dropped silently
-        policy = policy_from(
-            version["weights"], version=version["number"], allow_tenant_mixing=mixing
-        )
-    _POLICY_CACHE[pool.pk] = (now, policy)
-    return policy
-
-
-def pool_knobs(pool) -> dict:
-    version = (
-        SchedulingPolicyVersion.objects.filter(policy__pool_id=pool.pk)
-        .order_by("-number")
-        .values_list("knobs", flat=True)
-        .first()
-    )
-    return version if isinstance(version, dict) else {}
 
 
 def reservation_view(parent) -> core.NodeView | None:

@@ -5,7 +5,7 @@ from decimal import Decimal
 from django import forms
 from django.contrib import admin
 
-from . import services, validation
+from . import knobs, services
 from .actors import Actor
 from .models import (
     AllowedRegistry,
@@ -193,7 +193,7 @@ class SchedulingPolicyAdmin(admin.ModelAdmin):
 
 
 class PolicyVersionForm(forms.ModelForm):
-    """Weights and knobs get the same checks as the API (pools.validation.policy_version)."""
+    """Weights and knobs get the same checks as the API (pools.knobs.policy_version)."""
 
     class Meta:
         model = SchedulingPolicyVersion
@@ -202,7 +202,7 @@ class PolicyVersionForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         if "weights" in cleaned and "knobs" in cleaned:  # else the field already has an error
-            validation.policy_version(cleaned["weights"], cleaned["knobs"] or {})
+            knobs.policy_version(cleaned["weights"], cleaned["knobs"] or {})
         return cleaned
 
 

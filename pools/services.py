@@ -22,6 +22,7 @@ from .choices import (
     TenantRole,
     TokenScope,
 )
+from .knobs import policy_version, version_published
 from .models import (
     ApiToken,
     ComputePool,
@@ -117,11 +118,12 @@ def policy_version_publish(
     comment: str = "",
     actor: Actor,
 ) -> SchedulingPolicyVersion:
-    """Editing a policy publishes version n+1; earlier versions stay as decisions recorded them."""
-    validation.policy_version(weights, knobs or {})  # a bad knob would break every reservation
+    """Editing a policy publishes version n+1; earlier versions stay as decisions recorded them.
+    The pool's cached version (pools/knobs.py) goes when this commits."""
+    policy_version(weights, knobs or {})  # a bad knob would break every reservation
     policy = SchedulingPolicy.objects.select_for_update().get(pk=policy.pk)
     last = policy.versions.order_by("-number").values_list("number", flat=True).first() or 0
-    return SchedulingPolicyVersion.objects.create(
+    version = SchedulingPolicyVersion.objects.create(
         policy=policy,
         number=last + 1,
         weights=weights,
@@ -129,6 +131,8 @@ def policy_version_publish(
         comment=comment,
         created_by=actor.user,
     )
+    version_published(policy.pool_id)
+    return version
 
 
 # What a token holds when its request names no scopes: everything but `operate`.

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.choices import ACTIVE, JobState
-from jobs.lifecycle import job_request_checkpoint, pool_agent_knobs
+from jobs.lifecycle import job_request_checkpoint
 from jobs.models import Job, JobEvent
 from jobs.services import job_transition
 from leases.choices import HOLDING
@@ -25,19 +25,9 @@ from nodes.models import Node
 from nodes.services import each_node, node_event, node_mark_drained
 from pools.actors import Actor
 from pools.choices import DrainPolicy
-from pools.models import ComputePool
+from pools.knobs import knobs_for
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, record_sweep_failure
-
-
-def pool_drain_policy(pool: ComputePool) -> str:
-    policy = getattr(pool, "scheduling_policy", None) if pool.pk else None
-    try:
-        version = policy.current if policy is not None else None
-    except Exception:
-        version = None
-    value = (version.knobs or {}).get("drain_noncheckpointable") if version else None
-    return value if value in DrainPolicy.values else DrainPolicy.FAIL
 
 
 def _drain_step(job: Job, policy: str):
@@ -66,7 +56,7 @@ def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[
         if not claimed:
             return outcome
         node.refresh_from_db()
-        policy = pool_drain_policy(node.pool)
+        policy = knobs_for(node.pool).drain_noncheckpointable
         jobs = Job.objects.filter(
             leases__node=node, leases__state__in=HOLDING, state__in=ACTIVE
         ).distinct()
@@ -183,7 +173,7 @@ def checkpoint_deadline_sweep(*, now=None) -> list[int]:
         state=JobState.CHECKPOINTING, state_changed_at__lte=now - CHECKPOINT_REPORT_MARGIN
     ).select_related("pool")
     for job in stuck:
-        grace = timedelta(seconds=pool_agent_knobs(job.pool)["stop_grace_s"])
+        grace = timedelta(seconds=knobs_for(job.pool).stop_grace_s)
         if job.state_changed_at > now - grace - CHECKPOINT_REPORT_MARGIN:
             continue
         try:

@@ -24,17 +24,17 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from jobs.assignments import CHECKPOINT_OUTPUT
 from jobs.choices import JobState
 from jobs.events import publish_job_event
-from jobs.lifecycle import CHECKPOINT_OUTPUT, job_request_checkpoint
+from jobs.lifecycle import job_request_checkpoint
 from jobs.models import Job, JobEvent, JobOutput
 from jobs.services import job_note_pending
 from leases.choices import HOLDING
 from leases.models import Lease
-from leases.snapshot import core_request, pool_knobs, pool_policy, pool_snapshot
+from leases.snapshot import core_request, pool_policy, pool_snapshot
 from placement import Placement, apply_to_nodes, place
 from placement.preemption import (
-    DEFAULT_MIN_RUNTIME_S,
     Candidate,
     Preemption,
     choose_victims,
@@ -42,6 +42,7 @@ from placement.preemption import (
     lost_seconds,
 )
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.reasons import Reason
 from pools.statemachine import error_summary
 
@@ -73,7 +74,7 @@ def preempt_for(pool_id: int, job_ids, now=None) -> dict:
         return {}
     pool = jobs[0].pool
     policy = pool_policy(pool)
-    min_runtime = min_runtime_s(pool)
+    min_runtime = knobs_for(pool).preemption_min_runtime_s
     view = _View.of(pool_id)
     outcome = {}
     for job in jobs:
@@ -142,13 +143,6 @@ def _preempt_for_one(job: Job, view: _View, policy, min_runtime: int, now) -> st
     view.in_flight.add(choice.node)
     view.claim(request, policy, on=choice.node)
     return "preempting"
-
-
-def min_runtime_s(pool) -> int:
-    """The pool's `preemption_min_runtime_s` knob: work younger than this is not preempted."""
-    value = pool_knobs(pool).get("preemption_min_runtime_s")
-    valid = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return value if valid else DEFAULT_MIN_RUNTIME_S
 
 
 def running_candidates(pool_id: int, nodes) -> list[Candidate]:

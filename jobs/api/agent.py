@@ -10,7 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from jobs import artifacts, lifecycle
+from jobs import artifacts, assignments, lifecycle
 from jobs.models import Job
 from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
@@ -129,7 +129,7 @@ class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
     @action(detail=False, methods=["get"])
     def assignments(self, request):
         api_base = request.build_absolute_uri("/").rstrip("/")
-        return Response(lifecycle.node_assignments(node=self.actor().node, api_base=api_base))
+        return Response(assignments.node_assignments(node=self.actor().node, api_base=api_base))
 
     @extend_schema(request=None, responses={(200, "application/x-tar"): bytes})
     @action(detail=False, methods=["get"], url_path=r"jobs/(?P<job_id>\d+)/checkpoint")
@@ -140,13 +140,13 @@ class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
         lease = job.leases.filter(state__in=HOLDING).order_by("-id").first()
         if lease is None or lease.node_id != self.actor().node.pk:
             raise NodeScopeRefused(f"job {job.pk}'s current lease is not on this node")
-        checkpoint = lifecycle.job_checkpoint(job)
+        checkpoint = assignments.job_checkpoint(job)
         if checkpoint is None:
             raise NotFound("This job has no checkpoint of an earlier attempt.")
         response = FileResponse(
             checkpoint.file.open("rb"),
             as_attachment=True,
-            filename=lifecycle.CHECKPOINT_OUTPUT,
+            filename=assignments.CHECKPOINT_OUTPUT,
             content_type="application/x-tar",
         )
         response["X-Checksum-Sha256"] = checkpoint.sha256

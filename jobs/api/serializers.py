@@ -1,11 +1,11 @@
 from rest_framework import serializers
 
 from jobs import networks
+from jobs.assignments import gpu_isolation
 from jobs.choices import JobState
 from jobs.images import admit_image
-from jobs.lifecycle import gpu_isolation, pool_agent_knobs
 from jobs.models import Job, JobEvent, JobOutput
-from pools import validation
+from pools import knobs, network_rules, validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
 from pools.images import parse_image_reference
@@ -143,7 +143,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
     output_limit_mib = serializers.IntegerField(
         min_value=1,
-        max_value=validation.OUTPUT_LIMIT_MAX_MIB,
+        max_value=knobs.OUTPUT_LIMIT_MAX_MIB,
         required=False,
         help_text="/outputs is a filesystem of this size (default: the pool's knob)",
     )
@@ -181,7 +181,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         return validation.job_ports(value)
 
     def validate_network_policy(self, value):
-        return validation.network_policy(value)
+        return network_rules.network_policy(value)
 
     def validate_retry_policy(self, value):
         return validation.retry_policy(value)
@@ -247,9 +247,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     def _check_runtime(self, pool, shape, request):
         """A pool's `required_runtime` refuses a request for a weaker runtime (never raised
         silently: the tenant learns which shape to use)."""
-        required = pool_agent_knobs(pool)["required_runtime"]
+        required = knobs.knobs_for(pool).required_runtime
         runtime = request.get("container_runtime") or "docker"
-        if not validation.runtime_below(runtime, required):
+        if not knobs.runtime_below(runtime, required):
             return
         message = (
             f"Pool {pool.slug} runs jobs under {required} only (its required_runtime); "

@@ -34,7 +34,6 @@ from .lifecycle import (
 )
 from .quota import tenants_at_quota
 from .reserve import (
-    RESERVATION_DEFAULTS,
     SCHEDULER_KEY_PREFIX,
     check_ever_fits,
     explain_request,
@@ -44,7 +43,6 @@ from .sweeps import expire_leases, expire_uncertain, release_unclaimed_reservati
 from .usage import lease_set_route, leases_record_usage, leases_renew_by_heartbeat
 
 __all__ = [
-    "RESERVATION_DEFAULTS",
     "SCHEDULER_KEY_PREFIX",
     "IdempotencyKeyReused",
     "NeverFits",

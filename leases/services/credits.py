@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.models import Lease, LeaseEvent, gpu_share
-from leases.snapshot import pool_knobs
 from pools.actors import Actor
-from pools.models import ComputePool, CreditAccount, CreditCharge
+from pools.knobs import knobs_for
+from pools.models import CreditAccount, CreditCharge
 from pools.statemachine import record_sweep_failure
 
 CHARGER = Actor.system("credit-charger")
@@ -93,8 +93,7 @@ def charge_credits(*, now=None) -> int:
     knobs: dict[int, dict] = {}
     for account in accounts:
         if account.pool_id not in knobs:
-            knob = pool_knobs(ComputePool(pk=account.pool_id)).get("credit_rates")
-            knobs[account.pool_id] = knob if isinstance(knob, dict) else {}
+            knobs[account.pool_id] = knobs_for(account.pool_id).credit_rates
         if not knobs[account.pool_id]:
             continue  # the pool prices nothing
         due = (

@@ -25,6 +25,7 @@ from nodes.choices import NodeState
 from placement import make_context, place
 from placement import types as core
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.statemachine import TransitionRefused
 
 from . import group_commit, ledger
@@ -32,13 +33,6 @@ from .backfill import try_backfill
 from .quota import check_quota
 
 MAX_ATTEMPTS = 6  # plans per reserve; after 2 conflicts the choice among fitting nodes is random
-
-# Reservation policy defaults; a pool overrides them in its scheduling policy knobs.
-RESERVATION_DEFAULTS = {
-    "reservation_max_horizon_s": 7 * 24 * 3600,  # how far ahead a window may start
-    "reservation_max_hold_s": 24 * 3600,  # how long a window may last
-    "reservation_max_tolerance_s": 3600,  # how late a reservation may be claimed
-}
 
 # The scheduling pass reserves with keys `job-<id>-attempt-<n>` (scheduling/passes.py). Clients
 # may not use keys with this prefix (the API answers 400), or a tenant could pre-claim the key
@@ -264,24 +258,24 @@ def _refusal(pool, req, policy, explanation, conflicts) -> NoCapacity:
 
 
 def _check_window(pool, window: Window, now) -> datetime:
-    knobs = {**RESERVATION_DEFAULTS, **snap.pool_knobs(pool)}
+    knobs = knobs_for(pool)
     if window.end <= window.start:
         raise TransitionRefused("reservation_window_invalid", "The window ends before it starts.")
     if window.start < now:
         raise TransitionRefused("reservation_window_invalid", "The window starts in the past.")
-    if (window.start - now).total_seconds() > knobs["reservation_max_horizon_s"]:
+    if (window.start - now).total_seconds() > knobs.reservation_max_horizon_s:
         raise TransitionRefused(
             "reservation_horizon_exceeded",
-            f"Windows may start at most {knobs['reservation_max_horizon_s']} s ahead.",
+            f"Windows may start at most {knobs.reservation_max_horizon_s} s ahead.",
         )
-    if (window.end - window.start).total_seconds() > knobs["reservation_max_hold_s"]:
+    if (window.end - window.start).total_seconds() > knobs.reservation_max_hold_s:
         raise TransitionRefused(
             "reservation_hold_exceeded",
-            f"Windows may last at most {knobs['reservation_max_hold_s']} s.",
+            f"Windows may last at most {knobs.reservation_max_hold_s} s.",
         )
-    if window.tolerance.total_seconds() > knobs["reservation_max_tolerance_s"]:
+    if window.tolerance.total_seconds() > knobs.reservation_max_tolerance_s:
         raise TransitionRefused(
             "reservation_tolerance_exceeded",
-            f"Tolerance may be at most {knobs['reservation_max_tolerance_s']} s.",
+            f"Tolerance may be at most {knobs.reservation_max_tolerance_s} s.",
         )
     return min(window.start + window.tolerance, window.end)

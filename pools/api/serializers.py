@@ -3,7 +3,7 @@ from collections.abc import Mapping
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from pools import validation
+from pools import knobs, validation
 from pools.choices import SupportGrantState, TenantRole, TokenScope
 from pools.models import (
     REQUEST_FIELDS,
@@ -207,7 +207,7 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
         read_only_fields = ["number", "created_by", "created_at"]
 
     def validate(self, attrs):
-        validation.policy_version(attrs.get("weights", {}), attrs.get("knobs", {}))
+        knobs.policy_version(attrs.get("weights", {}), attrs.get("knobs", {}))
         return attrs
 
 

@@ -2,10 +2,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from config.demo import agent_enrollment_token
-from jobs.lifecycle import pool_agent_knobs
 from nodes import services as node_services
 from nodes.models import Node, NodeEvent
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, ResourceShape, SchedulingPolicyVersion, Tenant
 
 
@@ -41,11 +41,11 @@ def test_demo_loads_and_is_idempotent(db, capsys):
 def test_only_the_dev_pool_allows_the_process_runtime(db):
     call_command("load_demo")
     lab, dev = ComputePool.objects.get(slug="lab"), ComputePool.objects.get(slug="dev")
-    assert pool_agent_knobs(lab)["allow_process_runtime"] is False
-    assert pool_agent_knobs(dev)["allow_process_runtime"] is True
+    assert knobs_for(lab).allow_process_runtime is False
+    assert knobs_for(dev).allow_process_runtime is True
     assert lab.shapes.get(name="cpu-small").container_runtime == "docker"
     assert lab.shapes.get(name="cpu-small-gvisor").container_runtime == "gvisor"
-    assert pool_agent_knobs(lab)["required_runtime"] == ""  # cpu-small stays runnable
+    assert knobs_for(lab).required_runtime == ""  # cpu-small stays runnable
     assert dev.shapes.get(name="cpu-small").container_runtime == "process"
     for pool in (lab, dev):
         assert list(pool.registries.values_list("prefix", flat=True)) == ["127.0.0.1:5000/"]

@@ -9,8 +9,9 @@ import pytest
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, build_pool, build_tenant, submit_job
+from jobs.assignments import node_assignments
 from jobs.choices import JobState
-from jobs.lifecycle import job_report, node_assignments
+from jobs.lifecycle import job_report
 from jobs.services import job_cancel
 from leases import services
 from leases.choices import HOLDING, LeaseState

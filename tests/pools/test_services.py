@@ -9,11 +9,6 @@ from placement import DEFAULT_POLICY
 from pools.models import SchedulingPolicyVersion
 
 
-@pytest.fixture(autouse=True)
-def no_cached_policies():
-    snapshot._POLICY_CACHE.clear()
-
-
 def test_a_new_pools_first_policy_version_is_the_default_and_places_with_it(pool):
     version = pool.scheduling_policy.current
     assert (version.number, version.weights, version.knobs) == (1, DEFAULT_POLICY.weights, {})

@@ -17,8 +17,9 @@ from django.db import connection
 
 from config.builders import build_node, build_person, build_pool, build_tenant, submit_job
 from jobs import lifecycle, services
+from jobs.assignments import node_assignments
 from jobs.choices import JobState
-from jobs.lifecycle import job_report, node_assignments
+from jobs.lifecycle import job_report
 from jobs.models import JobEvent
 from jobs.services import job_cancel
 from leases.choices import HOLDING, LeaseState

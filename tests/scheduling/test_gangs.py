@@ -12,7 +12,6 @@ from config.builders import (
 )
 from jobs.choices import JobState
 from jobs.models import Job
-from leases import snapshot
 from leases.models import Lease
 from leases.selectors import ledger_problems
 from leases.services import ledger
@@ -22,9 +21,7 @@ from tests.scheduling.conftest import another_writer_takes_before_apply
 
 @pytest.fixture
 def gpool(db):
-    snapshot._POLICY_CACHE.clear()
-    yield build_pool("gangs", exact_capacity=True)
-    snapshot._POLICY_CACHE.clear()
+    return build_pool("gangs", exact_capacity=True)
 
 
 @pytest.fixture(params=["batch", "single"])

@@ -29,9 +29,7 @@ ENERGY = "computepool.io/energy-class"
 
 @pytest.fixture
 def npool(db):
-    snapshot._POLICY_CACHE.clear()
-    yield build_pool("scores", exact_capacity=True)
-    snapshot._POLICY_CACHE.clear()
+    return build_pool("scores", exact_capacity=True)
 
 
 @pytest.fixture
@@ -42,7 +40,6 @@ def client(npool, api):
 def weigh(pool, **weights):
     policy = SchedulingPolicy.objects.get(pool=pool)
     policy_version_publish(policy=policy, weights=weights, actor=SYSTEM)
-    snapshot._POLICY_CACHE.clear()
 
 
 def submit(client, name, *, cpu=1000, memory=512, **fields):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from config.builders import pinned_test_image, submit_job
-from jobs.lifecycle import node_assignments
+from jobs.assignments import node_assignments
 from scheduling.passes import scheduling_pass
 from tests.worker_agent.conftest import IDS, make_owner, require_service, test_image
 from tests.worker_agent.netns import Netns, available, stable_addresses

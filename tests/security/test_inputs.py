@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from config.builders import pinned_test_image, set_pool_knobs, submit_job
 from jobs import networks
-from jobs.lifecycle import node_assignments
+from jobs.assignments import node_assignments
 from leases.choices import LeaseState
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
