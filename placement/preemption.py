@@ -20,7 +20,8 @@ from .evaluation import evaluate
 from .explain import without_leases
 from .types import LeaseEnd, NodeView, Policy, Request
 
-# Work younger than this is never preempted (the pool's `preemption_min_runtime_s` knob).
+# Work younger than this is never preempted: the core's default, which the pool knob
+# `preemption_min_runtime_s` (pools/knobs.py) takes; the caller passes the pool's value.
 DEFAULT_MIN_RUNTIME_S = 300
 
 

@@ -8,7 +8,8 @@ reads the rows (scheduling/fairshare.py), this decides. docs/scheduler.md "Queue
   value, which a waiting job climbs by aging.
 * `Gate` — what the planning loop may start: the share kept for short jobs, and backfill that
   never delays a head job that is waiting for capacity.
-* `QueuePolicy` — the knobs and their defaults (the one place), `from_knobs` validates them.
+* `QueuePolicy` — the queue's knobs and their defaults, `from_knobs` validates them. They are the
+  core's own: the pool knobs of the same names (pools/knobs.py) take these defaults and checks.
 * Decayed usage — `accrued`, `decay` and `usage_as_held`: the arithmetic of fair share's memory.
 """
 
@@ -86,7 +87,7 @@ def _count(low: int, high: int):
 
 
 # knob name → check returning what the value must be, or None when it is valid. The names are
-# QueuePolicy's fields; pools/validation.py checks published knobs with these.
+# QueuePolicy's fields; pools/knobs.py declares the pool knobs with these checks.
 QUEUE_KNOBS = {
     "fair_share_half_life_s": _seconds,
     "aging_step_s": _seconds,

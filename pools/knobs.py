@@ -7,11 +7,11 @@ admin); docs/scheduler.md "Policy knobs" is the table in prose, and tests/pools/
 fails when the two differ.
 
 Read a pool's knobs with `knobs_for(pool)` and its core policy (the scorer weights of the same
-version) with `pool_policy(pool)`, both from one per-process cache of the pool's current
-version: `(pool, version number)` → the version's knobs and policies, which never change, and
-pool → which version is current, read again after CACHE_SECONDS (a publish in another process)
-or as soon as this process's publish commits (`version_published`, called by the publish
-service). A stored value that fails its check (a version written before the check existed)
+version) with `pool_policy(pool)`, both from one per-process cache of each pool's current
+version, its knobs and policies. A version never changes, so what is read again is only which
+version is current (the same number keeps its entry): after CACHE_SECONDS (a publish in another
+process), or as soon as this process's publish commits (`version_published`, called by the
+publish service). A stored value that fails its check (a version written before the check existed)
 gives the knob's default, logged; a pool without a version has every default.
 
 The core (placement/) never reads a pool: where a knob configures the core, the core keeps the
@@ -173,13 +173,15 @@ class PoolKnobs:
 
     # reservations (leases/services/reserve.py)
     reservation_max_horizon_s: int = knob(
-        7 * 24 * 3600, _reservation_seconds, "how far ahead a reservation window may start (s)"
+        7 * 24 * 3600,
+        _reservation_seconds,
+        "how far ahead a reservation window may start (s, 1 … 365 days)",
     )
     reservation_max_hold_s: int = knob(
-        24 * 3600, _reservation_seconds, "how long a reservation window may last (s)"
+        24 * 3600, _reservation_seconds, "how long a reservation window may last (s, 1 … 365 days)"
     )
     reservation_max_tolerance_s: int = knob(
-        3600, _reservation_seconds, "how late a reservation may be claimed (s)"
+        3600, _reservation_seconds, "how late a reservation may be claimed (s, 1 … 365 days)"
     )
     # drains (scheduling/drain.py)
     drain_noncheckpointable: str = knob(
@@ -195,69 +197,83 @@ class PoolKnobs:
     required_runtime: str = knob(
         "",
         _one_of(REQUIRED_RUNTIMES, 'one of "", "docker", "gvisor"'),
-        'the weakest runtime the pool\'s jobs may run under (`""`: none required, `docker`,'
-        " `gvisor`)",
+        'the weakest runtime the pool\'s jobs may run under: `""` (none required), `docker` or'
+        " `gvisor`",
     )
-    startup_timeout_s: int = knob(300, _agent_seconds, "how long a container may take to start (s)")
-    stop_grace_s: int = knob(10, _agent_seconds, "between the stop signal and the kill (s)")
+    startup_timeout_s: int = knob(
+        300, _agent_seconds, "how long a container may take to start (s, 1 … 86400)"
+    )
+    stop_grace_s: int = knob(10, _agent_seconds, "from the stop signal to the kill (s, 1 … 86400)")
     # outputs (jobs/artifacts.py, jobs/services.py)
     output_retention_days: int = knob(
         30,
         _whole("days", "days", 1, RETENTION_MAX_DAYS),
-        "an ended job's outputs and logs are deleted this many days after it ended",
+        f"an ended job's outputs and logs are deleted this many days after it ended (1 …"
+        f" {RETENTION_MAX_DAYS})",
     )
     output_limit_mib: int = knob(
         1024,
         _whole("MiB", "MiB", 0, OUTPUT_LIMIT_MAX_MIB, low_means=" (no limit)"),
-        "the size of a job's /outputs when it names none (MiB; 0: no limit, which only the"
-        " process runtime runs)",
+        f"the size of a job's /outputs when it names none (MiB, 0 … {OUTPUT_LIMIT_MAX_MIB}; 0:"
+        " no limit, which only the process runtime runs)",
     )
     # what a job may reach (jobs/networks.py)
     private_ranges_allowed: bool = knob(
         False, _boolean, "jobs may reach private address ranges (inputs and egress)"
     )
     egress_allowed: Sequence[str] = knob(
-        [], _egress_allowed, "the CIDRs and host names a job's `egress_allow` may name"
+        [],
+        _egress_allowed,
+        f"the CIDRs and host names a job's `egress_allow` may name (at most"
+        f" {EGRESS_ALLOWED_MAX_ENTRIES}; none inside an always-refused range, no name of the"
+        " loopback)",
     )
     ingress_address: str = knob(
         "node",
         _ingress_address,
-        "where published ports bind: `node` (the agent's route address) or one address",
+        "where published ports bind: `node` (the agent's route address) or one IPv4/IPv6"
+        " address, not a wildcard or multicast",
     )
     # preemption (scheduling/preemption.py; the core's default)
     preemption_min_runtime_s: int = knob(
         DEFAULT_MIN_RUNTIME_S,
         _whole("seconds", "s", 0, AGENT_TIMEOUT_MAX_S),
-        "work younger than this is never preempted (s)",
+        "work younger than this is never preempted (s, 0 … 86400)",
     )
     # credits (leases/services/credits.py)
     credit_rates: Mapping[str, Mapping[str, float]] = knob(
         {},
         _credit_rates,
-        'priority class (or `"default"`) → rates (`cpu_core_hour`, `memory_gib_hour`,'
-        " `gpu_hour`, `consumed_factor`); none: the pool charges nothing",
+        "priority class (or `default`) → rates among `consumed_factor`, `cpu_core_hour`,"
+        " `gpu_hour`, `memory_gib_hour` (numbers 0 … 1e9); none: the pool charges nothing",
     )
     # the queue's order and gate (scheduling/fairshare.py; the core's defaults and checks)
     fair_share_half_life_s: float = _queue(
-        "fair_share_half_life_s", "past use counts half after this long (s)"
+        "fair_share_half_life_s", "past use counts half after this long (s, 1 … 365 days)"
     )
-    aging_step_s: float = _queue("aging_step_s", "a waiting job gains one priority point per step")
-    aging_max_bonus: int = _queue("aging_max_bonus", "at most this many points")
+    aging_step_s: float = _queue(
+        "aging_step_s", "a waiting job gains one priority point per step (s, 1 … 365 days)"
+    )
+    aging_max_bonus: int = _queue("aging_max_bonus", "at most this many points (0 … 1000000)")
     max_wait_urgent_fraction: float = _queue(
-        "max_wait_urgent_fraction", "share of its class's max wait after which a job goes first"
+        "max_wait_urgent_fraction",
+        "share of its class's max wait after which a job goes first (0 < it ≤ 1)",
     )
     short_job_max_runtime_s: int = _queue(
-        "short_job_max_runtime_s", "a declared max runtime up to this makes a short job"
+        "short_job_max_runtime_s",
+        "a declared max runtime up to this makes a short job (s, 0 … 365 days)",
     )
     short_job_share: float = _queue(
         "short_job_share",
-        "share of each resource kept from long jobs (0: none; a pool opts in, as the share idles"
-        " while no short job waits)",
+        "share of each resource kept from long jobs (0 ≤ it < 1; 0: none, a pool opts in, as"
+        " the share idles while no short job waits)",
     )
     backfill_reservations: int = _queue(
-        "backfill_reservations", "heads the gate protects per pass (1: EASY)"
+        "backfill_reservations", "heads the gate protects per pass (1 … 100; 1: EASY)"
     )
-    long_job_min_runtime_s: int = _queue("long_job_min_runtime_s", "the forecast's `long` class")
+    long_job_min_runtime_s: int = _queue(
+        "long_job_min_runtime_s", "the forecast's `long` class (s, 1 … 365 days)"
+    )
 
     def queue_policy(self) -> QueuePolicy:
         return QueuePolicy(**{name: getattr(self, name) for name in QUEUE_KNOBS})
@@ -310,8 +326,7 @@ class _Version:
 
 
 _NO_VERSION = _Version(None, None, DEFAULTS)
-_VERSIONS: dict[tuple[int, int | None], _Version] = {}  # (pool id, number): a version never changes
-_CURRENT: dict[int, tuple[float, int | None]] = {}  # pool id → (when read, its version's number)
+_CACHE: dict[int, tuple[float, _Version]] = {}  # pool id → (when read, its current version)
 _PUBLISHING: set[int] = set()  # pools with a publish not yet committed: read afresh, kept nowhere
 
 
@@ -346,9 +361,7 @@ def version_published(pool_id: int) -> None:
 
 
 def _forget(pool_id: int) -> None:
-    _CURRENT.pop(pool_id, None)
-    for key in [key for key in _VERSIONS if key[0] == pool_id]:
-        _VERSIONS.pop(key, None)
+    _CACHE.pop(pool_id, None)
     _PUBLISHING.discard(pool_id)
 
 
@@ -356,24 +369,23 @@ def _current(pool_id: int | None) -> _Version:
     if pool_id is None:  # an unsaved pool has no version
         return _NO_VERSION
     now = time.monotonic()
-    seen = _CURRENT.get(pool_id)
-    if seen is not None and now - seen[0] < CACHE_SECONDS and pool_id not in _PUBLISHING:
-        version = _VERSIONS.get((pool_id, seen[1]))
-        if version is not None:
-            return version
+    cached = _CACHE.get(pool_id)
+    if cached is not None and now - cached[0] < CACHE_SECONDS and pool_id not in _PUBLISHING:
+        return cached[1]
     row = (
         SchedulingPolicyVersion.objects.filter(policy__pool_id=pool_id)
         .order_by("-number")
         .values("number", "weights", "knobs")
         .first()
     )
-    number = row["number"] if row else None
-    version = _VERSIONS.get((pool_id, number))
-    if version is None:
-        version = _read(pool_id, row) if row else _NO_VERSION
+    if row is None:  # no version yet: every default, the default policy
+        version = _NO_VERSION
+    elif cached is not None and cached[1].number == row["number"]:
+        version = cached[1]  # still current: kept, with the policies built from it
+    else:
+        version = _read(pool_id, row)
     if pool_id not in _PUBLISHING:
-        _VERSIONS[(pool_id, number)] = version
-        _CURRENT[pool_id] = (now, number)
+        _CACHE[pool_id] = (now, version)
     return version
 
 

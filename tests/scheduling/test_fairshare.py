@@ -21,6 +21,7 @@ from leases.models import Lease
 from placement.queue import QueuePolicy, accrued, mean_life_s
 from pools.actors import Actor
 from pools.models import SchedulingPolicyVersion
+from pools.services import policy_version_publish
 from scheduling import fairshare
 from scheduling.models import TenantUsage
 
@@ -40,11 +41,9 @@ def release(lease, at):
 
 
 def set_knobs(pool, **knobs):
-    # stored straight: these knobs are the queue's, published through pools/validation.py
-    # once the lead adds QUEUE_KNOBS there
-    latest = SchedulingPolicyVersion.objects.filter(policy__pool=pool).order_by("-number").first()
-    SchedulingPolicyVersion.objects.create(
-        policy=latest.policy, number=latest.number + 1, weights=latest.weights, knobs=knobs
+    latest = pool.scheduling_policy.current
+    policy_version_publish(
+        policy=latest.policy, weights=latest.weights, knobs=knobs, actor=Actor.system("t")
     )
 
 
@@ -106,7 +105,14 @@ def test_the_half_life_is_the_pools_knob(gpool):
 
 
 def test_a_bad_stored_knob_falls_back_to_the_defaults(gpool):
-    set_knobs(gpool, fair_share_half_life_s=-1)
+    # written around the publish service, which refuses it (an older version's value)
+    latest = gpool.scheduling_policy.current
+    SchedulingPolicyVersion.objects.create(
+        policy=latest.policy,
+        number=latest.number + 1,
+        weights=latest.weights,
+        knobs={"fair_share_half_life_s": -1},
+    )
     assert fairshare.pool_queue_policy(gpool.pk) == QueuePolicy()
 
 
