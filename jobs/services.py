@@ -15,7 +15,7 @@ from pools.actors import Actor
 from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
-from pools.statemachine import Refusal, transition
+from pools.statemachine import Refusal, TransitionRefused, check_allowed, transition
 
 from .choices import JOB_TRANSITIONS, JobState
 from .events import publish_job_event
@@ -214,20 +214,30 @@ def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -
     )
 
 
-def jobs_placed_many(placed, *, actor: Actor, now) -> tuple[JobEvent | None, list[str]]:
+def jobs_placed_many(placed, *, actor: Actor, now) -> JobEvent | None:
     """queued → leased for many jobs at once (the batch scheduling pass), their rows locked by
     the caller's transaction: one UPDATE and one COPY of their `placed` events, writing what
-    `job_transition` writes one by one. `placed`: (job id, lease id, node, policy version)
-    each. Returns the event they share and each one's message (for publishing)."""
+    `job_transition` writes one by one. `placed`: (job id, message, data) of each one's
+    `placed` event. Refused as `job_transition` refuses (TransitionRefused, nothing written
+    once the caller rolls back) when the map forbids it or a job is no longer queued. Returns
+    the event they share."""
     if not placed:
-        return None, []
-    assert JobState.LEASED in JOB_TRANSITIONS[JobState.QUEUED]
+        return None
+    job_ids = [job_id for job_id, _, _ in placed]
+    check_allowed(Job, job_ids[0], JobState.QUEUED, JobState.LEASED, JOB_TRANSITIONS)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Job._meta.db_table} SET state = %s, state_changed_at = %s, "
             "attempts = attempts + 1, pending_reason = '{}'::jsonb "
-            "WHERE id = ANY(CAST(%s AS bigint[]))",
-            [JobState.LEASED.value, now, [job_id for job_id, *_ in placed]],
+            "WHERE id = ANY(CAST(%s AS bigint[])) AND state = %s",
+            [JobState.LEASED.value, now, job_ids, JobState.QUEUED.value],
+        )
+        moved = cursor.rowcount
+    if moved != len(job_ids):  # the caller rolls back: no job goes to leased
+        raise TransitionRefused(
+            "transition_not_allowed",
+            f"{len(job_ids) - moved} of {len(job_ids)} jobs are not queued: they cannot go to "
+            "leased",
         )
     base = JobEvent.build(
         None,
@@ -237,14 +247,9 @@ def jobs_placed_many(placed, *, actor: Actor, now) -> tuple[JobEvent | None, lis
         reason=Reason.PLACED,
         at=now,
     )
-    events, messages = [], []
-    for job_id, lease, node, policy_version in placed:
-        message = f"placed on {node} (lease {lease})"
-        data = {"lease": lease, "node": node, "policy_version": policy_version}
-        events.append({"job_id": job_id, "message": message, "data": data})
-        messages.append(message)
+    events = [{"job_id": job_id, "message": m, "data": data} for job_id, m, data in placed]
     ledger.copy_rows(base, events)
-    return base, messages
+    return base
 
 
 def job_note_pending(*, job: Job, explanation: dict, now=None) -> None:

@@ -5,7 +5,7 @@ that job and goes on."""
 from celery import shared_task
 
 from jobs import artifacts
-from leases.tasks import parse_now
+from pools.tasktime import parse_now
 
 
 @shared_task(name="jobs.expire_artifacts")

@@ -2,22 +2,15 @@
 safe to run on several workers at once (per-lease transactions with SKIP LOCKED; a second run
 finds nothing). One bad row never fails a task: the sweep records it on that row and goes on."""
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from celery import shared_task
-from django.utils import timezone
 
 from leases import services
 from leases.services import credits
+from pools.tasktime import parse_now
 
 UNCERTAIN_DEADLINE = timedelta(minutes=10)
-
-
-def parse_now(now):
-    """A task's `now`: None (the time it runs), a datetime, or an ISO string (over the broker)."""
-    if now is None:
-        return timezone.now()
-    return datetime.fromisoformat(now) if isinstance(now, str) else now
 
 
 @shared_task(name="leases.expire_leases")

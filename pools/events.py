@@ -39,10 +39,11 @@ def _tenant_field(model) -> str:
     return model.visibility.tenant
 
 
-def groups_of(stream: str, obj) -> list[str]:
-    """Every group that may see an event of `obj`."""
+def groups_of(stream: str, obj, model=None) -> list[str]:
+    """Every group that may see an event of `obj`, by the visibility rule of `model` (default:
+    its type; give it for a plain record of a row, with the row's `pk` and tenant id)."""
     groups = [operators_group(stream), object_group(stream, obj.pk)]
-    if tenant_field := _tenant_field(type(obj)):
+    if tenant_field := _tenant_field(model or type(obj)):
         groups.append(tenant_group(stream, getattr(obj, f"{tenant_field}_id")))
     return groups
 

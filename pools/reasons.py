@@ -89,6 +89,12 @@ class Reason(models.TextChoices):
     SUPPORT_GRANTED = "support_granted", "A tenant admin granted an operator support access"
     SUPPORT_REVOKED = "support_revoked", "A tenant admin revoked a support grant"
     SUPPORT_EXPIRED = "support_expired", "A support grant reached its expiry"
+    # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
+    NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
+    GANG_INCOMPLETE = "gang_incomplete", "Fewer members of its gang are queued than its size"
+    GANG_MISMATCH = "gang_mismatch", "The members of its gang ask for different things"
+    QUOTA_EXCEEDED = "quota_exceeded", "Its tenant's quota in the pool has no room for it"
+    CREDIT_EXHAUSTED = "credit_exhausted", "Its tenant's credit in the pool is used up"
     # robustness: one bad row never stops a pass or a sweep
     SCHEDULING_ERROR = "scheduling_error", "The scheduler could not process this job"
     SWEEP_FAILED = "sweep_failed", "A periodic sweep failed on this row; the others went on"

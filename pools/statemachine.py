@@ -103,6 +103,16 @@ class EventBase(models.Model):
         return event
 
 
+def check_allowed(model, obj, from_state: str, to: str, allowed: Mapping[str, frozenset[str]]):
+    """The allowed-transitions map's word on `obj` (a row of `model`, or its id) going from
+    `from_state` to `to`: TransitionRefused("transition_not_allowed") when it forbids it."""
+    if to not in allowed.get(from_state, frozenset()):
+        raise TransitionRefused(
+            "transition_not_allowed",
+            f"{model._meta.verbose_name} {obj} cannot go from {from_state} to {to}",
+        )
+
+
 def transition(
     model: type[models.Model],
     pk: Any,
@@ -129,11 +139,7 @@ def transition(
     with transaction.atomic():
         obj = model.objects.select_for_update().get(pk=pk)
         from_state = obj.state
-        if to not in allowed.get(from_state, frozenset()):
-            raise TransitionRefused(
-                "transition_not_allowed",
-                f"{model._meta.verbose_name} {obj} cannot go from {from_state} to {to}",
-            )
+        check_allowed(model, obj, from_state, to, allowed)
         if check is not None:
             check(obj)
         obj.state = to

@@ -1,13 +1,14 @@
 """Scheduler health and utilisation over time, for the operators' console.
 
-* `record_pass(...)` — the scheduling pass calls it once per pool and pass: how long it took,
-  how many queued jobs it considered, placed, lost to a plan conflict, failed on.
+* `record_pass(...)` — the scheduling pass calls it once per pool and pass: how long it took
+  (and each phase of the batch plan: snapshot, plan, apply), how many queued jobs it
+  considered, placed, lost to a plan conflict, failed on.
 * `sample_capacity(now)` — a periodic task (scheduling/tasks.py) stores each pool's
   capacity totals (`leases.selectors.pool_capacity`: allocatable, reserved = requested,
   used = measured by the agents), so utilisation has a history. Sampling was chosen over
   deriving from lease usage records: a lease keeps only its latest, peak and average usage,
   not a time series, and the pool's allocatable changes too (nodes come, drain, go).
-* `pass_series`, `expiry_series`, `utilisation` — the time series the pages draw, aggregated
+* `pass_series`, `phase_means`, `expiry_series`, `utilisation` — what the pages draw, aggregated
   by the database in minute or hour buckets (portable: SQLite serves `make run`).
 
 Both tables keep `SCHEDULER_HEALTH_WINDOW_HOURS`; older rows are pruned as new ones come.
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_REASONS = (Reason.EXPIRED_UNCOMMITTED, Reason.EXPIRED_NOT_RENEWED)
 DIMENSIONS = ("cpu_millicores", "memory_mib", "gpu_milli")
+PHASES = ("snapshot_s", "plan_s", "apply_s")  # of a batch plan, in a PassRecord
 # The windows the pages offer: (hours, bucket) — 60 one-minute points, or 24 one-hour points.
 WINDOWS = {1: TruncMinute, 24: TruncHour}
 
@@ -56,9 +58,13 @@ def record_pass(
     placed: int = 0,
     conflicts: int = 0,
     errors: int = 0,
+    snapshot_s: float | None = None,
+    plan_s: float | None = None,
+    apply_s: float | None = None,
 ) -> PassRecord | None:
-    """One pass over one pool. Never raises: health bookkeeping must not fail a pass (and, in
-    its own savepoint, never breaks the caller's transaction either)."""
+    """One pass over one pool, with the seconds of the batch plan's phases (None: the single
+    path). Never raises: health bookkeeping must not fail a pass (and, in its own savepoint,
+    never breaks the caller's transaction either)."""
     try:
         with transaction.atomic():
             record = PassRecord.objects.create(
@@ -69,6 +75,9 @@ def record_pass(
                 placed=placed,
                 conflicts=conflicts,
                 errors=errors,
+                snapshot_s=snapshot_s,
+                plan_s=plan_s,
+                apply_s=apply_s,
             )
             cutoff = started_at - window()
             PassRecord.objects.filter(pool_id=pool_id, started_at__lt=cutoff).delete()
@@ -142,6 +151,15 @@ def pass_series(pool, hours: int = 1, now=None) -> list[dict]:
         ("passes", "mean_s", "max_s", "placed", "considered", "conflicts", "errors", "per_pass"), 0
     )
     return _filled(by_bucket, slots, empty)
+
+
+def phase_means(pool, hours: int = 1, now=None) -> dict:
+    """The mean seconds of the batch plan's phases (`snapshot_s`, `plan_s`, `apply_s`) over
+    the window's passes; None where no pass of the window was a batch plan."""
+    now = now or timezone.now()
+    _, slots = _buckets(hours, now)
+    passes = PassRecord.objects.filter(pool=pool, started_at__gte=slots[0])
+    return passes.aggregate(**{phase: Avg(phase) for phase in PHASES})
 
 
 def expiry_series(pool, hours: int = 1, now=None) -> list[dict]:

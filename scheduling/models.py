@@ -48,6 +48,10 @@ class PassRecord(models.Model):
     placed = models.PositiveIntegerField(default=0)
     conflicts = models.PositiveIntegerField(default=0)  # plan_conflict: a node taken meanwhile
     errors = models.PositiveIntegerField(default=0)  # scheduling_error on a job
+    # the batch plan's phases (null: the single path placed this pass's jobs)
+    snapshot_s = models.FloatField(null=True, blank=True)  # read the window, snapshot the pool
+    plan_s = models.FloatField(null=True, blank=True)  # plan in the pure core
+    apply_s = models.FloatField(null=True, blank=True)  # the transaction that writes the plan
 
     class Meta:
         indexes = [models.Index(fields=["pool", "started_at"])]

@@ -8,7 +8,7 @@ from celery import shared_task
 
 from jobs.choices import JobState
 from jobs.models import Job
-from leases.tasks import parse_now
+from pools.tasktime import parse_now
 from scheduling import drain, forecast, health, passes
 
 logger = logging.getLogger(__name__)

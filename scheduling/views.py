@@ -193,6 +193,7 @@ def scheduler_health(request, actor):
             "passes": sum(p["passes"] for p in passes),
             "placed": sum(p["placed"] or 0 for p in passes),
             "expired": sum(e["expired"] for e in expiries),
+            "phases": health.phase_means(pool, hours),
         }
     else:
         total = {}

@@ -33,6 +33,18 @@ def test_record_pass_keeps_its_window(pool):
     assert list(PassRecord.objects.values_list("placed", "conflicts")) == [(3, 1)]
 
 
+def test_record_pass_keeps_the_phases_of_a_batch_plan(pool):
+    now = timezone.now()
+    health.record_pass(pool_id=pool.pk, started_at=now, duration_s=0.5)  # the single path
+    phases = {"snapshot_s": 0.1, "plan_s": 0.2, "apply_s": 0.15}
+    for scale in (1, 3):
+        timed = {phase: seconds * scale for phase, seconds in phases.items()}
+        health.record_pass(pool_id=pool.pk, started_at=now, duration_s=1.0 * scale, **timed)
+    means = health.phase_means(pool, 1, now=now)
+    assert means == pytest.approx({phase: seconds * 2 for phase, seconds in phases.items()})
+    assert health.phase_means(pool, 1, now=now + timedelta(hours=2)) == dict.fromkeys(phases)
+
+
 def test_record_pass_never_raises(pool):
     bad = health.record_pass(pool_id=pool.pk, started_at=timezone.now(), duration_s=1, placed=-1)
     assert bad is None and not PassRecord.objects.exists()  # the caller's transaction goes on

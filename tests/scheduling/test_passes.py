@@ -36,6 +36,7 @@ from pools.models import PriorityClass, Quota
 from pools.services import policy_version_publish
 from scheduling import passes
 from scheduling.bench.scheduler import jobs_without_one_lease, overcommitted_nodes
+from scheduling.pass_steps import single as single_path
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
 from tests.scheduling.conftest import another_writer_takes_before_apply
@@ -321,7 +322,7 @@ def test_the_batch_pass_writes_what_the_single_path_writes(lpool, ltenant):
     )
     assert scheduling_pass(pool_id=lpool.pk, limit=1).placed == [first.pk]  # the batch
     result = passes.PassResult()
-    passes._one_by_one([second.pk], timezone.now(), result)  # the single path
+    single_path.one_by_one([second.pk], timezone.now(), result)  # the single path
     assert result.placed == [second.pk]
 
     def columns(obj, *without):

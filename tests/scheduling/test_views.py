@@ -137,17 +137,23 @@ def test_scheduler_health_page(world, ops):
     # the page below counts two made-up ones
     recorded = PassRecord.objects.filter(pool=world["pool"]).order_by("started_at")
     assert [(r.considered, r.placed) for r in recorded] == [(2, 2), (1, 0)]
+    assert all(0 < r.plan_s < r.duration_s for r in recorded)  # batch plans, timed by phase
     PassRecord.objects.all().delete()
     now = timezone.now()
     health.record_pass(pool_id=world["pool"].pk, started_at=now, duration_s=0.4, placed=7)
     health.record_pass(pool_id=world["pool"].pk, started_at=now, duration_s=0.2, conflicts=2)
     body = ops.get("/console/ops/health?pool=ops").content.decode()
     assert "2 passes placed 7 jobs; 0 leases expired." in body
+    assert "Batch plan, mean seconds" not in body  # no pass of the window was timed by phase
     assert "Pass duration (max): last 0.40s" in body
     assert "Placements per pass: last 3.50" in body
     assert "Plan conflicts: last 2," in body
     assert body.count("<polyline") == 6
     assert ops.get("/console/ops/health?pool=ops&hours=24").status_code == 200
+    phases = {"snapshot_s": 0.01, "plan_s": 0.1, "apply_s": 0.05}
+    health.record_pass(pool_id=world["pool"].pk, started_at=now, duration_s=0.3, **phases)
+    body = ops.get("/console/ops/health?pool=ops").content.decode()
+    assert "Batch plan, mean seconds per pass: snapshot 0.010, plan 0.100, apply 0.050." in body
 
 
 def test_node_leases_fragment(world, ops):

@@ -1,0 +1,135 @@
+"""Who may take what in one pool's pass: the window in the queue's order, and `Admission`.
+
+`order_window` puts the window in the queue's order (placement.queue: weighted fair share,
+aging, the classes' maximum waits) and builds the `Admission` the plan admits each job through:
+the queue's gate (short-job share, backfill behind the head), both fed by the tenants'
+standings in the pool, and each tenant's quota `Headroom`. The single path admits its gangs
+through an `Admission` too, with the headroom alone (it has no queue gate).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from leases.services import quota
+from placement import Explanation, Placement
+from placement.queue import BACKFILL_WOULD_DELAY_HEAD, SHORT_SHARE_RESERVED, Gate, order
+from scheduling import fairshare
+
+GATE_MESSAGES = {
+    SHORT_SHARE_RESERVED: "the pool keeps a share of its capacity for short jobs (a declared "
+    "maximum runtime under the pool's threshold); long jobs wait for room outside it",
+    BACKFILL_WOULD_DELAY_HEAD: "a job ahead of it in the queue waits for this capacity; a job "
+    "runs ahead only when it ends before that one can start (declare a shorter maximum runtime)",
+}
+
+
+class Admission:
+    """What the jobs of one pass may still take: the queue's gate (None: no gate), each
+    tenant's quota headroom (tenant id → `quota.Headroom`, for the tenants with a quota or a
+    credit account), and why each job it refused was refused. `queued`: job id → the core's
+    QueuedJob, which the gate reads (the jobs the gate orders)."""
+
+    def __init__(self, headroom: dict, *, gate: Gate | None = None, queued=None, now=None):
+        self.gate, self.headroom, self.queued, self.now = gate, headroom, queued or {}, now
+        self.refusals: dict[int, dict] = {}  # job id → its refusal, as its pending_reason
+
+    @classmethod
+    def for_tenants(cls, pool_id: int, tenant_ids) -> Admission:
+        """Quota headroom only, read now (the single path's gangs)."""
+        return cls(quota.quota_headroom(pool_id, set(tenant_ids)))
+
+    def admit(self, job, placement: Placement) -> dict | None:
+        """None when `job` may take `placement` (then taken from the gate and its tenant's
+        headroom); else the refusal, as the job's pending_reason (nothing taken)."""
+        queued = self.queued.get(job.pk)
+        if self.gate is not None and (code := self.gate.admits(queued)):
+            refusal = self.refusals[job.pk] = {"code": code, "message": GATE_MESSAGES[code]}
+            return refusal
+        room = self.headroom.get(job.tenant_id)
+        if room is not None:
+            gpus = queued.demand[2] if queued else fairshare.request_gpus(job.resources)
+            over = room.take(
+                cpu_millicores=placement.cpu_millicores,
+                memory_mib=placement.memory_mib,
+                gpus=gpus,
+            )
+            if over:
+                refusal = self.refusals[job.pk] = room.explanation(over)
+                return refusal
+        if self.gate is not None:
+            self.gate.took(queued)
+        return None
+
+    def blocked(self, job, explanation: Explanation) -> None:
+        """`job` fits nowhere now: the gate holds its capacity for it, from when the nearest
+        miss frees up (when known)."""
+        if self.gate is None:
+            return
+        near = explanation.nearest_miss
+        fits_at = getattr(near, "fits_at", None) if near else None
+        start_s = (fits_at - self.now).total_seconds() if hasattr(fits_at, "tzinfo") else None
+        self.gate.blocked(self.queued[job.pk], start_s)
+
+    @contextmanager
+    def trial(self) -> Iterator[Trial]:
+        """All or none: what is admitted inside is taken back on exit unless `commit()`ed."""
+        trial = Trial()
+        saved = copy.deepcopy((self.gate, self.headroom))
+        try:
+            yield trial
+        finally:
+            if not trial.committed:
+                self.gate, self.headroom = saved
+
+    def admit_all(self, jobs, placements) -> dict | None:
+        """Each job through `admit` with its placement, all or none: the first refusal, or
+        None when every one was admitted."""
+        with self.trial() as trial:
+            for job, placement in zip(jobs, placements, strict=True):
+                if refusal := self.admit(job, placement):
+                    return refusal
+            trial.commit()
+        return None
+
+
+class Trial:
+    committed = False
+
+    def commit(self) -> None:
+        self.committed = True
+
+
+def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
+    """The window's jobs in the queue's order, and the Admission that admits them (its gate
+    and every tenant's quota headroom, read now)."""
+    policy = fairshare.pool_queue_policy(pool_id)
+    capacity = (
+        float(sum(n.cpu_millicores for n in view.nodes)),
+        float(sum(n.memory_mib for n in view.nodes)),
+        float(sum(len(n.gpus) for n in view.nodes)),
+    )
+    queued = {
+        job.pk: fairshare.queued_job(
+            (
+                job.pk,
+                job.tenant_id,
+                job.priority,
+                job.max_wait_s,
+                job.state_changed_at,
+                job.resources,
+                job.max_runtime_s,
+            ),
+            now,
+        )
+        for job in jobs
+    }
+    tenant_ids = {job.tenant_id for job in jobs}
+    standings = fairshare.standings(pool_id, tenant_ids, now, policy=policy)
+    by_id = {job.pk: job for job in jobs}
+    ordered = [by_id[q.id] for q in order(list(queued.values()), standings, capacity, policy)]
+    gate = Gate.from_standings(capacity, standings, policy)
+    headroom = quota.quota_headroom(pool_id, tenant_ids)
+    return ordered, Admission(headroom, gate=gate, queued=queued, now=now)

@@ -1,0 +1,250 @@
+"""Apply: a pool's plan written in ONE transaction.
+
+1. lock the planned jobs' rows (SKIP LOCKED): a job another pass or a cancel holds is dropped
+   from the plan, neither placed nor noted, so a cancel always wins;
+2. the ledger's part (`take_leases`): lock the quota rows and re-check each tenant's headroom
+   under them, take the capacity with guarded writes per node (a node whose capacity another
+   pass or the lease API took meanwhile is dropped from the plan, its jobs stay queued with
+   `plan_conflict` for the next pass), insert the leases and their events;
+3. move the jobs to `leased` with their `placed` events, and note every job that did not fit
+   with its explanation, in bulk: rows built as plain dicts over one base row per table, one
+   statement per table.
+
+Gangs stay whole throughout: a member dropped at any step holds the others back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from types import SimpleNamespace
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection, transaction
+
+from jobs.choices import JobState
+from jobs.events import STREAM as JOB_STREAM
+from jobs.models import Job
+from jobs.services import jobs_placed_many
+from leases.services import SCHEDULER_KEY_PREFIX, ledger, quota
+from leases.window import request_digest
+from pools.events import MESSAGE_TYPE, event_fields, groups_of
+from pools.reasons import Reason
+from scheduling import fairshare
+
+from .outcomes import SCHEDULER, PassResult, placement_note
+from .plan import Planned
+
+logger = logging.getLogger(__name__)
+
+
+def apply_plan(pool, plan: list[Planned], view, now, result: PassResult) -> None:
+    """The plan written in one transaction (the module's steps), then its placements published."""
+    with transaction.atomic():
+        locked = lock_queued([p.job.pk for p in plan])
+        plan = [p for p in plan if p.job.pk in locked]  # the rest: another pass or a cancel
+        placing = [p for p in plan if p.placement is not None]
+        hold_back_gangs(placing, "another pass or a cancel holds one of its members")
+        leases = take_leases(pool, placing, view, now)
+        event, placed = _jobs_leased([p for p in placing if p.job.pk in leases], leases, now)
+        _note_pending([p for p in plan if p.explanation is not None], now)
+    for p in plan:
+        if p.job.pk in leases:
+            result.placed.append(p.job.pk)
+        elif p.explanation is not None:
+            result.pending[p.job.pk] = p.explanation["code"]
+    _publish_later(event, placed)
+
+
+def lock_queued(job_ids: list[int]) -> set[int]:
+    """Row locks on the jobs still queued, skipping those another transaction holds (a cancel,
+    another pass). One array parameter, typed: psycopg sends a list of small ints as
+    smallint[], which the id index cannot serve (20,000 jobs: 0.45 s instead of 0.02 s)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Job._meta.db_table} WHERE id = ANY(CAST(%s AS bigint[])) "
+            "AND state = %s FOR UPDATE SKIP LOCKED",
+            [job_ids, JobState.QUEUED.value],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def hold_back_gangs(placing: list[Planned], why: str) -> None:
+    """All or none: the members of a gang that lost one (no longer placeable) wait too, with
+    that member's reason when it has one, else plan_conflict."""
+    kept = defaultdict(int)
+    reasons = {}
+    for p in placing:
+        if p.gang is not None:
+            if p.explanation is None:
+                kept[p.gang] += 1
+            else:
+                reasons.setdefault(p.gang, p.explanation)
+    for p in placing:
+        if p.gang is not None and p.explanation is None and kept[p.gang] < len(p.gang.members):
+            p.explanation = reasons.get(p.gang) or {
+                "code": Reason.PLAN_CONFLICT.value,
+                "message": f"gang {p.gang.name} is not placed: {why}; it waits for the next pass",
+            }
+
+
+# --- the ledger's part: quotas, then nodes, then GPUs, under their locks ----------------------
+
+
+def take_leases(pool, placing: list[Planned], view, now) -> dict[int, int]:
+    """The leases of the placements still placeable, written through the ledger: quota rows
+    locked and each tenant's headroom re-checked under them, the capacity taken with guarded
+    writes, the leases and their `reserved` events inserted. Returns job id → its lease's id;
+    every placement left out gets its explanation."""
+    expires_at = now + settings.LEASE_DEFAULT_TTL
+    _recheck_quotas(pool, placing)
+    hold_back_gangs(placing, "one of its members is over its tenant's quota")
+    nodes = {node.name: node for node in view.nodes}
+    digests: dict[str, str] = {}  # equal requests, one digest
+    rows = {
+        p.job.pk: _lease_row(pool, p, view, nodes, expires_at - now, digests)
+        for p in placing
+        if p.explanation is None
+    }
+    taken = _take_capacity(pool, placing, rows)
+    for p in placing:
+        row = rows.get(p.job.pk)
+        if row is not None and row[0]["node_id"] not in taken:
+            p.explanation = {
+                "code": Reason.PLAN_CONFLICT.value,
+                "message": f"{p.placement.node} was taken by another writer before this pass "
+                "could apply its plan; the job waits for the next pass",
+            }
+            del rows[p.job.pk]
+    base = ledger.reserved_base(pool=pool, actor=SCHEDULER, now=now, expires_at=expires_at)
+    ids = ledger.insert_many(list(rows.values()), base)
+    return dict(zip(rows, ids, strict=True))
+
+
+def _recheck_quotas(pool, placing: list[Planned]) -> None:
+    """Under the quota rows' locks (lock order: jobs, quotas, nodes), each tenant's headroom
+    read afresh takes the planned placements in plan order; one over it waits, explained."""
+    pairs = quota.pairs_with_quota({(p.job.tenant_id, pool.pk) for p in placing})
+    if not pairs:
+        return
+    quota.lock_quotas(pairs)
+    headroom = quota.quota_headroom(pool.pk, {tenant for tenant, _ in pairs})
+    for p in placing:
+        room = headroom.get(p.job.tenant_id)
+        if room is None or p.explanation is not None:
+            continue
+        over = room.take(
+            cpu_millicores=p.placement.cpu_millicores,
+            memory_mib=p.placement.memory_mib,
+            gpus=fairshare.request_gpus(p.job.resources),
+        )
+        if over:
+            p.explanation = room.explanation(over)
+
+
+def _lease_row(pool, p: Planned, view, nodes, ttl, digests: dict) -> tuple[dict, dict]:
+    """The job's lease and its event as `lease_reserve` writes them (ledger.reserved_row)."""
+    job, placement = p.job, p.placement
+    node_id = view.node_ids[placement.node]
+    digest = digests.get(job.key)
+    if digest is None:
+        digest = digests[job.key] = request_digest(pool, job.resources, ttl)
+    return ledger.reserved_row(
+        tenant_id=job.tenant_id,
+        job_id=job.pk,
+        request=job.resources,
+        placement=placement,
+        node_id=node_id,
+        allocations=ledger.gpu_allocations(placement, view, node_id, nodes[placement.node]),
+        idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
+        digest=digest,
+        decision=p.decision,
+    )
+
+
+def _take_capacity(pool, placing: list[Planned], rows: dict) -> set[int]:
+    """The guarded capacity writes of the plan's leases (`rows`: job id → (lease, event)); the
+    ids of the nodes whose capacity was taken. A gang one of whose nodes was taken meanwhile
+    takes nothing: the writes roll back to a savepoint and are redone without its members
+    (which wait with plan_conflict), until every gang left is whole."""
+    gangs = [p for p in placing if p.gang is not None and p.job.pk in rows]
+    savepoint = transaction.savepoint() if gangs else None
+    while True:
+        taken = ledger.take_capacity_many(
+            [lease for lease, _ in rows.values()],
+            allow_mixing=pool.allow_tenant_mixing_on_shared_gpus,
+        )
+        lost = {
+            p.gang: p.placement.node for p in gangs if rows[p.job.pk][0]["node_id"] not in taken
+        }
+        if not lost:
+            return taken
+        transaction.savepoint_rollback(savepoint)
+        for p in gangs:
+            if p.gang in lost:
+                p.explanation = {
+                    "code": Reason.PLAN_CONFLICT.value,
+                    "message": f"{lost[p.gang]} was taken by another writer before this pass "
+                    f"could apply its plan; no member of gang {p.gang.name} is placed, they "
+                    "wait for the next pass",
+                }
+                del rows[p.job.pk]
+        gangs = [p for p in gangs if p.gang not in lost]
+
+
+# --- what the jobs say -------------------------------------------------------------------------
+
+
+def _jobs_leased(placing: list[Planned], leases: dict[int, int], now):
+    """queued → leased for the placed jobs, through the jobs' bulk service, each `placed`
+    event the one note of a placement. Returns the event all share and each (job, message),
+    for publishing after commit."""
+    notes = []
+    for p in placing:
+        gang = p.gang.name if p.gang is not None else ""
+        node, version = p.placement.node, p.placement.policy_version
+        notes.append((p.job.pk, *placement_note(node, leases[p.job.pk], version, gang)))
+    base = jobs_placed_many(notes, actor=SCHEDULER, now=now)
+    return base, [(p.job, message) for p, (_, message, _) in zip(placing, notes, strict=True)]
+
+
+def _note_pending(waiting: list[Planned], now) -> None:
+    """Why each job waits, one UPDATE per distinct explanation (a class of requests shares
+    one); the rows are locked by this transaction."""
+    groups: dict[int, tuple[dict, list[int]]] = {}
+    for p in waiting:
+        groups.setdefault(id(p.explanation), (p.explanation, []))[1].append(p.job.pk)
+    for explanation, ids in groups.values():
+        Job.objects.filter(pk__in=ids, state=JobState.QUEUED).update(
+            pending_reason=explanation, pending_checked_at=now
+        )
+
+
+def _publish_later(base, placed: list[tuple]) -> None:
+    """The placed jobs' live events, published after commit on a thread of their own with one
+    event loop: each costs about a millisecond of Redis round trips, which must not hold up the
+    pass (16 s for 16,000 placements). `base`: the event they share, `placed`: (job, message)
+    each. A lost event is only a late browser update: the database is the source of truth."""
+    layer = get_channel_layer()
+    if layer is None or not placed:
+        return
+    shared = {name: getattr(base, name) for name in ("at", "from_state", "to_state", "reason")}
+    shared["actor_label"] = base.actor_label
+
+    async def send_all():
+        for job, message in placed:
+            event = event_fields(SimpleNamespace(**shared, message=message))
+            payload = {"job": job.pk, "name": job.name, "state": JobState.LEASED, **event}
+            for group in groups_of(JOB_STREAM, job, model=Job):
+                await layer.group_send(group, {"type": MESSAGE_TYPE, "event": payload})
+
+    def publish():
+        try:
+            async_to_sync(send_all)()
+        except Exception:
+            logger.warning("could not publish %d placements", len(placed), exc_info=True)
+
+    threading.Thread(target=publish, name="pass-publish", daemon=True).start()

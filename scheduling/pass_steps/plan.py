@@ -1,0 +1,186 @@
+"""Read and plan: the window's jobs, their core requests, ONE snapshot of the pool, and every
+job planned on it in the pure core (`placement.batch.plan`: the decisions `place` would make
+one by one), each placement admitted by the pass's `Admission`; gangs after the other jobs,
+each whole, on the nodes the batch plan left."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from contextlib import ContextDecorator
+from dataclasses import dataclass, replace
+
+from leases import snapshot as snap
+from leases.explain import NoCapacity, explanation_dict
+from placement import Explanation, Placement, Policy, Request, apply_placement, batch, place_gang
+from placement.fragmentation import Workload
+
+from .admission import Admission, order_window
+from .gangs import Gang, GangWaits, form_gangs, well_formed
+from .outcomes import PassResult, scheduling_error
+from .window import JobRow, gang_mates, read_rows
+
+
+@dataclass(slots=True)
+class Planned:
+    job: JobRow
+    placement: Placement | None = None
+    decision: dict | None = None
+    explanation: dict | None = None  # why it waits (pending_reason), when not placed
+    gang: Gang | None = None  # the gang it is placed with, whole
+
+
+@dataclass(slots=True)
+class Reading:
+    """What a pool's plan reads: the window's jobs in the queue's order (with the members of
+    their gangs), each one's core request, the policy, the snapshot and the Admission."""
+
+    pool: object
+    jobs: list[JobRow]
+    core_requests: dict[int, Request]  # job id → its core request; equal requests share one
+    policy: Policy
+    view: object  # leases.snapshot's pool snapshot
+    admission: Admission
+
+
+def core_request(job) -> Request:
+    """A job's core request, as `lease_reserve` builds it: placed only where its image's
+    architectures run (image_arch filter), preferring nodes that have its pinned digest
+    cached (warm_image)."""
+    request = snap.core_request(job.resources, job.tenant_id, job.image_platforms or ())
+    if "@" in (job.image or ""):
+        request = replace(request, image=job.image.rsplit("@", 1)[1])
+    return request
+
+
+def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
+    jobs = well_formed(read_rows(job_ids), now, result)
+    # a gang is planned whole: its members outside the window too
+    if mates := gang_mates(pool.pk, jobs):
+        jobs += well_formed(read_rows(mates), now, result)
+    core_requests, shared = {}, {}  # equal requests share one core Request
+    for job in jobs:
+        key = (job.key, job.tenant_id, tuple(job.image_platforms or ()), job.image)
+        try:
+            if key not in shared:
+                shared[key] = core_request(job)
+            core_requests[job.pk] = shared[key]
+        except Exception as error:  # a corrupt stored request fails its own job only
+            result.pending[job.pk] = scheduling_error(job.pk, error, now)
+    jobs = [job for job in jobs if job.pk in core_requests]
+    # Fragmentation is measured against the mix of work asking for the pool: this window's
+    # requests (FGD's "typical tasks"; the memory-coupled default needs their memory).
+    policy = snap.pool_policy(pool)
+    if core_requests:
+        policy = policy.with_workload(Workload.from_requests(core_requests.values()))
+    # with the nodes' lease ends: a job that does not fit is told when capacity frees up
+    work = any(snap.needs_work(r, policy) for r in core_requests.values())
+    view = snap.pool_snapshot(pool.pk, work=work)
+    jobs, admission = order_window(pool.pk, jobs, view, now)
+    return Reading(pool, jobs, core_requests, policy, view, admission)
+
+
+def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
+    """Every job of the reading planned: placed, or with the explanation it waits with."""
+    members = [job for job in reading.jobs if job.gang]  # planned after the others
+    jobs = [job for job in reading.jobs if not job.gang]
+    positions = _ByPosition(reading.admission, jobs)
+    outcomes, nodes = batch.plan(
+        [reading.core_requests[job.pk] for job in jobs],
+        reading.view.nodes,
+        reading.policy,
+        admit=positions.admit,
+        waited=positions.waited,
+    )
+    planned = []
+    explained: dict[int, dict] = {}  # a class of requests shares one explanation: one UPDATE
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        if outcome.error is not None:
+            result.pending[job.pk] = scheduling_error(job.pk, outcome.error, now)
+            continue
+        p = Planned(job, outcome.placement, outcome.decision)
+        if outcome.refusal:
+            p.explanation = reading.admission.refusals[job.pk]
+        elif outcome.explanation is not None:
+            key = id(outcome.explanation)
+            if key not in explained:
+                explanation = explanation_dict(outcome.explanation, now=now)
+                explained[key] = NoCapacity(explanation).explanation
+            p.explanation = explained[key]
+        planned.append(p)
+    if members:
+        result.gangs.update(job.pk for job in members)
+        formed = form_gangs(members, reading.core_requests)
+        planned += _plan_gangs(formed, nodes, reading.policy, reading.admission)
+    return planned
+
+
+class _ByPosition:
+    """`batch.plan` names each job by its position in the list it plans."""
+
+    __slots__ = ("admission", "jobs")
+
+    def __init__(self, admission: Admission, jobs: list[JobRow]):
+        self.admission, self.jobs = admission, jobs
+
+    def admit(self, position: int, placement: Placement) -> str:
+        refusal = self.admission.admit(self.jobs[position], placement)
+        return refusal["code"] if refusal else ""
+
+    def waited(self, position: int, explanation: Explanation) -> None:
+        self.admission.blocked(self.jobs[position], explanation)
+
+
+def _plan_gangs(formed: list, nodes, policy: Policy, admission: Admission) -> list[Planned]:
+    """The formed gangs, in order, on the nodes the batch plan left: `place_gang` places one
+    replica per member, and every member passes the Admission, or none takes anything."""
+    nodes = list(nodes)
+    index = {node.name: i for i, node in enumerate(nodes)}
+    planned = []
+    for gang in formed:
+        if isinstance(gang, GangWaits):
+            planned += [Planned(job, explanation=gang.explanation) for job in gang.members]
+            continue
+        placed = place_gang(gang.replicas, nodes, policy)
+        if isinstance(placed, Explanation):
+            extra = {"gang_reason": placed.gang_reason}
+            why = NoCapacity(explanation_dict(placed, **extra)).explanation
+            planned += [Planned(job, explanation=why) for job in gang.members]
+            continue
+        if refusal := admission.admit_all(gang.members, placed.placements):
+            planned += [Planned(job, explanation=refusal) for job in gang.members]
+            continue
+        decision = {"policy_version": placed.policy_version, "nodes": len(nodes)}
+        decision |= {"gang": gang.name, "topology": gang.topology, "domain": placed.domain}
+        for job, placement in zip(gang.members, placed.placements, strict=True):
+            i = index[placement.node]
+            nodes[i] = apply_placement(nodes[i], placement)
+            chosen = {**decision, "chosen": placement.node}
+            planned.append(Planned(job, placement, chosen, gang=gang))
+    return planned
+
+
+class PausedCollector(ContextDecorator):
+    """The cyclic garbage collector paused while any pass of the process runs. A pass makes
+    hundreds of thousands of objects that live until it ends (node views, placements, rows)
+    and next to no garbage cycles: the collector's full sweeps over them took half of the
+    plan's time (5,000 nodes × 20,000 jobs). Reference counting still frees everything else;
+    the collector resumes, as it was, when the last pass ends."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.passes = 0
+        self.resume = False
+
+    def __enter__(self):
+        with self.lock:
+            if not self.passes:
+                self.resume = gc.isenabled()
+                gc.disable()
+            self.passes += 1
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.passes -= 1
+            if not self.passes and self.resume:
+                gc.enable()
