@@ -314,17 +314,32 @@ def test_a_job_over_quota_waits_with_the_dimension_named(lpool, ltenant):
 def test_the_batch_pass_writes_what_the_single_path_writes(lpool, ltenant):
     """The pass builds its rows as plain dicts over one base row per table: each lease, its
     `reserved` event and the job's `placed` event hold what `lease_reserve` and
-    `job_transition` write for the same job, apart from ids, times and the decision record."""
+    `job_transition` write for the same job, apart from ids, times and the decision record;
+    for a gang's member too, whose `placed` event names its gang on both paths."""
     mixed_fleet(lpool)
     request = gpu_request("timeslice", count=1, milli=250, cpu=1000, memory=1024)
-    first, second = submit_jobs(
-        lpool, [{"tenant": ltenant, "name": name, "resources": request} for name in "ab"]
-    )
-    assert scheduling_pass(pool_id=lpool.pk, limit=1).placed == [first.pk]  # the batch
-    result = passes.PassResult()
-    single_path.one_by_one([second.pk], timezone.now(), result)  # the single path
-    assert result.placed == [second.pk]
 
+    def queue(side: str) -> list[Job]:  # one job alone, then a gang of two
+        gang = {"name": f"pair-{side}", "size": 2, "topology": "spread_hosts"}
+        member = cpu_request(cpu=1000, memory=1024)
+        specs = [{"tenant": ltenant, "name": side, "resources": request}]
+        specs += [
+            {"tenant": ltenant, "name": f"{side}{i}", "resources": member, "gang": gang}
+            for i in range(2)
+        ]
+        return submit_jobs(lpool, specs)
+
+    batch = queue("a")
+    assert sorted(scheduling_pass(pool_id=lpool.pk).placed) == [j.pk for j in batch]
+    single = queue("b")
+    result = passes.PassResult()
+    single_path.one_by_one([j.pk for j in single], timezone.now(), result)  # the single path
+    assert result.placed == [j.pk for j in single]
+    assert_written_alike(batch[0], single[0])
+    assert_written_alike(batch[1], single[1], gang=("pair-a", "pair-b"))
+
+
+def assert_written_alike(first: Job, second: Job, gang=("", "")) -> None:
     def columns(obj, *without):
         skip = {"id", "job", "lease", "at", "created_at", "state_changed_at", "expires_at"}
         skip |= set(without)
@@ -339,7 +354,11 @@ def test_the_batch_pass_writes_what_the_single_path_writes(lpool, ltenant):
     assert batch.idempotency_key == f"{SCHEDULER_KEY_PREFIX}{first.pk}-attempt-1"
     decision = batch.placement.pop("decision")
     assert decision["chosen"] == batch.placement["node"]
+    assert decision.get("gang", "") == gang[0]
     keyed = ("idempotency_key", "fencing_token", "placement", "gpu_allocations")
+    if gang[1]:  # the single path reserves each member pinned to the node its gang planned
+        assert single.request == {**batch.request, "node_pin": single.placement["node"]}
+        keyed += ("request", "idempotency_digest", "node")  # each gang planned on its own
     assert columns(batch, *keyed) == columns(single, *keyed)
     assert set(batch.placement) == set(single.placement)
     assert [{**a, "gpu": 0} for a in batch.gpu_allocations] == [
@@ -353,12 +372,15 @@ def test_the_batch_pass_writes_what_the_single_path_writes(lpool, ltenant):
     assert set(events[0].data) == set(events[1].data) == {"node", "score"}
     placed = [job.events.get(reason="placed") for job in (first, second)]
     assert columns(placed[0], "message", "data") == columns(placed[1], "message", "data")
-    for event, lease in zip(placed, (batch, single), strict=True):
-        assert event.message == f"placed on {lease.placement['node']} (lease {lease.pk})"
+    for event, lease, name in zip(placed, (batch, single), gang, strict=True):
+        node = lease.placement["node"]
+        with_gang = f" with gang {name}" if name else ""
+        assert event.message == f"placed on {node}{with_gang} (lease {lease.pk})"
         assert event.data == {
             "lease": lease.pk,
-            "node": lease.placement["node"],
+            "node": node,
             "policy_version": lease.policy_version,
+            **({"gang": name} if name else {}),
         }
     for job in (first, second):
         job.refresh_from_db()
