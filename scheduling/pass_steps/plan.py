@@ -14,6 +14,7 @@ from leases import snapshot as snap
 from leases.explain import NoCapacity, explanation_dict
 from placement import Explanation, Placement, Policy, Request, apply_placement, batch, place_gang
 from placement.fragmentation import Workload
+from pools import knobs
 
 from .admission import Admission, order_window
 from .gangs import Gang, GangWaits, form_gangs, well_formed
@@ -70,7 +71,7 @@ def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
     jobs = [job for job in jobs if job.pk in core_requests]
     # Fragmentation is measured against the mix of work asking for the pool: this window's
     # requests (FGD's "typical tasks"; the memory-coupled default needs their memory).
-    policy = snap.pool_policy(pool)
+    policy = knobs.pool_policy(pool)
     if core_requests:
         policy = policy.with_workload(Workload.from_requests(core_requests.values()))
     # with the nodes' lease ends: a job that does not fit is told when capacity frees up

@@ -19,6 +19,7 @@ from leases.explain import NoCapacity, explanation_dict
 from leases.models import Lease
 from leases.services import SCHEDULER_KEY_PREFIX, lease_reserve, quota
 from placement import Explanation, place_gang
+from pools import knobs
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, error_summary
 
@@ -107,7 +108,7 @@ def _place_gang(gang: Gang, admission: Admission, now) -> bool | dict:
     what the Admission took). True, or the explanation every member waits with."""
     first = gang.members[0]
     nodes = snap.pool_snapshot(first.pool_id).nodes
-    placed = place_gang(gang.replicas, nodes, snap.pool_policy(first.pool))
+    placed = place_gang(gang.replicas, nodes, knobs.pool_policy(first.pool))
     if isinstance(placed, Explanation):
         return NoCapacity(explanation_dict(placed, gang_reason=placed.gang_reason)).explanation
     with admission.trial() as trial:
