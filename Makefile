@@ -39,12 +39,15 @@ run: demo
 services:
 	bash .ci/ensure-services.sh
 
+# no repeated block of six or more lines in the ledger, gang and knob code
+DUPLICATE_CHECKED := leases scheduling/pass_steps pools/knobs.py pools/validation.py
+
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	# no repeated block of six or more lines in the ledger, gang and knob code (issue 18)
-	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 		--ignore=migrations --score=n leases scheduling/pass_steps pools/knobs.py pools/validation.py
+	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 \
+		--ignore=migrations --score=n $(DUPLICATE_CHECKED)
 
 format: $(VENV)/.test-deps
 	$(BIN)/ruff format .
