@@ -21,7 +21,6 @@ from collections import defaultdict
 from django.conf import settings
 from django.utils import timezone
 
-from leases.explain import NoCapacity
 from leases.services import ledger
 from pools.models import ComputePool
 from pools.reasons import Reason
@@ -100,7 +99,7 @@ def batch_pass(pool_id: int, job_ids: list[int], now, result: PassResult) -> dic
     snapshot_s, lap = time.perf_counter() - lap, time.perf_counter()
     planned = plan.plan(reading, now, result)
     plan_s, lap = time.perf_counter() - lap, time.perf_counter()
-    waiting = [p for p in planned if _code(p) == NoCapacity.code and not p.job.gang]
+    waiting = [p for p in planned if _code(p) == Reason.NO_CAPACITY.value and not p.job.gang]
     if waiting and not single.holds_reservations(pool_id):
         waiting = []
     apply.apply_plan(pool, planned, reading.view, now, result)
@@ -120,7 +119,9 @@ def _preempt_for_waiting(pool_id: int, pending: dict, result: PassResult, now) -
     """Priority work that waits for capacity may preempt (scheduling/preemption.py); gang
     members never do, one by one. A failure is logged and the pass goes on."""
     waiting = [
-        j for j, code in pending.items() if code == NoCapacity.code and j not in result.gangs
+        j
+        for j, code in pending.items()
+        if code == Reason.NO_CAPACITY.value and j not in result.gangs
     ]
     try:
         if waiting:

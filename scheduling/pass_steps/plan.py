@@ -48,10 +48,10 @@ def core_request(job) -> Request:
     """A job's core request, as `lease_reserve` builds it: placed only where its image's
     architectures run (image_arch filter), preferring nodes that have its pinned digest
     cached (warm_image)."""
-    request = snap.core_request(job.resources, job.tenant_id, job.image_platforms or ())
+    core = snap.core_request(job.resources, job.tenant_id, job.image_platforms or ())
     if "@" in (job.image or ""):
-        request = replace(request, image=job.image.rsplit("@", 1)[1])
-    return request
+        core = replace(core, image=job.image.rsplit("@", 1)[1])
+    return core
 
 
 def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:

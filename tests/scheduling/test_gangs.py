@@ -1,5 +1,8 @@
 """Gangs of jobs on the product path: members submitted through the API share a gang name, and
-the real scheduling pass places every member of a gang together or none of them."""
+the real scheduling pass places every member of a gang together or none of them; and
+`form_gangs`, which forms them alike for both paths."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +18,8 @@ from jobs.models import Job
 from leases.models import Lease
 from leases.selectors import ledger_problems
 from leases.services import ledger
+from placement import Request
+from scheduling.pass_steps.gangs import form_gangs
 from scheduling.passes import scheduling_pass
 from tests.scheduling.conftest import another_writer_takes_before_apply
 
@@ -193,3 +198,37 @@ def test_a_gang_stored_broken_fails_its_own_job_and_the_pass_goes_on(client, gpo
     assert result.placed == [fine.json()["id"]]
     job = Job.objects.get(pk=broken[0])
     assert job.state == JobState.FAILED and job.events.last().reason == "scheduling_error"
+
+
+# --- form_gangs, the one function both paths form gangs with ----------------------------------
+
+
+def gang_job(pk: int, name: str = "train", size: int = 2, topology: str = "none", tenant: int = 1):
+    return SimpleNamespace(
+        pk=pk, tenant_id=tenant, gang={"name": name, "size": size, "topology": topology}
+    )
+
+
+def test_members_in_id_order_make_gangs_of_their_size_in_queue_order():
+    members = [gang_job(5, "b"), gang_job(3), gang_job(1), gang_job(4, "b"), gang_job(2)]
+    ask = {pk: Request(cpu_millicores=1000, name=f"rank-{pk}") for pk in range(1, 6)}
+    formed = form_gangs(members, ask)
+    assert [type(g).__name__ for g in formed] == ["Gang", "Gang", "GangWaits"]
+    b, train, rest = formed
+    assert [j.pk for j in b.members] == [4, 5] and b.name == "b"
+    assert [j.pk for j in train.members] == [1, 2] and train.replicas.replicas == 2
+    assert [j.pk for j in rest.members] == [3]  # the name used again: the next gang, incomplete
+    assert rest.explanation == {"code": "gang_incomplete", "message": "1 of 2 members queued"}
+
+
+def test_members_that_disagree_wait_with_one_mismatch_message():
+    message = "the members of gang train ask for different resources, size or topology"
+    mismatch = {"code": "gang_mismatch", "message": message}
+    ask = {1: Request(cpu_millicores=1000), 2: Request(cpu_millicores=2000)}
+    (differ,) = form_gangs([gang_job(1), gang_job(2)], ask)
+    assert differ.explanation == mismatch
+    ask[2] = ask[1]
+    (disagree,) = form_gangs([gang_job(1), gang_job(2, topology="spread_hosts")], ask)
+    assert disagree.explanation == mismatch and len(disagree.members) == 2
+    tenants = form_gangs([gang_job(1), gang_job(2, tenant=2)], ask)  # a gang is one tenant's
+    assert [g.explanation["code"] for g in tenants] == ["gang_incomplete"] * 2
