@@ -35,7 +35,7 @@ from pools.actors import Actor
 from pools.knobs import knobs_for
 from pools.models import ComputePool, TenantSecret
 from pools.reasons import Reason
-from pools.statemachine import record_sweep_failure
+from pools.sweeps import sweep
 
 from .choices import TERMINAL
 from .events import publish_job_event
@@ -234,8 +234,6 @@ def job_outputs(job: Job):
 
 # --- retention ------------------------------------------------------------------------------
 
-RETENTION_BATCH = 500  # jobs per pool per sweep; the next sweep takes the rest
-
 
 def _expirable(pool, cutoff):
     """The pool's jobs that ended before `cutoff` and still keep outputs or a log."""
@@ -245,53 +243,49 @@ def _expirable(pool, cutoff):
     )
 
 
-def expire_artifacts(*, now=None, batch: int = RETENTION_BATCH) -> int:
+def expire_artifacts(*, now=None) -> int:
     """Deletes the outputs (files and rows) and logs of jobs that ended more than their pool's
-    `output_retention_days` ago; returns how many jobs were cleared. Each job in its own
-    transaction (SKIP LOCKED: safe on several workers); a job that fails is recorded
-    (`sweep_failed`) and kept for the next sweep, the others go on."""
+    `output_retention_days` ago; returns how many jobs were cleared (at most SWEEP_BATCH per
+    pool: the next sweep takes the rest). Each job in its own transaction (pools.sweeps.sweep,
+    SKIP LOCKED: safe on several workers); a job that fails is recorded (`sweep_failed`) and
+    kept for the next sweep, the others go on."""
     now = now or timezone.now()
     actor = Actor.system("artifact-retention")
     cleared = 0
     for pool in ComputePool.objects.order_by("pk"):
         days = knobs_for(pool).output_retention_days
-        due = _expirable(pool, now - timedelta(days=days))
-        for pk in list(due.order_by("pk").values_list("pk", flat=True)[:batch]):
-            try:
-                cleared += _expire_job(due, pk, days=days, actor=actor, now=now)
-            except Exception as error:
-                record_sweep_failure(
-                    Job, pk, event_model=JobEvent, actor=actor, error=error, now=now
-                )
+        done = sweep(
+            _expirable(pool, now - timedelta(days=days)),
+            lambda job, days=days: _expire_job(job, days=days, actor=actor, now=now),
+            event_model=JobEvent,
+            actor=actor,
+            now=now,
+        )
+        for pk in done:  # once its rows are gone for good
+            _remove_empty_folders(default_storage, pk)
+        cleared += len(done)
     return cleared
 
 
-def _expire_job(due, pk, *, days: int, actor: Actor, now) -> bool:
-    storage = default_storage
-    with transaction.atomic():
-        job = due.select_for_update(skip_locked=True).filter(pk=pk).first()
-        if job is None:
-            return False  # cleared meanwhile, or another sweeper holds it
-        outputs = list(job.outputs.all())
-        # Files first, inside the transaction: a file that cannot be deleted rolls the rows
-        # back, and the next sweep tries again (deleting a file already gone is a no-op).
-        for output in outputs:
-            storage.delete(output.file.name)
-        job.outputs.all().delete()
-        chunks, _ = job.log_chunks.all().delete()
-        event = JobEvent.record(
-            job,
-            actor=actor,
-            from_state=job.state,
-            to_state=job.state,
-            reason=Reason.ARTIFACTS_EXPIRED,
-            message=f"outputs and log deleted {days} days after the job ended",
-            at=now,
-            data={"outputs": len(outputs), "log_chunks": chunks},
-        )
-        transaction.on_commit(lambda: publish_job_event(job, event))
-    _remove_empty_folders(storage, job.pk)
-    return True
+def _expire_job(job: Job, *, days: int, actor: Actor, now) -> None:
+    outputs = list(job.outputs.all())
+    # Files first, inside the transaction: a file that cannot be deleted rolls the rows back,
+    # and the next sweep tries again (deleting a file already gone is a no-op).
+    for output in outputs:
+        default_storage.delete(output.file.name)
+    job.outputs.all().delete()
+    chunks, _ = job.log_chunks.all().delete()
+    event = JobEvent.record(
+        job,
+        actor=actor,
+        from_state=job.state,
+        to_state=job.state,
+        reason=Reason.ARTIFACTS_EXPIRED,
+        message=f"outputs and log deleted {days} days after the job ended",
+        at=now,
+        data={"outputs": len(outputs), "log_chunks": chunks},
+    )
+    transaction.on_commit(lambda: publish_job_event(job, event))
 
 
 def _remove_empty_folders(storage, job_id: int) -> None:

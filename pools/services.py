@@ -40,7 +40,8 @@ from .models import (
 )
 from .reasons import Reason
 from .roles import has_platform_role, is_operator
-from .statemachine import TransitionRefused, transition
+from .statemachine import transition
+from .sweeps import sweep
 
 # The models each admin role edits in the Django admin: shape admins define the catalogue,
 # policy admins the scheduling policy (quotas, credit, priorities, registries, versions).
@@ -342,22 +343,23 @@ def support_grant_revoke(*, grant: SupportGrant, actor: Actor, now=None) -> Supp
 def support_grants_expire(*, now) -> int:
     """Records the expiry of every active grant past its `expires_at` (the reads refuse them
     from that moment on anyway: pools.selectors.tenant_data_readable)."""
+    actor = Actor.system("support-grant-expiry")
     due = SupportGrant.objects.filter(state=SupportGrantState.ACTIVE, expires_at__lte=now)
-    expired = 0
-    for pk in due.values_list("pk", flat=True):
-        try:
-            transition(
-                SupportGrant,
-                pk,
-                to=SupportGrantState.EXPIRED,
-                allowed=SUPPORT_GRANT_TRANSITIONS,
-                event_model=SupportGrantEvent,
-                actor=Actor.system("support-grant-expiry"),
-                reason=Reason.SUPPORT_EXPIRED,
-                message="reached its expiry",
-                now=now,
-            )
-            expired += 1
-        except TransitionRefused:  # revoked or expired meanwhile by another worker
-            continue
-    return expired
+    expired = sweep(
+        due,
+        lambda grant: transition(
+            SupportGrant,
+            grant.pk,
+            to=SupportGrantState.EXPIRED,
+            allowed=SUPPORT_GRANT_TRANSITIONS,
+            event_model=SupportGrantEvent,
+            actor=actor,
+            reason=Reason.SUPPORT_EXPIRED,
+            message="reached its expiry",
+            now=now,
+        ),
+        event_model=SupportGrantEvent,
+        actor=actor,
+        now=now,
+    )
+    return len(expired)

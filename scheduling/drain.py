@@ -21,13 +21,15 @@ from leases.models import Lease
 from leases.services import lease_release
 from nodes.choices import NodeState
 from nodes.errors import NodeScopeRefused
-from nodes.models import Node
-from nodes.services import each_node, node_event, node_mark_drained
+from nodes.models import Node, NodeEvent
+from nodes.services import node_event, node_mark_drained
 from pools.actors import Actor
 from pools.choices import DrainPolicy
 from pools.knobs import knobs_for
+from pools.models import ComputePool
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused, record_sweep_failure
+from pools.statemachine import TransitionRefused
+from pools.sweeps import sweep
 
 
 def _drain_step(job: Job, policy: str):
@@ -115,12 +117,17 @@ def node_drain_sweep(*, now=None) -> dict[str, list[int]]:
     due = Node.objects.filter(
         state=NodeState.DRAINING, drain_deadline__lte=now, drain_enforced_at__isnull=True
     ).select_related("pool")
-    enforced = each_node(
-        due, lambda node: node_drain_enforce(node=node, actor=actor, now=now), actor=actor, now=now
+    enforced = sweep(
+        due,
+        lambda node: node_drain_enforce(node=node, actor=actor, now=now),
+        event_model=NodeEvent,
+        actor=actor,
+        now=now,
     )
-    completed = each_node(
+    completed = sweep(
         Node.objects.filter(state=NodeState.DRAINING, drained_at__isnull=True),
         lambda node: node_drain_complete(node=node, actor=actor, now=now),
+        event_model=NodeEvent,
         actor=actor,
         now=now,
     )
@@ -165,48 +172,42 @@ def checkpoint_deadline_sweep(*, now=None) -> list[int]:
     the queue without a new checkpoint (`checkpoint_timed_out`; the next attempt restores the
     last one it has) and their leases are released, so the agent stops the container (a job
     gone from its assignments is stopped). Returns the jobs moved; one failing job is recorded
-    on its row and the others go on."""
+    on its row and the others go on (pools.sweeps.sweep)."""
     now = now or timezone.now()
     actor = Actor.system("checkpoint-sweep")
-    moved = []
-    stuck = Job.objects.filter(
+    overdue = Job.objects.filter(
         state=JobState.CHECKPOINTING, state_changed_at__lte=now - CHECKPOINT_REPORT_MARGIN
-    ).select_related("pool")
-    for job in stuck:
-        grace = timedelta(seconds=knobs_for(job.pool).stop_grace_s)
-        if job.state_changed_at > now - grace - CHECKPOINT_REPORT_MARGIN:
-            continue
-        try:
-            with transaction.atomic():
-                job_transition(
-                    job=job,
-                    to=JobState.QUEUED,
-                    actor=actor,
-                    reason=Reason.CHECKPOINT_TIMED_OUT,
-                    message="the agent did not report the checkpoint in time; re-queued, "
-                    "its lease released",
-                    now=now,
-                    check=_still_checkpointing,
-                )
-                for lease in Lease.objects.filter(job=job, state__in=HOLDING):
-                    lease_release(
-                        lease=lease,
-                        actor=actor,
-                        reason=Reason.RELEASED_JOB_ENDED,
-                        message="checkpoint timed out",
-                        now=now,
-                    )
-        except TransitionRefused:
-            continue  # reported or moved meanwhile
-        except Exception as error:  # one bad job never stops the sweep
-            record_sweep_failure(
-                Job, job.pk, event_model=JobEvent, actor=actor, error=error, now=now
-            )
-            continue
-        moved.append(job.pk)
+    )
+    moved = []
+    for pool in ComputePool.objects.filter(pk__in=overdue.values("pool_id")).order_by("pk"):
+        grace = timedelta(seconds=knobs_for(pool).stop_grace_s)
+        due = overdue.filter(
+            pool=pool, state_changed_at__lte=now - grace - CHECKPOINT_REPORT_MARGIN
+        )
+        moved += sweep(
+            due,
+            lambda job: _checkpoint_given_up(job, actor=actor, now=now),
+            event_model=JobEvent,
+            actor=actor,
+            now=now,
+        )
     return moved
 
 
-def _still_checkpointing(job) -> None:
-    if job.state != JobState.CHECKPOINTING:
-        raise TransitionRefused("transition_not_allowed", f"job {job.pk} is {job.state}")
+def _checkpoint_given_up(job: Job, *, actor: Actor, now) -> None:
+    job_transition(
+        job=job,
+        to=JobState.QUEUED,
+        actor=actor,
+        reason=Reason.CHECKPOINT_TIMED_OUT,
+        message="the agent did not report the checkpoint in time; re-queued, its lease released",
+        now=now,
+    )
+    for lease in Lease.objects.filter(job=job, state__in=HOLDING):
+        lease_release(
+            lease=lease,
+            actor=actor,
+            reason=Reason.RELEASED_JOB_ENDED,
+            message="checkpoint timed out",
+            now=now,
+        )

@@ -3,46 +3,37 @@ their tolerance end with a reason and return their capacity. Safe on several wor
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
 from leases.window import as_timedelta
 from pools.actors import Actor
 from pools.reasons import Reason
-from pools.statemachine import record_sweep_failure
+from pools.sweeps import sweep
 
 from .lifecycle import end_lease
 
 S = LeaseState
 
 
-def _sweep(queryset, *, to: str, reason_for, actor: Actor, now, batch: int = 500) -> int:
-    """Each lease in its own short transaction; SKIP LOCKED lets several sweepers share. A lease
-    that fails is rolled back and recorded (`record_sweep_failure`); the others go on."""
-    count = 0
-    ids = list(queryset.order_by("id").values_list("id", flat=True)[:batch])
-    for pk in ids:
-        try:
-            with transaction.atomic():
-                lease = queryset.select_for_update(skip_locked=True).filter(pk=pk).first()
-                if lease is None:
-                    continue  # someone else ended it, or holds it right now
-                end_lease(
-                    lease,
-                    to=to,
-                    actor=actor,
-                    reason=reason_for(lease),
-                    message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
-                    now=now,
-                )
-        except Exception as error:
-            record_sweep_failure(
-                Lease, pk, event_model=LeaseEvent, actor=actor, error=error, now=now
-            )
-            continue
-        count += 1
-    return count
+def _end_each(due, *, to: str, reason_for, actor: Actor, now) -> int:
+    """Ends each lease of `due` (pools.sweeps.sweep: one transaction each, SKIP LOCKED, a
+    failure recorded on its lease); returns how many it ended."""
+    return len(
+        sweep(
+            due,
+            lambda lease: end_lease(
+                lease,
+                to=to,
+                actor=actor,
+                reason=reason_for(lease),
+                message=f"swept at {now:%Y-%m-%d %H:%M:%S}",
+                now=now,
+            ),
+            event_model=LeaseEvent,
+            actor=actor,
+            now=now,
+        )
+    )
 
 
 def expire_leases(*, now) -> int:
@@ -50,7 +41,7 @@ def expire_leases(*, now) -> int:
     due = Lease.objects.filter(state__in=(S.RESERVED, S.COMMITTED), expires_at__lte=now).exclude(
         state=S.RESERVED, window_start__isnull=False
     )
-    return _sweep(
+    return _end_each(
         due,
         to=S.EXPIRED,
         reason_for=lambda lease: (
@@ -66,7 +57,7 @@ def expire_uncertain(*, now, deadline) -> int:
     so is a stopping lease whose node has been silent as long (nobody can confirm its stop)."""
     cutoff = now - as_timedelta(deadline)
     due = Lease.objects.filter(state__in=(S.UNCERTAIN, S.STOPPING), uncertain_since__lte=cutoff)
-    return _sweep(
+    return _end_each(
         due,
         to=S.EXPIRED,
         reason_for=lambda lease: Reason.UNCERTAIN_DEADLINE,
@@ -78,7 +69,7 @@ def expire_uncertain(*, now, deadline) -> int:
 def release_unclaimed_reservations(*, now) -> int:
     """Reservations not claimed within their tolerance → released with a reason."""
     due = Lease.objects.filter(state=S.RESERVED, window_start__isnull=False, expires_at__lte=now)
-    return _sweep(
+    return _end_each(
         due,
         to=S.RELEASED,
         reason_for=lambda lease: Reason.RESERVATION_UNCLAIMED,

@@ -15,12 +15,12 @@ A lifecycle change goes through `node_transition`; a change of a condition (reac
 device's health, of capacity or of credentials writes a NodeEvent too, with from_state ==
 to_state == the node's state, so the node's event list is the whole story of why it is where it
 is. Sweeps take `now` and use guarded updates ("0 rows updated" means another worker did it);
-each node of a sweep is handled in its own transaction (`each_node`). The pure rules live beside
-the services: `nodes.capacity`, `nodes.inventory`, `nodes.claims`, `nodes.health_rules`.
+each node of a sweep is handled in its own transaction (`pools.sweeps.sweep`). The pure rules
+live beside the services: `nodes.capacity`, `nodes.inventory`, `nodes.claims`, `nodes.health_rules`.
 """
 
 from ..errors import EnrollmentRefused, NodeScopeRefused
-from .base import each_node, node_event
+from .base import node_event
 from .credentials import (
     CREDENTIAL_PREFIX,
     credential_for_secret,
@@ -62,7 +62,6 @@ __all__ = [
     "EnrollmentRefused",
     "NodeScopeRefused",
     "credential_for_secret",
-    "each_node",
     "enrollment_token_issue",
     "enrollment_token_revoke",
     "gpu_health_apply",

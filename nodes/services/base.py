@@ -1,9 +1,7 @@
-"""What every node service shares: the condition event and the per-node sweep loop."""
-
-from django.db import transaction
+"""What every node service shares: the condition event and the state precondition."""
 
 from pools.actors import Actor
-from pools.statemachine import TransitionRefused, record_sweep_failure
+from pools.statemachine import TransitionRefused
 
 from ..models import Node, NodeEvent
 
@@ -30,19 +28,3 @@ def must_be(state: str, code: str):
             raise TransitionRefused(code, f"node {obj} is not {state}")
 
     return check
-
-
-def each_node(nodes, step, *, actor: Actor, now) -> dict:
-    """{node id: step(node)} for each node, each in its own transaction. A node whose step
-    raises is rolled back, left out, and the error recorded on it (`sweep_failed`, once per
-    distinct error) and logged; the sweep goes on with the next node."""
-    results = {}
-    for node in nodes:
-        try:
-            with transaction.atomic():
-                results[node.pk] = step(node)
-        except Exception as error:
-            record_sweep_failure(
-                Node, node.pk, event_model=NodeEvent, actor=actor, error=error, now=now
-            )
-    return results

@@ -13,12 +13,13 @@ from pools.choices import TrustLevel
 from pools.models import ComputePool
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
+from pools.sweeps import sweep
 
 from .. import signals
 from ..choices import NodeState, Reachability
 from ..conf import setting
-from ..models import Node
-from .base import each_node, node_event
+from ..models import Node, NodeEvent
+from .base import node_event
 from .health import gpu_health_apply
 from .lifecycle import node_mark_ready, node_verify
 
@@ -132,11 +133,12 @@ def node_heartbeat_sweep(*, now=None) -> list[int]:
                 | Q(last_heartbeat_at__isnull=True, created_at__lt=cutoff)
             )
         )
-        done = each_node(
+        done = sweep(
             silent,
             lambda node, cutoff=cutoff: node_mark_unreachable(
                 node=node, cutoff=cutoff, actor=actor, now=now
             ),
+            event_model=NodeEvent,
             actor=actor,
             now=now,
         )

@@ -8,12 +8,13 @@ from django.utils import timezone
 from pools.actors import Actor
 from pools.choices import TrustLevel
 from pools.reasons import Reason
+from pools.sweeps import sweep
 
 from ..capacity import allocatable_from_raw
 from ..choices import GpuHealth, NodeState
 from ..inventory import describe_drift, gpu_model_fields, inventory_drift, normalize_inventory
-from ..models import GpuDevice, Node
-from .base import each_node, node_event
+from ..models import GpuDevice, Node, NodeEvent
+from .base import node_event
 from .health import gpu_mark_unsuitable
 from .lifecycle import node_quarantine
 
@@ -131,9 +132,10 @@ def inventory_reconcile_sweep(*, now=None) -> dict[int, list[dict]]:
             | Q(inventory_reconciled_at__lt=F("inventory_reported_at"))
         )
     )
-    results = each_node(
+    results = sweep(
         pending,
         lambda node: node_inventory_reconcile(node=node, actor=actor, now=now),
+        event_model=NodeEvent,
         actor=actor,
         now=now,
     )
