@@ -11,24 +11,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import orjson
 from django.contrib.auth import get_user_model
-from django.db import transaction
-from django.utils import timezone
 
-from jobs.choices import JobState
-from jobs.models import Job, JobEvent
-from jobs.services import job_submit
-from leases.services import check_ever_fits
+from jobs.services import job_submit, jobs_submit_many
 from nodes import services as node_services
-from nodes.capacity import allocatable_from_raw
-from nodes.choices import NodeState
-from nodes.inventory import gpu_model_fields, normalize_inventory
-from nodes.models import GpuDevice, Node, NodeEvent
 from pools.actors import Actor
 from pools.choices import TenantRole
 from pools.models import AllowedRegistry, PoolTrustedKey, PriorityClass
-from pools.reasons import Reason
 from pools.registry import resolve
 from pools.services import (
     api_token_issue,
@@ -296,119 +285,31 @@ def submit_job(
 
 
 def build_fleet(pool, specs: list[dict], *, actor: Actor = SYSTEM, now=None) -> list:
-    """Many ready nodes at once, written as `build_node` writes each one through the services
-    (node_register, node_verify, node_mark_ready: the node with its allocatable and inventory,
-    its GPUs, its three events) but in a few bulk INSERTs and without live events: one node at
-    a time costs ~15 ms, 5 minutes for 20,000. Each spec: `name`, `cpu`, `memory`, `scratch`,
+    """Many ready nodes at once through `nodes_register_ready` (as `build_node` makes each one,
+    in bulk: one at a time costs ~15 ms a node). Each spec: `name`, `cpu`, `memory`, `scratch`,
     `gpus` (`gpu()` fields per device, as `build_node`), and other Node fields (zone, labels …)."""
-    now = now or timezone.now()
-    nodes, devices = [], []
+    fleet = []
     for spec in specs:
         spec = dict(spec)
         name, gpus = spec.pop("name"), spec.pop("gpus", ())
-        cpu, memory, scratch = spec.pop("cpu"), spec.pop("memory"), spec.pop("scratch", 0)
-        gpus = [gpu(i, uuid=f"GPU-{pool.slug}-{name}-{i}", **g) for i, g in enumerate(gpus)]
-        inventory = normalize_inventory(
+        fleet.append(
             {
-                "cpu_millicores": cpu,
-                "memory_mib": memory,
-                "scratch_mib": scratch,
-                "numa": spec.get("numa_layout") or [],
-                "gpus": gpus,
+                "name": name,
+                "cpu_millicores": spec.pop("cpu"),
+                "memory_mib": spec.pop("memory"),
+                "scratch_mib": spec.pop("scratch", 0),
+                "gpus": [
+                    gpu(i, uuid=f"GPU-{pool.slug}-{name}-{i}", **g) for i, g in enumerate(gpus)
+                ],
+                **spec,
             }
         )
-        nodes.append(
-            Node(
-                pool=pool,
-                name=name,
-                cpu_millicores_raw=cpu,
-                memory_mib_raw=memory,
-                scratch_mib_raw=scratch,
-                state=NodeState.READY,
-                state_changed_at=now,
-                reachability_changed_at=now,
-                created_at=now,
-                inventory=inventory,
-                **allocatable_from_raw(
-                    pool, cpu_millicores=cpu, memory_mib=memory, scratch_mib=scratch
-                ),
-                **spec,
-            )
-        )
-        devices.append(gpus)
-    with transaction.atomic():
-        Node.objects.bulk_create(nodes, batch_size=2000)
-        GpuDevice.objects.bulk_create(
-            (
-                GpuDevice(node=node, **gpu_model_fields(g))
-                for node, gpus in zip(nodes, devices, strict=True)
-                for g in gpus
-            ),
-            batch_size=5000,
-        )
-        steps = (
-            ("", NodeState.REGISTERED, Reason.ENROLLED, f"registered in pool {pool.slug}"),
-            (NodeState.REGISTERED, NodeState.VERIFIED, Reason.AGENT_AUTHENTICATED, ""),
-            (NodeState.VERIFIED, NodeState.READY, Reason.OPERATOR_ACTION, ""),
-        )
-        NodeEvent.objects.bulk_create(
-            (
-                NodeEvent.build(
-                    node, actor=actor, from_state=a, to_state=b, reason=why, message=text, at=now
-                )
-                for node in nodes
-                for a, b, why, text in steps
-            ),
-            batch_size=5000,
-        )
-    return nodes
+    return node_services.nodes_register_ready(pool=pool, specs=fleet, actor=actor, now=now)
 
 
 def submit_jobs(pool, specs: list[dict], *, actor: Actor = SYSTEM, now=None) -> list:
-    """Many queued jobs at once, written as `job_submit` writes each one (the job with its
-    request, its `submitted` event; each distinct request checked once to fit the pool ever)
-    but in bulk INSERTs and without live events. Each spec: `tenant`, `name`, `resources` (a
-    request dict), and other Job fields (priority_class, image, image_platforms …)."""
-    now = now or timezone.now()
-    checked = set()
-    jobs = []
-    for spec in specs:
-        spec = dict(spec)
-        tenant, resources = spec.pop("tenant"), spec.pop("resources")
-        platforms = spec.setdefault("image_platforms", [])
-        key = orjson.dumps([resources, platforms], option=orjson.OPT_SORT_KEYS)
-        if key not in checked:
-            check_ever_fits(pool=pool, tenant=tenant, request=resources, image_platforms=platforms)
-            checked.add(key)
-        spec.setdefault("image", pinned_test_image())
-        spec.setdefault("image_requested", spec["image"])
-        jobs.append(
-            Job(
-                tenant=tenant,
-                pool=pool,
-                resources=resources,
-                submitted_by=actor.user,
-                state=JobState.QUEUED,
-                state_changed_at=now,
-                created_at=now,
-                **spec,
-            )
-        )
-    with transaction.atomic():
-        Job.objects.bulk_create(jobs, batch_size=2000)
-        JobEvent.objects.bulk_create(
-            (
-                JobEvent.build(
-                    job,
-                    actor=actor,
-                    from_state="",
-                    to_state=JobState.QUEUED,
-                    reason=Reason.SUBMITTED,
-                    message=f"submitted to pool {pool.slug}",
-                    at=now,
-                )
-                for job in jobs
-            ),
-            batch_size=5000,
-        )
-    return jobs
+    """Many queued jobs at once through `jobs_submit_many` (as `submit_job` queues each one, in
+    bulk). Each spec: `tenant`, `name`, `resources` (a request dict), and other Job fields
+    (priority_class, image — the pinned test image by default —, image_platforms …)."""
+    specs = [spec if "image" in spec else {**spec, "image": pinned_test_image()} for spec in specs]
+    return jobs_submit_many(pool=pool, specs=specs, actor=actor, now=now)

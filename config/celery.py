@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -15,7 +16,15 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Proves to /healthz that beat schedules and a worker runs (config/tasks.py).
     "health-beat": {"task": "config.health_beat", "schedule": 5.0},
-    "scheduling-pass": {"task": "scheduling.pass", "schedule": 2.0},
+    # A pass that could not start within its period is dropped (`expires`), not run late: by
+    # then the next one is due, and it reads the queue afresh. So passes never pile up behind a
+    # slow or stopped worker (each would plan the same jobs on a stale view). How long one may
+    # run: scheduling/tasks.py.
+    "scheduling-pass": {
+        "task": "scheduling.pass",
+        "schedule": settings.SCHEDULER_PASS_PERIOD_S,
+        "options": {"expires": settings.SCHEDULER_PASS_PERIOD_S},
+    },
     "scheduling-requeue-stranded-jobs": {
         "task": "scheduling.requeue_stranded_jobs",
         "schedule": 10.0,

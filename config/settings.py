@@ -26,7 +26,7 @@ env = environ.Env(
     LEASE_GROUP_COMMIT=(bool, True),
     DATABASE_POOL_MAX_SIZE=(int, 0),
     API_TOKEN_AUTH_CACHE_SECONDS=(float, 5.0),
-    REGISTRY_INSECURE_HOSTS=(list, ["127.0.0.1:5000", "localhost:5000"]),
+    REGISTRY_INSECURE_HOSTS=(list, []),
     OBJECT_STORE_ENDPOINTS=(list, []),
     REGISTRY_TIMEOUT_SECONDS=(float, 5.0),
     MEDIA_ROOT=(str, str(BASE_DIR / "var" / "media")),
@@ -233,8 +233,11 @@ LEASE_DEFAULT_TTL = timedelta(seconds=env("LEASE_DEFAULT_TTL_SECONDS"))
 LEASE_GROUP_COMMIT = env("LEASE_GROUP_COMMIT")
 # A token revoked in another process is refused within this many seconds (0: no cache).
 API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
-# Image registries (pools/registry.py): these host[:port]s are reached over plain http (the
-# loopback test registry), every other one over https; each request gives up after the timeout.
+# Image registries (pools/registry.py): these host[:port]s are reached over plain http, every
+# other one over https (none by default); each request gives up after the timeout. `make run`
+# (runstack), the test settings and fuzz_api name the loopback test registry that
+# .ci/ensure-services.sh runs, LOOPBACK_REGISTRY_HOSTS.
+LOOPBACK_REGISTRY_HOSTS = ["127.0.0.1:5000", "localhost:5000"]
 REGISTRY_INSECURE_HOSTS = env("REGISTRY_INSECURE_HOSTS")
 # Object stores whose objects the control plane presigns as a job's inputs ("http://127.0.0.1:
 # 9000"): only those inputs are exempt from the loopback rule on the agent (jobs/networks.py).
@@ -247,8 +250,11 @@ PLACEMENT_THROTTLE_RATE = env("PLACEMENT_THROTTLE_RATE")
 TENANT_MAX_QUEUED_JOBS = env("TENANT_MAX_QUEUED_JOBS")
 # The scheduling pass (scheduling/passes.py) plans at most this many queued jobs per pass, on
 # one snapshot per pool, and applies them in one transaction per pool: 2,000 plan and apply in
-# well under the 2 s schedule on 5,000 nodes (docs/benchmarks.md, bench_scheduler).
+# well under the 2 s period on 5,000 nodes (docs/benchmarks.md, bench_scheduler).
 SCHEDULER_PASS_MAX_JOBS = env.int("SCHEDULER_PASS_MAX_JOBS", default=2000)
+# How often beat starts a pass (config/celery.py); the pass task's expiry and time limit follow
+# from it (scheduling/tasks.py).
+SCHEDULER_PASS_PERIOD_S = env.float("SCHEDULER_PASS_PERIOD_S", default=2.0)
 # Scheduler health (scheduling/health.py): pass records and capacity samples are kept this many
 # hours for the operators' charts, then pruned.
 SCHEDULER_HEALTH_WINDOW_HOURS = env.int("SCHEDULER_HEALTH_WINDOW_HOURS", default=24)

@@ -5,7 +5,7 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/computepool")
 
 from .settings import *  # noqa: F403
-from .settings import DATABASES
+from .settings import DATABASES, LOOPBACK_REGISTRY_HOSTS
 
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
     "TEST_DATABASE_NAME", "test_computepool"
@@ -19,3 +19,5 @@ LEASE_THROTTLE_RATE = ""  # the same for lease creation per tenant and expensive
 TOKEN_THROTTLE_RATE = ""
 # A fixed key ring (never a real one); rotation tests put another key before it.
 ENCRYPTION_KEYS = {"test-1": "dGVzdC1rZXktb25lLXRlc3Qta2V5LW9uZS10ZXN0LWs="}
+# The loopback registry with the test image (.ci/ensure-services.sh), over plain http.
+REGISTRY_INSECURE_HOSTS = LOOPBACK_REGISTRY_HOSTS

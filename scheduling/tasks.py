@@ -5,6 +5,7 @@ never fails a task: the pass records it on that job and goes on."""
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from jobs.choices import JobState
 from jobs.models import Job
@@ -14,7 +15,17 @@ from scheduling import drain, forecast, health, passes
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="scheduling.pass")
+# A pass that hangs (a lock wait without end, a connection gone silent) is stopped: past this
+# the worker kills the process running it and starts another; the database rolls its open
+# transaction back. 30 periods (60 s at 2 s): a full window (SCHEDULER_PASS_MAX_JOBS) plans and
+# applies in well under one period, and even placed one job at a time (SQLite, or the fallback
+# after a failed plan) it ends in a fraction of this (docs/scheduler.md). A hard limit only: the
+# soft one raises an Exception inside the pass, which its own isolation of failures would catch
+# and go on with (the plan's fallback is the slow path).
+PASS_TIME_LIMIT_S = 30 * settings.SCHEDULER_PASS_PERIOD_S
+
+
+@shared_task(name="scheduling.pass", time_limit=PASS_TIME_LIMIT_S)
 def scheduling_pass(now=None) -> dict:
     result = passes.scheduling_pass(now=parse_now(now))
     return {"placed": result.placed, "pending": result.pending}

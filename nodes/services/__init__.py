@@ -1,7 +1,8 @@
 """The nodes services: every write to a node goes through here. Callers use
 `from nodes import services`; the modules:
 
-- `lifecycle`: register, verify, ready, quarantine, release, retire, `node_transition`
+- `lifecycle`: register (one, or a ready fleet at once), verify, ready, quarantine, release,
+  retire, `node_transition`
 - `drain`: draining, drain cancelled, drained (the work on a draining node is
   scheduling/drain.py's)
 - `enrollment`: enrollment tokens and `node_enroll`
@@ -53,6 +54,7 @@ from .lifecycle import (
     node_retire,
     node_transition,
     node_verify,
+    nodes_register_ready,
 )
 from .probes import gpu_recover, probe_request, probe_result_submit
 
@@ -91,6 +93,7 @@ __all__ = [
     "node_retire",
     "node_transition",
     "node_verify",
+    "nodes_register_ready",
     "probe_request",
     "probe_result_submit",
 ]

@@ -7,7 +7,7 @@ from django.utils import timezone
 from pools.actors import Actor
 from pools.models import ComputePool
 from pools.reasons import Reason
-from pools.statemachine import transition
+from pools.statemachine import create_many, transition
 
 from ..capacity import allocatable_from_raw
 from ..choices import NODE_TRANSITIONS, NodeState
@@ -15,6 +15,38 @@ from ..events import publish_node_event
 from ..inventory import gpu_model_fields, normalize_inventory
 from ..models import GpuDevice, Node, NodeCredential, NodeEvent
 from .base import must_be
+
+
+def _new_node(pool, *, name, cpu_millicores, memory_mib, now, scratch_mib=0, gpus=(), **fields):
+    """The unsaved node with its inventory and allocatable, and its GPUs' fields (indexed)."""
+    gpus = [dict(g, index=g.get("index", i)) for i, g in enumerate(gpus or [])]
+    fields.setdefault(
+        "inventory",
+        normalize_inventory(
+            {
+                "cpu_millicores": cpu_millicores,
+                "memory_mib": memory_mib,
+                "scratch_mib": scratch_mib,
+                "numa": fields.get("numa_layout") or [],
+                "gpus": gpus,
+            }
+        ),
+    )
+    node = Node(
+        pool=pool,
+        name=name,
+        cpu_millicores_raw=cpu_millicores,
+        memory_mib_raw=memory_mib,
+        scratch_mib_raw=scratch_mib,
+        state_changed_at=now,
+        reachability_changed_at=now,
+        created_at=now,
+        **allocatable_from_raw(
+            pool, cpu_millicores=cpu_millicores, memory_mib=memory_mib, scratch_mib=scratch_mib
+        ),
+        **fields,
+    )
+    return node, gpus
 
 
 @transaction.atomic
@@ -33,33 +65,17 @@ def node_register(
 ) -> Node:
     """Create a node in `registered` with its inventory; it is not schedulable yet."""
     now = now or timezone.now()
-    gpus = [dict(g, index=g.get("index", i)) for i, g in enumerate(gpus or [])]
-    fields.setdefault(
-        "inventory",
-        normalize_inventory(
-            {
-                "cpu_millicores": cpu_millicores,
-                "memory_mib": memory_mib,
-                "scratch_mib": scratch_mib,
-                "numa": fields.get("numa_layout") or [],
-                "gpus": gpus,
-            }
-        ),
-    )
-    node = Node.objects.create(
-        pool=pool,
+    node, gpus = _new_node(
+        pool,
         name=name,
-        cpu_millicores_raw=cpu_millicores,
-        memory_mib_raw=memory_mib,
-        scratch_mib_raw=scratch_mib,
-        state_changed_at=now,
-        reachability_changed_at=now,
-        created_at=now,
-        **allocatable_from_raw(
-            pool, cpu_millicores=cpu_millicores, memory_mib=memory_mib, scratch_mib=scratch_mib
-        ),
+        cpu_millicores=cpu_millicores,
+        memory_mib=memory_mib,
+        scratch_mib=scratch_mib,
+        gpus=gpus,
+        now=now,
         **fields,
     )
+    node.save(force_insert=True)
     GpuDevice.objects.bulk_create(GpuDevice(node=node, **gpu_model_fields(g)) for g in gpus)
     event = NodeEvent.record(
         node,
@@ -72,6 +88,35 @@ def node_register(
     )
     transaction.on_commit(lambda: publish_node_event(node, event))
     return node
+
+
+@transaction.atomic
+def nodes_register_ready(*, pool: ComputePool, specs: list[dict], actor: Actor, now=None):
+    """Many nodes at once, registered, verified and made ready, written as `node_register`,
+    `node_verify` and `node_mark_ready` write each one (the node with its inventory and
+    allocatable, its GPUs, its three events) but in bulk INSERTs and without live events: one
+    at a time costs ~15 ms a node, 5 minutes for 20,000 (the scheduler benchmark's fleets).
+    Each spec: `name`, `cpu_millicores`, `memory_mib`, `scratch_mib`, `gpus` (one dict of
+    device fields each, as `node_register`) and other Node fields (zone, labels …)."""
+    now = now or timezone.now()
+    built = [_new_node(pool, now=now, **spec) for spec in specs]
+    nodes = create_many(
+        [node for node, _ in built],
+        path=(
+            (NodeState.REGISTERED, Reason.ENROLLED, f"registered in pool {pool.slug}"),
+            (NodeState.VERIFIED, Reason.AGENT_AUTHENTICATED, ""),
+            (NodeState.READY, Reason.OPERATOR_ACTION, ""),
+        ),
+        allowed=NODE_TRANSITIONS,
+        event_model=NodeEvent,
+        actor=actor,
+        now=now,
+    )
+    GpuDevice.objects.bulk_create(
+        (GpuDevice(node=node, **gpu_model_fields(g)) for node, gpus in built for g in gpus),
+        batch_size=5000,
+    )
+    return nodes
 
 
 def node_transition(*, node: Node, to: str, actor: Actor, reason: str, **details) -> Node:

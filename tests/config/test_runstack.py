@@ -17,6 +17,7 @@ from config.management.commands.runstack import (
     agent_environment,
     agent_node_status,
     agent_root,
+    stack_environment,
     start_embedded_redis,
 )
 from nodes import services as node_services
@@ -188,3 +189,12 @@ def test_the_agent_never_inherits_the_control_planes_secrets():
         "WORKER_AGENT_POLL_S",
         "DOCKER_HOST",
     }
+
+
+def test_make_run_reaches_the_loopback_registry_over_http_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("REGISTRY_INSECURE_HOSTS", raising=False)
+    env = stack_environment("redis://127.0.0.1:7/0")
+    assert env["REGISTRY_INSECURE_HOSTS"] == "127.0.0.1:5000,localhost:5000"
+    assert env["REDIS_URL"] == "redis://127.0.0.1:7/0"
+    monkeypatch.setenv("REGISTRY_INSECURE_HOSTS", "registry.lan:5000")
+    assert stack_environment("redis://x")["REGISTRY_INSECURE_HOSTS"] == "registry.lan:5000"

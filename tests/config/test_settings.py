@@ -48,6 +48,7 @@ def test_sqlite_default_runs_the_product_path(tmp_path):
     env = os.environ | {
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "DJANGO_SETTINGS_MODULE": "config.settings",
+        "REGISTRY_INSECURE_HOSTS": "127.0.0.1:5000",  # what runstack sets
     }
     out = subprocess.run(
         [sys.executable, "-c", SQLITE_PRODUCT_CHECK],
@@ -114,3 +115,12 @@ def test_two_deployments_on_one_redis_never_share_live_events():
     assert first != _channel_prefix(DATABASE_URL="postgres://postgres@127.0.0.1:5432/second")
     assert first != _channel_prefix(DATABASE_URL="sqlite:////tmp/first")
     assert _channel_prefix(DATABASE_URL="sqlite:////tmp/x", CHANNEL_LAYER_PREFIX="mine") == "mine"
+
+
+def test_no_registry_is_reached_over_plain_http_by_default(monkeypatch, settings):
+    """The loopback test registry is the tests' and `make run`'s (runstack), not production's."""
+    monkeypatch.delenv("REGISTRY_INSECURE_HOSTS", raising=False)
+    script = "from django.conf import settings; print(settings.REGISTRY_INSECURE_HOSTS)"
+    assert _with_settings(script) == "[]"
+    assert _with_settings(script, REGISTRY_INSECURE_HOSTS="a:5000,b:5000") == "['a:5000', 'b:5000']"
+    assert settings.REGISTRY_INSECURE_HOSTS == ["127.0.0.1:5000", "localhost:5000"]  # the tests'

@@ -14,9 +14,9 @@ from leases.models import Lease, LeaseEvent
 from leases.services import lease_transition
 from nodes.choices import NODE_TRANSITIONS, NodeState
 from nodes.models import Node, NodeEvent
-from nodes.services import node_transition
+from nodes.services import node_transition, nodes_register_ready
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused
+from pools.statemachine import TransitionRefused, create_many
 
 
 def _node(pool, system, state):
@@ -124,3 +124,33 @@ def test_unknown_reason_code_is_refused_and_rolls_back(pool, system):
         node_transition(node=node, to=NodeState.VERIFIED, actor=system, reason="because")
     node.refresh_from_db()
     assert node.state == NodeState.REGISTERED
+
+
+def test_rows_created_in_bulk_walk_the_map_and_get_an_event_per_step(pool, system):
+    """`create_many` (the bulk builders of the benchmark): the rows end in the path's last state,
+    each step is an event with its reason; a path the map forbids writes nothing."""
+    fleet = [{"name": f"n{i}", "cpu_millicores": 1000, "memory_mib": 1024} for i in range(2)]
+    nodes = nodes_register_ready(pool=pool, specs=fleet, actor=system)
+    assert {node.state for node in Node.objects.filter(pool=pool)} == {NodeState.READY}
+    assert list(nodes[1].events.order_by("id").values_list("from_state", "to_state", "reason")) == [
+        ("", NodeState.REGISTERED, Reason.ENROLLED),
+        (NodeState.REGISTERED, NodeState.VERIFIED, Reason.AGENT_AUTHENTICATED),
+        (NodeState.VERIFIED, NodeState.READY, Reason.OPERATOR_ACTION),
+    ]
+
+    skipping = [
+        (NodeState.REGISTERED, Reason.ENROLLED, ""),
+        (NodeState.READY, Reason.OPERATOR_ACTION, ""),
+    ]
+    with pytest.raises(TransitionRefused) as refused:
+        create_many(
+            [Node(pool=pool, name="skips-verification")],
+            path=skipping,
+            allowed=NODE_TRANSITIONS,
+            event_model=NodeEvent,
+            actor=system,
+            now=timezone.now(),
+        )
+    assert refused.value.code == "transition_not_allowed"
+    assert "cannot go from registered to ready" in refused.value.message
+    assert not Node.objects.filter(name="skips-verification").exists()

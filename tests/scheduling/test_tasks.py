@@ -37,3 +37,14 @@ def test_drain_sweep_task(ready_node, make_job):
     Node.objects.filter(pk=ready_node.node.pk).update(drain_deadline=now - timedelta(seconds=1))
     result = tasks.drain_sweep.delay().get()
     assert result["enforced"] == [ready_node.node.pk]
+
+
+def test_a_pass_not_started_within_its_period_is_dropped_and_a_hung_one_stopped(settings):
+    period = settings.SCHEDULER_PASS_PERIOD_S
+    entry = app.conf.beat_schedule["scheduling-pass"]
+    assert entry["schedule"] == period
+    assert entry["options"] == {"expires": period}  # beat sends it to expire one period later
+    # the worker kills a pass past 30 periods, whoever sent it; no soft limit (the pass would
+    # catch its exception and go on one job at a time)
+    assert tasks.scheduling_pass.time_limit == 30 * period == 60
+    assert tasks.scheduling_pass.soft_time_limit is None

@@ -163,7 +163,10 @@ class Command(BaseCommand):
             url = _database_url(name)
             _database(url, f'CREATE DATABASE "{name}"')
             try:
-                env = {**os.environ, "DATABASE_URL": url, MARKER: name}
+                # its seed and its server reach the loopback test registry as the tests do
+                loopback = ",".join(settings.LOOPBACK_REGISTRY_HOSTS)
+                env = {"REGISTRY_INSECURE_HOSTS": loopback, **os.environ, "DATABASE_URL": url}
+                env[MARKER] = name
                 if not settings.ENCRYPTION_KEYS:  # a throwaway ring for the throwaway database
                     env["ENCRYPTION_KEYS"] = f"fuzz={encryption.new_key()}"
                 code = subprocess.call([sys.executable, *sys.argv], env=env)

@@ -68,6 +68,13 @@ def start_embedded_redis() -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
+def stack_environment(redis_url: str) -> dict:
+    """The server's and the worker's environment: this one, with the loopback registry reached
+    over plain http unless REGISTRY_INSECURE_HOSTS is set (the production default: none)."""
+    loopback = {"REGISTRY_INSECURE_HOSTS": ",".join(settings.LOOPBACK_REGISTRY_HOSTS)}
+    return loopback | os.environ | {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+
+
 def web_command(host: str, port: int) -> list[str]:
     """The ASGI server (HTTP and websockets) with the timeouts of config/hypercorn.py."""
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -249,7 +256,7 @@ class Command(BaseCommand):
         if not _redis_answers(redis_url):
             redis_url = start_embedded_redis()
             redis_mode = f"embedded Redis-protocol server at {redis_url} (no Redis at REDIS_URL)"
-        env = os.environ | {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+        env = stack_environment(redis_url)
         python = sys.executable
         commands = {
             "web": web_command(host, port),
