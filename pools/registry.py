@@ -5,7 +5,8 @@ Only what the control plane needs at submit: `GET /v2/<repo>/manifests/<tag-or-d
 `GET /v2/<repo>/blobs/<digest>`. Every body is bounded and checked against its digest, so a
 registry (or anything between us and it) cannot hand us another image than the digest says.
 Registries are reached over https, except the hosts in `REGISTRY_INSECURE_HOSTS` (none by
-default; `make run` and the tests: the loopback test registry), over plain http. No credentials: a registry that asks for them is refused.
+default; `make run` and the tests: the loopback test registry), over plain http. No
+credentials: a registry that asks for them is refused.
 """
 
 from __future__ import annotations
