@@ -12,7 +12,8 @@ from jobs.models import Job, JobEvent
 from jobs.services import job_transition
 from leases.choices import HOLDING
 from pools.reasons import Reason
-from pools.statemachine import TransitionRefused, record_sweep_failure
+from pools.statemachine import TransitionRefused
+from pools.sweeps import sweep
 
 from .outcomes import SCHEDULER
 
@@ -21,21 +22,21 @@ def requeue_jobs_without_lease(*, now=None) -> list[int]:
     """Jobs whose lease ended under them (returns the ids it moved): placed but not yet running
     → back to the queue (`lease_expired`); running or checkpointing → the node went silent past
     its uncertain deadline (or the lease ran out unrenewed), so the job is `lost` (`node_lost`),
-    or queued again by its retry policy."""
+    or queued again by its retry policy. Each job in its own transaction (pools.sweeps.sweep)."""
     now = now or timezone.now()
+    without_lease = Job.objects.exclude(leases__state__in=HOLDING)
     moved = []
-    stranded = Job.objects.filter(state__in=(JobState.LEASED, JobState.STARTING)).exclude(
-        leases__state__in=HOLDING
-    )
-    for job in stranded.only("pk", "state"):
-        if _handle_stranded(job, now, _requeue):
-            moved.append(job.pk)
-    lost = Job.objects.filter(state__in=(JobState.RUNNING, JobState.CHECKPOINTING)).exclude(
-        leases__state__in=HOLDING
-    )
-    for job in lost.only("pk", "state"):
-        if _handle_stranded(job, now, _lose):
-            moved.append(job.pk)
+    for states, handle in (
+        ((JobState.LEASED, JobState.STARTING), _requeue),
+        ((JobState.RUNNING, JobState.CHECKPOINTING), _lose),
+    ):
+        moved += sweep(
+            without_lease.filter(state__in=states),
+            lambda job, handle=handle: handle(job, now),
+            event_model=JobEvent,
+            actor=SCHEDULER,
+            now=now,
+        )
     return moved
 
 
@@ -59,16 +60,3 @@ def _requeue(job, now) -> None:
 
 def _lose(job, now) -> None:
     job_lost(job=job, actor=SCHEDULER, now=now, check=_still_without_lease)
-
-
-def _handle_stranded(job, now, handle) -> bool:
-    try:
-        handle(job, now)
-    except TransitionRefused:
-        return False  # someone else moved it first
-    except Exception as error:  # one bad job never stops the sweep
-        record_sweep_failure(
-            Job, job.pk, event_model=JobEvent, actor=SCHEDULER, error=error, now=now
-        )
-        return False
-    return True
