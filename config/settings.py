@@ -231,6 +231,10 @@ API_TOKEN_DEFAULT_TTL = timedelta(days=env("API_TOKEN_DEFAULT_TTL_DAYS"))
 LEASE_DEFAULT_TTL = timedelta(seconds=env("LEASE_DEFAULT_TTL_SECONDS"))
 # Concurrent reserves in one server process share a snapshot and one transaction (PostgreSQL).
 LEASE_GROUP_COMMIT = env("LEASE_GROUP_COMMIT")
+# The ledger's one database-capability switch (leases/backend.py): True sends PostgreSQL down the
+# portable ORM paths SQLite takes (snapshot, ledger writes, the single-path scheduling pass, no
+# group commit); the tests of what a SQLite deployment (`make run`) runs set it.
+LEASE_PORTABLE_PATHS = False
 # A token revoked in another process is refused within this many seconds (0: no cache).
 API_TOKEN_AUTH_CACHE_SECONDS = env("API_TOKEN_AUTH_CACHE_SECONDS")
 # Image registries (pools/registry.py): these host[:port]s are reached over plain http, every

@@ -21,7 +21,7 @@ from collections import defaultdict
 from django.conf import settings
 from django.utils import timezone
 
-from leases.services import ledger
+from leases import backend
 from pools.models import ComputePool
 from pools.reasons import Reason
 from scheduling import fairshare
@@ -66,7 +66,7 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult) -> None
     except Exception:
         logger.exception("scheduling pass: fair-share charge of pool %s failed", pool_id)
     phases = {}
-    if not ledger.postgresql():
+    if not backend.postgresql():
         single.one_by_one(job_ids, now, result)
     else:
         try:

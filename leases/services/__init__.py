@@ -5,8 +5,11 @@ LeaseEvent with a reason code. Callers use `from leases import services`; the mo
   refusals (409 not now / 422 never), check_ever_fits and explain_request (the answer now,
   reserving nothing)
 - `group_commit`: concurrent reserves of one process combined into one transaction
-- `ledger`: the lease row and event, the guarded compare-and-set writes (one lease, or a batch
-  pass's many with COPY), capacity returned
+- `ledger`: `apply`, the one write of new leases for every writer (a reserve is a batch of
+  one), in one lock order; the race hook for tests
+- `capacity`: the capacity guards, each stated once (ORM and SQL), the guarded UPDATEs that
+  take capacity and the decrements that return it
+- `lease_rows`: the one builder of a new lease and its event, and their inserts
 - `quota`: the per-tenant quota check over every dimension, `tenants_at_quota`, the batch
   pass's `Headroom`
 - `credits`: charging tenants' credit accounts for held and consumed lease time

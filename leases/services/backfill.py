@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 from leases import snapshot as snap
 from leases.choices import LeaseState
 from leases.models import Lease
+from leases.window import request_digest
 from placement import place
 from placement import types as core
 
@@ -56,24 +57,22 @@ def try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempo
                     ),
                     key=lambda a: a["gpu"],
                 )
-                lease, event = ledger.build_reserved(
-                    pool=pool,
-                    tenant=tenant,
+                shared = ledger.Shared(pool=pool, actor=actor, now=now, expires_at=expires_at)
+                digest = request_digest(pool, request, expires_at - now) if idempotency_key else ""
+                row = ledger.lease_row(
+                    shared,
+                    tenant_id=tenant.pk,
                     request=request,
-                    actor=actor,
                     placement=result,
                     node_id=locked.node_id,
                     allocations=allocations,
-                    expires_at=expires_at,
-                    window=None,
-                    job=job,
+                    job_id=job.pk if job is not None else None,
                     idempotency_key=idempotency_key,
-                    now=now,
-                    attempts=1,
+                    digest=digest,
                     backfill_of=locked,
                 )
-                ledger.save_with_event(lease, event)  # no guarded UPDATE: nothing new is held
-                return lease
+                ledger.apply([row])  # holds nothing new: no quota, no guarded UPDATE
+                return row.instance(tenant=tenant, job=job, backfill_of=locked)
         except IntegrityError:
             if idempotency_key:
                 return Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()

@@ -1,15 +1,15 @@
 """Group commit: concurrent reserves in one server process are combined.
 
 The first caller becomes the leader, takes every reserve queued meanwhile (its own included),
-reads ONE snapshot per pool, places the requests one after another on that in-memory snapshot
-(the core's `apply_placement` after each, so they see each other), and applies them all in ONE
-transaction — the same guarded compare-and-set statements as a single reserve, in node-id order
-(the lock order), each lease with its own event. Callers queued while a batch runs form the
-next batch. A guarded statement that matches 0 rows (another process took the capacity) sends
-that request back to its own thread to re-plan on a fresh snapshot, as a single reserve does; a
-request that does not fit, or any database error in the batch (the batch rolls back), sends it
-back to the ordinary path. Only reserves outside a transaction, without idempotency key and
-without window are combined.
+reads ONE snapshot per pool, places the requests in order on it with the scheduling pass's
+batch planner (`placement.batch.plan`: each placement taken before the next request is placed,
+the decisions `place` makes one by one), and writes them all with ONE `ledger.apply` — the
+single reserve's write, for the batch: quotas re-checked, the guarded writes per node, each
+lease with its own event. Callers queued while a batch runs form the next batch. A node whose
+capacity another process took meanwhile sends its requests back to their own threads to re-plan
+on a fresh snapshot, as a single reserve does; a request that does not fit, or any database
+error in the batch (the batch rolls back), sends it back to the ordinary path. Only reserves
+outside a transaction, without idempotency key and without window are combined.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import random
 import threading
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
+from leases import backend
 from leases import snapshot as snap
-from placement import apply_placement, make_context, place
-from placement import types as core
-from pools.statemachine import TransitionRefused
+from placement import make_context
+from placement.batch import plan as batch_plan
 
-from . import ledger, quota
+from . import ledger
 
 logger = logging.getLogger(__name__)
 MAX_BATCH = 64
@@ -35,7 +35,7 @@ RETRY_ALONE = "retry-alone"  # take the ordinary path: it explains, backfills or
 
 
 def enabled() -> bool:
-    return settings.LEASE_GROUP_COMMIT and ledger.postgresql() and not connection.in_atomic_block
+    return settings.LEASE_GROUP_COMMIT and backend.postgresql() and not connection.in_atomic_block
 
 
 class Pending:
@@ -121,97 +121,65 @@ def submit(item: Pending):
 def _run_batch(batch: list[Pending]) -> None:
     for pending in batch:
         pending.outcome = RETRY_ALONE
-    views: dict[int, snap.Snapshot] = {}
-    # One scoring context per pool and policy: its evaluation cache is keyed by node identity,
-    # and `apply_placement` replaces only the node it placed on, so a batch of similar requests
-    # re-evaluates one node per placement instead of every node.
-    contexts: dict[tuple, object] = {}
-    planned = []
     try:
-        for pending in batch:
-            view = views.get(pending.pool.pk)
-            if view is None:
-                work = any(  # read the work on the nodes only when a request of the pool needs it
-                    snap.needs_work(p.req, p.policy) for p in batch if p.pool.pk == pending.pool.pk
-                )
-                view = views[pending.pool.pk] = snap.pool_snapshot(
-                    pending.pool.pk, leases=False, work=work
-                )
-            ctx = contexts.get((pending.pool.pk, id(pending.policy)))
-            if ctx is None:
-                ctx = contexts[(pending.pool.pk, id(pending.policy))] = make_context(
-                    view.nodes, pending.policy, rng=random.Random()
-                )
-            result = place(pending.req, view.nodes, pending.policy, ctx)
-            if isinstance(result, core.Explanation):
-                continue  # the ordinary path explains the refusal or backfills
-            at = next(i for i, n in enumerate(view.nodes) if n.name == result.node)
-            node_id = view.node_ids[result.node]
-            allocations = ledger.gpu_allocations(result, view, node_id)
-            view.nodes[at] = apply_placement(view.nodes[at], result)
-            planned.append((node_id, pending, result, allocations))
-        outcomes = {}
-        with transaction.atomic():
-            quotas = quota.pairs_with_quota({(p.tenant.pk, p.pool.pk) for _, p, _, _ in planned})
-            if quotas:  # lock order: quota rows before node rows, as a single reserve does
-                quota.lock_quotas(quotas)
-            # Per node, in node-id order (the lock order): first one statement for the leases
-            # without GPUs and quota, then one by one those with GPUs (a savepoint each: a GPU
-            # conflict undoes its node update) or a quota (checked under the quota row lock,
-            # counting what this transaction already inserted).
-            by_node: dict[int, tuple[list, list]] = {}
-            for node_id, pending, result, allocations in planned:
-                lease, event = ledger.build_reserved(
-                    pool=pending.pool,
-                    tenant=pending.tenant,
-                    request=pending.request,
-                    actor=pending.actor,
-                    placement=result,
-                    node_id=node_id,
-                    allocations=allocations,
-                    expires_at=pending.expires_at,
-                    window=None,
-                    job=pending.job,
-                    idempotency_key="",
-                    now=pending.now,
-                    attempts=1,
-                )
-                simple, one_by_one = by_node.setdefault(node_id, ([], []))
-                has_quota = (pending.tenant.pk, pending.pool.pk) in quotas
-                (one_by_one if allocations or has_quota else simple).append((pending, lease, event))
-            for node_id in sorted(by_node):
-                simple, one_by_one = by_node[node_id]
-                if simple:
-                    taken = ledger.insert_group_taking_node_capacity(
-                        [(le, ev) for _, le, ev in simple]
-                    )
-                    for pending, lease, _ in simple:
-                        outcomes[id(pending)] = lease if taken else RETRY_CONFLICT
-                for pending, lease, event in one_by_one:
-                    pool, tenant = pending.pool, pending.tenant
-                    try:
-                        if (tenant.pk, pool.pk) in quotas:
-                            quota.check_quota(
-                                pool,
-                                tenant,
-                                lease.cpu_millicores,
-                                lease.memory_mib,
-                                lease.gpu_share,
-                            )
-                        with transaction.atomic():
-                            ledger.insert_taking_node_capacity(lease, event)
-                            ledger.take_gpus(
-                                lease, allow_mixing=pool.allow_tenant_mixing_on_shared_gpus
-                            )
-                        outcomes[id(pending)] = lease
-                    except ledger.Conflict:
-                        outcomes[id(pending)] = RETRY_CONFLICT
-                    except TransitionRefused as refused:
-                        outcomes[id(pending)] = refused
+        rows = _plan(batch)
+        applied = ledger.apply(rows)
     except Exception:
         # The batch rolled back; each request goes its own way (outcome RETRY_ALONE): an error
         # that is not transient is raised there, to its caller.
         logger.warning("lease reserve batch of %d failed; retried one by one", len(batch))
         return
+    for row in applied.taken:
+        row.key.outcome = row.instance(tenant=row.key.tenant, job=row.key.job)
+    for row, refusal in applied.refused:
+        row.key.outcome = refusal
+    for row, _ in applied.conflicts:
+        row.key.outcome = RETRY_CONFLICT
+
+
+def _plan(batch: list[Pending]) -> list[ledger.Row]:
+    """The batch's requests placed in order with the pass's batch planner, on ONE snapshot per
+    pool (the placements of a pool's requests see each other); the lease rows of those placed.
+    A request that fits nowhere, or whose planning failed, is left to the ordinary path."""
+    by_pool: dict[int, list[Pending]] = {}
     for pending in batch:
-        pending.outcome = outcomes.get(id(pending), RETRY_ALONE)
+        by_pool.setdefault(pending.pool.pk, []).append(pending)
+    rows = []
+    for pool_id, mine in by_pool.items():
+        # the work on the nodes is read only when a request of the pool needs it
+        work = any(snap.needs_work(p.req, p.policy) for p in mine)
+        view = snap.pool_snapshot(pool_id, leases=False, work=work)
+        by_name = {node.name: node for node in view.nodes}
+        nodes = view.nodes
+        for policy, pendings in _by_policy(mine):
+            ctx = make_context(nodes, policy, rng=random.Random())
+            outcomes, nodes = batch_plan([p.req for p in pendings], nodes, policy, ctx)
+            for pending, outcome in zip(pendings, outcomes, strict=True):
+                if outcome.placement is not None:
+                    rows.append(_row(pending, outcome.placement, view, by_name))
+    return rows
+
+
+def _by_policy(pendings: list[Pending]) -> list[tuple[object, list[Pending]]]:
+    # a pool's policy is cached per process, so a batch almost always holds one
+    groups: dict[int, tuple[object, list[Pending]]] = {}
+    for pending in pendings:
+        groups.setdefault(id(pending.policy), (pending.policy, []))[1].append(pending)
+    return list(groups.values())
+
+
+def _row(pending: Pending, placement, view, by_name) -> ledger.Row:
+    node_id = view.node_ids[placement.node]
+    shared = ledger.Shared(
+        pool=pending.pool, actor=pending.actor, now=pending.now, expires_at=pending.expires_at
+    )
+    return ledger.lease_row(
+        shared,
+        tenant_id=pending.tenant.pk,
+        request=pending.request,
+        placement=placement,
+        node_id=node_id,
+        allocations=ledger.gpu_allocations(placement, view, node_id, by_name[placement.node]),
+        job_id=pending.job.pk if pending.job is not None else None,
+        key=pending,
+    )

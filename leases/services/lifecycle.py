@@ -20,7 +20,7 @@ from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, transition
 
-from .ledger import return_capacity
+from .capacity import return_capacity
 
 S = LeaseState
 

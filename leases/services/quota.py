@@ -1,5 +1,5 @@
-"""Quotas and credit: a tenant's caps in a pool, checked under the quota row's lock in the
-reserve's transaction, and read once per pass by the scheduler (`quota_headroom`,
+"""Quotas and credit: a tenant's caps in a pool, re-checked under the quota rows' locks in the
+ledger's write (`recheck`), and read once per pass by the scheduler (`quota_headroom`,
 `tenants_at_quota`).
 
 Dimensions (docs/leases.md): held now — `leases`, `cpu_millicores`, `memory_mib`, `gpus` (a
@@ -12,7 +12,7 @@ dimension (`QuotaRefused`). A credit account at or below zero refuses new work
 Whether a (tenant, pool) HAS a quota row or a credit account is configuration: cached per
 process for a few seconds (a quota or account created or deleted takes effect within
 QUOTA_CACHE_SECONDS in other processes, at once in this one). Usage against an existing quota
-is always checked under the quota row's lock (`check_quota`), never cached.
+is always checked under the quota row's lock (`recheck`), never cached.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -76,13 +75,10 @@ def _forget_accounts(sender, instance, created=True, **kwargs):
 
 
 def lock_quotas(pairs: set[tuple[int, int]]) -> None:
+    """Row locks on the pairs' quota rows, in id order (the first locks of the ledger's write)."""
     tenants, pools = zip(*pairs, strict=True)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id FROM {Quota._meta.db_table} "
-            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s) ORDER BY id FOR UPDATE",
-            [list(set(tenants)), list(set(pools))],
-        )
+    quotas = Quota.objects.select_for_update().filter(tenant_id__in=tenants, pool_id__in=pools)
+    list(quotas.order_by("id").values_list("id", flat=True))
 
 
 def _limits_of(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[bool, bool]]:
@@ -92,16 +88,15 @@ def _limits_of(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[bool,
     if all(hit is not None and now - hit[0] < QUOTA_CACHE_SECONDS for hit in known.values()):
         return {pair: hit[1:] for pair, hit in known.items()}
     tenants, pools = zip(*pairs, strict=True)
-    args = [list(set(tenants)), list(set(pools))]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT tenant_id, pool_id, 1 FROM {Quota._meta.db_table} "
-            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s) UNION ALL "
-            f"SELECT tenant_id, pool_id, 2 FROM {CreditAccount._meta.db_table} "
-            "WHERE tenant_id = ANY(%s) AND pool_id = ANY(%s)",
-            args + args,
+    scope = {"tenant_id__in": set(tenants), "pool_id__in": set(pools)}
+    rows = (
+        Quota.objects.filter(**scope)
+        .values_list("tenant_id", "pool_id", Value(1))
+        .union(
+            CreditAccount.objects.filter(**scope).values_list("tenant_id", "pool_id", Value(2)),
+            all=True,
         )
-        rows = cursor.fetchall()
+    )
     if len(_limited) > 10_000:
         _limited.clear()
     found = {pair: (False, False) for pair in pairs}
@@ -115,7 +110,7 @@ def _limits_of(pairs: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[bool,
 
 
 def pairs_with_quota(pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """The (tenant id, pool id) pairs that `check_quota` must see: with a quota row or a credit
+    """The (tenant id, pool id) pairs that `recheck` must see: with a quota row or a credit
     account (cached as described above)."""
     return {pair for pair, flags in _limits_of(pairs).items() if any(flags)}
 
@@ -298,34 +293,30 @@ def credit_refusal(balance) -> str:
     )
 
 
-def check_quota(pool, tenant, cpu: int, memory: int, gpus: float, *, now=None) -> None:
-    """Inside the apply transaction; the quota row lock serialises a tenant's reserves. `gpus`:
-    the GPU share of the placement (`gpu_share` of its allocations)."""
-    # Plain SQL (the ORM's query compilation was a measurable share of a reserve's CPU).
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    fields = [f.name for f in Quota._meta.concrete_fields if f.name not in ("id", "tenant", "pool")]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(fields)}, (SELECT balance FROM {CreditAccount._meta.db_table} "
-            "WHERE tenant_id = %s AND pool_id = %s) "
-            f"FROM {Quota._meta.db_table} WHERE tenant_id = %s AND pool_id = %s" + lock,
-            [tenant.pk, pool.pk, tenant.pk, pool.pk],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        if _limits_of({(tenant.pk, pool.pk)})[(tenant.pk, pool.pk)][1]:
-            balance = _balances({(tenant.pk, pool.pk)}).get((tenant.pk, pool.pk))
-            if message := credit_refusal(balance):
-                raise CreditExhausted(message)
-        return
-    quota = Quota(tenant=tenant, pool=pool, **dict(zip(fields, row[:-1], strict=True)))
-    if message := credit_refusal(row[-1]):
-        raise CreditExhausted(message)
-    used = usage({(tenant.pk, pool.pk): quota}, now)[(tenant.pk, pool.pk)]
-    wanted = {"leases": 1, "cpu_millicores": cpu, "memory_mib": memory, "gpus": gpus}
-    dimension, message = refusal(quota_limits(quota), used, wanted)
-    if dimension:
-        raise QuotaRefused(dimension, message)
+def recheck(rows) -> dict:
+    """Under the quota rows' locks (`ledger.apply`): each tenant's headroom in each pool, read
+    afresh, takes the new leases (`lease_rows.Row`s) in order — a lease's GPUs by the
+    `gpu_share` of its allocations; {row: its refusal} for those it cannot take."""
+    by_pool: dict[int, list] = {}
+    for row in rows:
+        by_pool.setdefault(row.shared.pool.pk, []).append(row)
+    refused = {}
+    for pool_id, mine in by_pool.items():
+        now = mine[0].shared.lease_values["created_at"]
+        rooms = quota_headroom(pool_id, {row.tenant_id for row in mine}, now=now)
+        for row in mine:
+            room = rooms.get(row.tenant_id)
+            if room is None:
+                continue
+            lease = row.lease
+            over = room.take(
+                cpu_millicores=lease["cpu_millicores"],
+                memory_mib=lease["memory_mib"],
+                gpus=gpu_share(lease["gpu_allocations"]),
+            )
+            if over:
+                refused[row] = room.refusal(over)
+    return refused
 
 
 def tenants_at_quota(*, pool_id=None, tenant_id=None, now=None) -> dict[tuple[int, int], dict]:
@@ -387,6 +378,13 @@ class Headroom:
         for name, amount in wanted.items():
             self.used[name] += amount
         return ""
+
+    def refusal(self, message: str) -> TransitionRefused:
+        """The last refusal of `take` as the refusal a reserve raises."""
+        code, dimension = self.refused
+        if code == "credit_exhausted":
+            return CreditExhausted(message)
+        return QuotaRefused(dimension, message)
 
     def explanation(self, message: str) -> dict:
         """The last refusal of `take` as a job's pending_reason."""

@@ -1,10 +1,11 @@
-"""Reserve: a snapshot read without locks → the pure core places → one short transaction that
-inserts the lease and its event and applies the guarded ledger writes (`ledger`).
+"""Reserve: a snapshot read without locks → the pure core places → the ledger's one write
+(`ledger.apply`, a batch of one): quota re-checked, capacity taken by guarded UPDATEs, the
+lease and its event inserted, in one short transaction.
 
-A guarded write that matches 0 rows means another writer took the capacity first: the
-transaction rolls back and the request is re-planned on a fresh snapshot, a bounded number of
-times. The database CHECK constraints are the last line of defence; an IntegrityError from them
-is a retry, never a 500. Concurrent plain reserves are combined (`group_commit`); what does not
+A guarded write that matches 0 rows means another writer took the capacity first: nothing is
+written and the request is re-planned on a fresh snapshot, a bounded number of times. The
+database CHECK constraints are the last line of defence; an IntegrityError from them is a
+retry, never a 500. Concurrent plain reserves are combined (`group_commit`); what does not
 fit now may run inside a reservation's hold (`backfill`), else the refusal explains why.
 """
 
@@ -14,12 +15,12 @@ import random
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
 from leases import snapshot as snap
 from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity, explanation_dict
-from leases.models import Lease, gpu_share
+from leases.models import Lease
 from leases.window import Window, as_timedelta, request_digest
 from nodes.choices import NodeState
 from placement import make_context, place
@@ -30,7 +31,6 @@ from pools.statemachine import TransitionRefused
 
 from . import group_commit, ledger
 from .backfill import try_backfill
-from .quota import check_quota
 
 MAX_ATTEMPTS = 6  # plans per reserve; after 2 conflicts the choice among fitting nodes is random
 
@@ -101,6 +101,7 @@ def lease_reserve(
         # batch (or the batch failed): the ordinary path explains, backfills or retries.
         if outcome is group_commit.RETRY_CONFLICT:
             conflicts = first_attempt = 1
+    shared = ledger.Shared(pool=pool, actor=actor, now=now, expires_at=expires_at)
     for attempt in range(first_attempt, MAX_ATTEMPTS):
         view = snap.pool_snapshot(pool.pk, leases=False, work=snap.needs_work(req, policy))
         chosen_policy = policy
@@ -116,23 +117,22 @@ def lease_reserve(
                 if lease is not None:
                     return _replayed(lease, digest)  # another request may have won the key
             raise _refusal(pool, req, policy, result, conflicts)
+        node_id = view.node_ids[result.node]
+        row = ledger.lease_row(
+            shared,
+            tenant_id=tenant.pk,
+            request=request,
+            placement=result,
+            node_id=node_id,
+            allocations=ledger.gpu_allocations(result, view, node_id),
+            job_id=job.pk if job is not None else None,
+            idempotency_key=idempotency_key,
+            digest=digest,
+            window=window,
+            attempts=attempt + 1,
+        )
         try:
-            return _apply_reserve(
-                pool=pool,
-                tenant=tenant,
-                request=request,
-                actor=actor,
-                placement=result,
-                view=view,
-                expires_at=expires_at,
-                window=window,
-                job=job,
-                idempotency_key=idempotency_key,
-                now=now,
-                attempts=attempt + 1,
-            )
-        except ledger.Conflict:
-            conflicts += 1
+            applied = ledger.apply([row])  # a batch of one
         except IntegrityError:
             if idempotency_key:
                 existing = Lease.objects.filter(
@@ -141,6 +141,12 @@ def lease_reserve(
                 if existing is not None:
                     return _replayed(existing, digest)
             conflicts += 1
+            continue
+        if applied.refused:
+            raise applied.refused[0][1]
+        if applied.taken:
+            return row.instance(tenant=tenant, job=job)
+        conflicts += 1
     raise NoCapacity(
         {
             "message": f"capacity contended: {conflicts} conflicting writers in {MAX_ATTEMPTS} "
@@ -152,53 +158,6 @@ def lease_reserve(
             "conflicts": conflicts,
         }
     )
-
-
-def _apply_reserve(
-    *,
-    pool,
-    tenant,
-    request,
-    actor,
-    placement,
-    view,
-    expires_at,
-    window,
-    job,
-    idempotency_key,
-    now,
-    attempts=1,
-) -> Lease:
-    """One placement written: quota checked, lease and event inserted, capacity taken."""
-    node_id = view.node_ids[placement.node]
-    allocations = ledger.gpu_allocations(placement, view, node_id)
-    with transaction.atomic():
-        check_quota(
-            pool,
-            tenant,
-            placement.cpu_millicores,
-            placement.memory_mib,
-            gpu_share(allocations),
-            now=now,
-        )
-        lease, event = ledger.build_reserved(
-            pool=pool,
-            tenant=tenant,
-            request=request,
-            actor=actor,
-            placement=placement,
-            node_id=node_id,
-            allocations=allocations,
-            expires_at=expires_at,
-            window=window,
-            job=job,
-            idempotency_key=idempotency_key,
-            now=now,
-            attempts=attempts,
-        )
-        ledger.insert_taking_node_capacity(lease, event)
-        ledger.take_gpus(lease, allow_mixing=pool.allow_tenant_mixing_on_shared_gpus)
-    return lease
 
 
 # --- refusals --------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 1. lock the planned jobs' rows (SKIP LOCKED): a job another pass or a cancel holds is dropped
    from the plan, neither placed nor noted, so a cancel always wins;
-2. the ledger's part (`take_leases`): lock the quota rows and re-check each tenant's headroom
-   under them, take the capacity with guarded writes per node (a node whose capacity another
-   pass or the lease API took meanwhile is dropped from the plan, its jobs stay queued with
-   `plan_conflict` for the next pass), insert the leases and their events;
+2. the ledger's part (`take_leases`, through `ledger.apply`): lock the quota rows and re-check
+   each tenant's headroom under them, take the capacity with guarded writes per node (a node
+   whose capacity another pass or the lease API took meanwhile is dropped from the plan, its
+   jobs stay queued with `plan_conflict` for the next pass; a gang that lost a member takes
+   nothing), insert the leases and their events;
 3. move the jobs to `leased` with their `placed` events, and note every job that did not fit
    with its explanation, in bulk: rows built as plain dicts over one base row per table, one
    statement per table.
@@ -33,7 +34,6 @@ from leases.services import SCHEDULER_KEY_PREFIX, ledger, quota
 from leases.window import request_digest
 from pools.events import MESSAGE_TYPE, event_fields, groups_of
 from pools.reasons import Reason
-from scheduling import fairshare
 
 from .outcomes import SCHEDULER, PassResult, placement_note
 from .plan import Planned
@@ -91,68 +91,43 @@ def hold_back_gangs(placing: list[Planned], why: str) -> None:
             }
 
 
-# --- the ledger's part: quotas, then nodes, then GPUs, under their locks ----------------------
+# --- the ledger's part: its one write -------------------------------------------------------
 
 
 def take_leases(pool, placing: list[Planned], view, now) -> dict[int, int]:
-    """The leases of the placements still placeable, written through the ledger: quota rows
-    locked and each tenant's headroom re-checked under them, the capacity taken with guarded
-    writes, the leases and their `reserved` events inserted. Returns job id → its lease's id;
-    every placement left out gets its explanation."""
+    """The leases of the placements still placeable, written by the ledger's one write
+    (`ledger.apply`): quota rows locked and each tenant's headroom re-checked under them, the
+    capacity taken with guarded writes per node (a gang all or none), the leases and their
+    `reserved` events inserted. Returns job id → its lease's id; every placement left out gets
+    its explanation."""
     expires_at = now + settings.LEASE_DEFAULT_TTL
-    _recheck_quotas(pool, placing)
-    hold_back_gangs(placing, "one of its members is over its tenant's quota")
+    shared = ledger.Shared(pool=pool, actor=SCHEDULER, now=now, expires_at=expires_at)
     nodes = {node.name: node for node in view.nodes}
     digests: dict[str, str] = {}  # equal requests, one digest
-    rows = {
-        p.job.pk: _lease_row(pool, p, view, nodes, expires_at - now, digests)
+    rows = [
+        _lease_row(shared, p, view, nodes, expires_at - now, digests)
         for p in placing
         if p.explanation is None
-    }
-    taken = _take_capacity(pool, placing, rows)
-    for p in placing:
-        row = rows.get(p.job.pk)
-        if row is not None and row[0]["node_id"] not in taken:
-            p.explanation = {
-                "code": Reason.PLAN_CONFLICT.value,
-                "message": f"{p.placement.node} was taken by another writer before this pass "
-                "could apply its plan; the job waits for the next pass",
-            }
-            del rows[p.job.pk]
-    base = ledger.reserved_base(pool=pool, actor=SCHEDULER, now=now, expires_at=expires_at)
-    ids = ledger.insert_many(list(rows.values()), base)
-    return dict(zip(rows, ids, strict=True))
+    ]
+    applied = ledger.apply(rows)
+    refusals: dict[int, dict] = {}  # a gang's members share their refusal: one UPDATE
+    for row, refusal in applied.refused:
+        row.key.explanation = refusals.setdefault(id(refusal), quota.explanation(refusal))
+    names = {node_id: name for name, node_id in view.node_ids.items()}
+    for row, node_id in applied.conflicts:
+        row.key.explanation = _conflict(row.key, names[node_id])
+    return {row.key.job.pk: row.lease_id for row in applied.taken}
 
 
-def _recheck_quotas(pool, placing: list[Planned]) -> None:
-    """Under the quota rows' locks (lock order: jobs, quotas, nodes), each tenant's headroom
-    read afresh takes the planned placements in plan order; one over it waits, explained."""
-    pairs = quota.pairs_with_quota({(p.job.tenant_id, pool.pk) for p in placing})
-    if not pairs:
-        return
-    quota.lock_quotas(pairs)
-    headroom = quota.quota_headroom(pool.pk, {tenant for tenant, _ in pairs})
-    for p in placing:
-        room = headroom.get(p.job.tenant_id)
-        if room is None or p.explanation is not None:
-            continue
-        over = room.take(
-            cpu_millicores=p.placement.cpu_millicores,
-            memory_mib=p.placement.memory_mib,
-            gpus=fairshare.request_gpus(p.job.resources),
-        )
-        if over:
-            p.explanation = room.explanation(over)
-
-
-def _lease_row(pool, p: Planned, view, nodes, ttl, digests: dict) -> tuple[dict, dict]:
-    """The job's lease and its event as `lease_reserve` writes them (ledger.reserved_row)."""
+def _lease_row(shared, p: Planned, view, nodes, ttl, digests: dict) -> ledger.Row:
+    """The job's lease and its event as `lease_reserve` writes them (`ledger.lease_row`)."""
     job, placement = p.job, p.placement
     node_id = view.node_ids[placement.node]
     digest = digests.get(job.key)
     if digest is None:
-        digest = digests[job.key] = request_digest(pool, job.resources, ttl)
-    return ledger.reserved_row(
+        digest = digests[job.key] = request_digest(shared.pool, job.resources, ttl)
+    return ledger.lease_row(
+        shared,
         tenant_id=job.tenant_id,
         job_id=job.pk,
         request=job.resources,
@@ -162,37 +137,19 @@ def _lease_row(pool, p: Planned, view, nodes, ttl, digests: dict) -> tuple[dict,
         idempotency_key=f"{SCHEDULER_KEY_PREFIX}{job.pk}-attempt-{job.attempts + 1}",
         digest=digest,
         decision=p.decision,
+        key=p,
+        group=p.gang,  # all or none
     )
 
 
-def _take_capacity(pool, placing: list[Planned], rows: dict) -> set[int]:
-    """The guarded capacity writes of the plan's leases (`rows`: job id → (lease, event)); the
-    ids of the nodes whose capacity was taken. A gang one of whose nodes was taken meanwhile
-    takes nothing: the writes roll back to a savepoint and are redone without its members
-    (which wait with plan_conflict), until every gang left is whole."""
-    gangs = [p for p in placing if p.gang is not None and p.job.pk in rows]
-    savepoint = transaction.savepoint() if gangs else None
-    while True:
-        taken = ledger.take_capacity_many(
-            [lease for lease, _ in rows.values()],
-            allow_mixing=pool.allow_tenant_mixing_on_shared_gpus,
-        )
-        lost = {
-            p.gang: p.placement.node for p in gangs if rows[p.job.pk][0]["node_id"] not in taken
-        }
-        if not lost:
-            return taken
-        transaction.savepoint_rollback(savepoint)
-        for p in gangs:
-            if p.gang in lost:
-                p.explanation = {
-                    "code": Reason.PLAN_CONFLICT.value,
-                    "message": f"{lost[p.gang]} was taken by another writer before this pass "
-                    f"could apply its plan; no member of gang {p.gang.name} is placed, they "
-                    "wait for the next pass",
-                }
-                del rows[p.job.pk]
-        gangs = [p for p in gangs if p.gang not in lost]
+def _conflict(p: Planned, node: str) -> dict:
+    """Why a job waits whose node (or a gang mate's: `node`) another writer took first."""
+    message = f"{node} was taken by another writer before this pass could apply its plan; "
+    if p.gang is None:
+        message += "the job waits for the next pass"
+    else:
+        message += f"no member of gang {p.gang.name} is placed, they wait for the next pass"
+    return {"code": Reason.PLAN_CONFLICT.value, "message": message}
 
 
 # --- what the jobs say -------------------------------------------------------------------------

@@ -268,33 +268,29 @@ def test_cached_body_still_gets_field_errors_for_bad_variants(lpool, ltenant, ln
 
 
 @pytest.mark.django_db(transaction=True)
-def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch):
+def test_group_commit_batches_concurrent_reserves_without_overcommit():
     """Threads (own connections) reserve at once: the combiner applies them in batches, each
     lease with its own event; the losers get 409 reasons; the ledger holds."""
     import threading
+    import time
 
     from django.db import connection
 
     from leases import selectors, services
     from leases.models import LeaseEvent
-    from leases.services import group_commit
+    from leases.services import ledger
 
     pool = build_pool("batch", exact_capacity=True)
     tenant = build_tenant("b", name="B")
     build_node(pool, "b1", cpu=4000, memory=8192)
     build_node(pool, "b2", cpu=3000, memory=8192)
     sizes = []
-    run_batch = group_commit._run_batch
 
-    def slow_first_batch(batch):
-        sizes.append(len(batch))
+    def slow_first_write(rows):
+        sizes.append(len(rows))
         if len(sizes) == 1:
-            import time
-
             time.sleep(0.3)  # let the other threads queue up behind the first leader
-        return run_batch(batch)
 
-    monkeypatch.setattr(group_commit, "_run_batch", slow_first_batch)
     granted, refused, errors = [], [], []
     barrier = threading.Barrier(12)
 
@@ -317,14 +313,15 @@ def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch
             connection.close()
 
     threads = [threading.Thread(target=client) for _ in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    with ledger.race_hook(ledger.BEFORE_WRITES, slow_first_write):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
     assert errors == []
     assert len(granted) == 7 and len(refused) == 5
     assert all(reasons for reasons in refused)
-    assert max(sizes) > 1  # combined
+    assert max(sizes) > 1  # combined: one ledger write for the leases of several reserves
     assert selectors.overcommitted_nodes(pool) == 0
     assert ledger_problems(pool) == []
     leases = Lease.objects.filter(pk__in=granted)
@@ -334,45 +331,43 @@ def test_group_commit_batches_concurrent_reserves_without_overcommit(monkeypatch
 
 
 @pytest.mark.django_db(transaction=True)
-def test_group_commit_conflict_is_replanned(monkeypatch):
-    """A batch planned on a stale snapshot: the guarded UPDATE matches nothing, the request is
+def test_group_commit_conflict_is_replanned():
+    """A batch planned on a snapshot gone stale: another writer takes the node it chose before
+    its guarded write (the ledger's race hook), which matches nothing; the request is
     re-planned on a fresh snapshot (attempt 2) and lands on the node that still has room."""
     from django.db import transaction
 
-    from leases import services, snapshot
+    from leases import services
+    from leases.services import ledger
 
     pool = build_pool("stale", exact_capacity=True)
     tenant = build_tenant("s", name="S")
     build_node(pool, "s1", cpu=1000, memory=8192)
     build_node(pool, "s2", cpu=1000, memory=8192)
-    real_snapshot = snapshot.pool_snapshot
-    calls = []
+    taken = []
 
-    def stale_snapshot(pool_id, **kwargs):
-        view = real_snapshot(pool_id, **kwargs)
-        if not calls:  # the batch's snapshot: someone else takes a node meanwhile
-            calls.append(1)
+    def another_writer_first(rows):
+        if not taken:  # the batch's write: someone else takes a node meanwhile
             with transaction.atomic():  # inside a transaction: not combined, applied at once
-                taken = services.lease_reserve(
+                other = services.lease_reserve(
                     pool=pool,
                     tenant=tenant,
                     request=cpu_request(1000, 1024),
                     actor=SYSTEM,
                     duration=timedelta(minutes=5),
                 )
-            calls.append(taken.node.name)
-        return view
+            taken.append(other.node.name)
 
-    monkeypatch.setattr(snapshot, "pool_snapshot", stale_snapshot)
-    lease = services.lease_reserve(
-        pool=pool,
-        tenant=tenant,
-        request=cpu_request(1000, 1024),
-        actor=SYSTEM,
-        duration=timedelta(minutes=5),
-    )
+    with ledger.race_hook(ledger.BEFORE_WRITES, another_writer_first):
+        lease = services.lease_reserve(
+            pool=pool,
+            tenant=tenant,
+            request=cpu_request(1000, 1024),
+            actor=SYSTEM,
+            duration=timedelta(minutes=5),
+        )
     # both nodes are alike: the same policy picked the same node on the same (stale) view
-    assert lease.placement["attempts"] == 2 and lease.node.name != calls[1]
+    assert lease.placement["attempts"] == 2 and lease.node.name != taken[0]
     assert ledger_problems(pool) == []
 
 
@@ -391,7 +386,9 @@ def test_a_repeated_reserve_costs_a_fixed_handful_of_statements(lpool, ltenant, 
         response = client.post(URL, body(lpool, ltenant), format="json")
     assert response.status_code == 201
     statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
-    # the snapshot, the quota check and the one guarded insert statement; SAVEPOINT/RELEASE are
-    # the test's own transaction (outside a test: BEGIN travels with the first, then COMMIT)
+    # the snapshot and the one guarded statement that takes the node's capacity and inserts the
+    # lease and its event (a tenant without quota or credit account, as the per-process cache
+    # knows, needs no quota statement); SAVEPOINT/RELEASE are the test's own transaction
+    # (outside a test: BEGIN travels with the first, then COMMIT)
     work = [s for s in statements if s not in ("SAVEPOINT", "RELEASE")]
-    assert work == ["SELECT", "SELECT", "WITH"], statements
+    assert work == ["SELECT", "WITH"], statements

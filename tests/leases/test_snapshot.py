@@ -5,7 +5,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, cpu_request, gpu_request
-from leases import services, snapshot
+from leases import services, snapshot, snapshot_rows
+from leases.node_views import lease_ends
 from placement import place
 from placement import types as core
 from pools.reasons import Reason
@@ -60,7 +61,7 @@ def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, 
     assert f"when lease {first.pk} ends at" in result.message
 
 
-def test_portable_read_matches_the_postgresql_query(lpool, ltenant):
+def test_portable_read_matches_the_postgresql_query(lpool, ltenant, settings):
     """SQLite (`make run`) reads the snapshot through the ORM; it must see the same pool."""
     build_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {"sharing_mode": "timeslice"}])
     build_node(lpool, "c1", cpu=4000, memory=8192)
@@ -68,16 +69,16 @@ def test_portable_read_matches_the_postgresql_query(lpool, ltenant):
         services.lease_reserve(
             pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, duration=600
         )
-    states = ["ready"]
-    fast_rows, fast_gpus = snapshot._read(lpool.pk, states)
-    rows, gpus = snapshot._read_portable(lpool.pk, states, leases=True)
+    scope = {"leases": True, "reachable_only": False, "work": True}
+    fast_rows, fast_gpus = snapshot_rows.read(lpool.pk, ["ready"], **scope)
+    settings.LEASE_PORTABLE_PATHS = True  # the one switch: what a SQLite deployment reads
+    rows, gpus = snapshot_rows.read(lpool.pk, ["ready"], **scope)
     assert gpus == fast_gpus
 
     def comparable(row):
         return row | {
             "leases": [
-                lease | {"ends_at": snapshot._lease_ends([lease])[0].ends_at}
-                for lease in row["leases"]
+                lease | {"ends_at": lease_ends([lease])[0].ends_at} for lease in row["leases"]
             ]
         }
 

@@ -170,25 +170,24 @@ def test_cancel_against_the_pass_always_wins(world):
     assert sum(seen.values()) == ROUNDS
 
 
-def test_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(world, monkeypatch):
+def test_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(world):
     """The pass has locked the job and reserved its lease; the cancel arrives, waits on the
     row lock, and after the pass commits cancels the leased job and releases the lease."""
     pool, node, tenant, person = world
     job = submit_job(pool, tenant)
     reserved = threading.Event()
 
-    def signal_and_wait():
+    def signal_and_wait(rows):
         reserved.set()
         wait_until_someone_waits_on_a_lock()
-
-    # the pass holds the job's row lock while it writes the leases of its plan
-    monkeypatch.setattr(ledger, "insert_many", hold_after(ledger.insert_many, signal_and_wait))
 
     def cancel():
         assert reserved.wait(10)
         return job_cancel(job=job, actor=Actor.for_user(person))
 
-    placing, cancelled = race(lambda: scheduling_pass(pool_id=pool.pk), cancel)
+    # the pass holds the job's row lock while the ledger writes the leases of its plan
+    with ledger.race_hook(ledger.AFTER_INSERTS, signal_and_wait):
+        placing, cancelled = race(lambda: scheduling_pass(pool_id=pool.pk), cancel)
     assert not isinstance(cancelled, Exception), cancelled
     assert placing.placed == [job.pk]
     assert assert_cancelled_cleanly(job, pool, node) == [Q, L, C]

@@ -17,7 +17,6 @@ from jobs.choices import JobState
 from jobs.models import Job
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import ledger
 from placement import Request
 from scheduling.pass_steps.gangs import form_gangs
 from scheduling.passes import scheduling_pass
@@ -30,11 +29,12 @@ def gpool(db):
 
 
 @pytest.fixture(params=["batch", "single"])
-def path(request, monkeypatch):
+def path(request, settings):
     """Both ways a pass places: the batch plan (PostgreSQL) and the single path (what SQLite,
-    `make run`'s embedded default, takes; and the fallback after a failed plan)."""
+    `make run`'s embedded default, takes, all of it: its snapshot, ledger writes and pass; and
+    the fallback after a failed plan)."""
     if request.param == "single":
-        monkeypatch.setattr(ledger, "postgresql", lambda: False)
+        settings.LEASE_PORTABLE_PATHS = True
     return request.param
 
 
@@ -152,16 +152,14 @@ def test_members_asking_for_different_resources_wait_as_a_mismatch(client, gpool
     assert_none_placed(ids, "gang_mismatch")
 
 
-def test_a_node_taken_before_apply_places_no_member_of_the_gang(
-    client, gpool, gtenant, monkeypatch
-):
+def test_a_node_taken_before_apply_places_no_member_of_the_gang(client, gpool, gtenant):
     for name in ("n1", "n2"):  # each node holds exactly one member
         build_node(gpool, name, cpu=2000, memory=4096)
     build_node(gpool, "n3", cpu=1000, memory=4096)  # a job outside the gang, placed all the same
     ids = members(client, 2, "spread_hosts", size=2)
     single = submit(client, "single", gang={}, cpu=1000).json()["id"]
-    another_writer_takes_before_apply(monkeypatch, gtenant, "n1", cpu=2000)
-    result = scheduling_pass()
+    with another_writer_takes_before_apply(gtenant, "n1", cpu=2000):
+        result = scheduling_pass()
     assert result.placed == [single]
     assert result.pending == {pk: "plan_conflict" for pk in ids}
     for job in assert_none_placed(ids, "plan_conflict"):

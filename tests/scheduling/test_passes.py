@@ -202,14 +202,14 @@ def test_passes_racing_on_postgresql_never_double_book():
 
 
 def test_a_node_taken_before_the_plan_applies_leaves_its_jobs_queued_with_plan_conflict(
-    lpool, ltenant, monkeypatch
+    lpool, ltenant
 ):
     build_node(lpool, "n1", cpu=2000, memory=4096)
     build_node(lpool, "n2", cpu=2000, memory=4096)
     first = submit_job(lpool, ltenant, "first", cpu=2000)
     second = submit_job(lpool, ltenant, "second", cpu=2000)
-    another_writer_takes_before_apply(monkeypatch, ltenant, "n1", cpu=2000)
-    result = scheduling_pass()
+    with another_writer_takes_before_apply(ltenant, "n1", cpu=2000):
+        result = scheduling_pass()
 
     on_n1 = next(j for j in (first, second) if j.pk not in result.placed)
     assert len(result.placed) == 1 and result.pending == {on_n1.pk: "plan_conflict"}
@@ -234,12 +234,11 @@ def test_a_tenant_over_quota_waits_and_the_others_are_placed(lpool, ltenant, lte
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(monkeypatch):
+def test_a_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease():
     """The batch pass has locked the job and inserted its lease; the cancel waits on the job's
     row lock and, once the pass commits, cancels the leased job and releases the lease."""
     from tests.scheduling.test_cancel_race import (
         assert_cancelled_cleanly,
-        hold_after,
         race,
         wait_until_someone_waits_on_a_lock,
     )
@@ -251,17 +250,17 @@ def test_a_cancel_waits_for_the_pass_that_holds_the_job_then_releases_its_lease(
     job = submit_job(pool, tenant)
     inserted = threading.Event()
 
-    def signal_and_wait():
+    def signal_and_wait(rows):
         inserted.set()
         wait_until_someone_waits_on_a_lock()
-
-    monkeypatch.setattr(ledger, "insert_many", hold_after(ledger.insert_many, signal_and_wait))
 
     def cancel():
         assert inserted.wait(10)
         return job_cancel(job=job, actor=Actor.for_user(person))
 
-    placing, cancelled = race(lambda: scheduling_pass(pool_id=pool.pk), cancel)
+    # the pass holds the job's row lock while the ledger writes the leases of its plan
+    with ledger.race_hook(ledger.AFTER_INSERTS, signal_and_wait):
+        placing, cancelled = race(lambda: scheduling_pass(pool_id=pool.pk), cancel)
     assert not isinstance(cancelled, Exception), cancelled
     assert placing.placed == [job.pk]
     assert assert_cancelled_cleanly(job, pool, node) == ["queued", "leased", "cancelled"]

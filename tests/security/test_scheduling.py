@@ -21,7 +21,6 @@ from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
 from leases.selectors import ledger_problems
 from leases.services import ledger
-from leases.services import reserve as reserve_module
 from leases.tasks import expire_leases as expire_leases_task
 from nodes.choices import Reachability
 from nodes.services import node_mark_unreachable
@@ -269,31 +268,28 @@ def test_the_snapshot_leaves_out_unreachable_nodes_and_explanations_count_them(p
 
 @pytest.mark.parametrize("portable", [False, True])
 def test_a_node_going_unreachable_after_the_snapshot_is_refused_at_write(
-    pool, ltenant, portable, monkeypatch
+    pool, ltenant, portable, settings
 ):
+    settings.LEASE_PORTABLE_PATHS = portable  # True: the ORM paths SQLite takes (`make run`)
     node = build_node(pool, "n1", cpu=4000, memory=8192)
     view = snapshot.pool_snapshot(pool.pk, leases=False)  # taken while n1 is reachable
     policy = snapshot.pool_policy(pool)
     placement = place(snapshot.core_request(cpu_request()), view.nodes, policy)
     assert placement.node == "n1"
     unreachable(node)  # meanwhile: missed heartbeats
-    if portable:  # the ORM path SQLite takes (`make run`)
-        monkeypatch.setattr(ledger, "postgresql", lambda: False)
 
-    with pytest.raises(ledger.Conflict):
-        reserve_module._apply_reserve(
-            pool=pool,
-            tenant=ltenant,
-            request=cpu_request(),
-            actor=SYSTEM,
-            placement=placement,
-            view=view,
-            expires_at=timezone.now() + MIN,
-            window=None,
-            job=None,
-            idempotency_key="",
-            now=timezone.now(),
-        )
+    now = timezone.now()
+    shared = ledger.Shared(pool=pool, actor=SYSTEM, now=now, expires_at=now + MIN)
+    row = ledger.lease_row(
+        shared,
+        tenant_id=ltenant.pk,
+        request=cpu_request(),
+        placement=placement,
+        node_id=view.node_ids["n1"],
+        allocations=[],
+    )
+    applied = ledger.apply([row])
+    assert applied.taken == [] and applied.conflicts == [(row, node.pk)]
 
     assert not Lease.objects.filter(node=node).exists()
     assert not LeaseEvent.objects.filter(lease__node=node).exists()

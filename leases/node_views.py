@@ -1,0 +1,198 @@
+"""The snapshot's rows as the core sees them: nodes, GPUs, lease ends, labels and NUMA layouts
+as core views (the conventions are in `leases.snapshot`'s docstring and docs/leases.md).
+Pure functions of the rows `leases.snapshot_rows` reads."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from nodes.choices import NodeState, Reachability
+from placement import types as core
+from placement.mig import profiles_for
+
+
+def mig_slices_from_mask(mask: int) -> tuple[core.MigSlice, ...]:
+    # A slot per bit: `occupied_slices` counts an unknown profile as one slice.
+    return tuple(core.MigSlice("", bit) for bit in range(8) if mask >> bit & 1)
+
+
+def mig_mask(model: str, memory_mib: int, profile: str, start: int) -> int:
+    size = profiles_for(model, memory_mib)[profile].slices
+    return ((1 << size) - 1) << start
+
+
+def gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
+    if row["mig_enabled"]:
+        mask = 0 if empty else row["mig_slots_used"]
+        slices = mig_slices_from_mask(mask)
+        return core.GpuView(
+            index=row["index"],
+            model=row["model"],
+            memory_mib=row["memory_mib"],
+            free_milli=max(0, 1000 - 125 * len(slices)),
+            sharing=core.MIG,
+            uuid=row["uuid"],
+            mig_slices=slices,
+            interconnect_group=row["interconnect_group"],
+            numa_node=row["numa_node"] or 0,
+            healthy=row["healthy"],
+            driver_version=row["driver_version"],
+            cuda_version=row["cuda_version"],
+        )
+    tenant = row["share_tenant_id"]
+    return core.GpuView(
+        index=row["index"],
+        model=row["model"],
+        memory_mib=row["memory_mib"],
+        free_milli=1000 if empty else 1000 - row["milli_reserved"],
+        sharing=row["sharing_mode"],
+        uuid=row["uuid"],
+        interconnect_group=row["interconnect_group"],
+        numa_node=row["numa_node"] or 0,
+        healthy=row["healthy"],
+        driver_version=row["driver_version"],
+        cuda_version=row["cuda_version"],
+        tenants=(str(tenant),) if tenant is not None and not empty else (),
+    )
+
+
+def lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
+    """Holding leases of a node (JSON rows of `snapshot_rows.read`) as core lease ends, earliest
+    first."""
+    ends = []
+    for lease in leases or ():
+        ends_at = lease["ends_at"]
+        if isinstance(ends_at, str):
+            ends_at = datetime.fromisoformat(ends_at)
+        ends.append(
+            core.LeaseEnd(
+                lease_id=str(lease["id"]),
+                ends_at=ends_at,
+                tenant=str(lease["tenant"]),
+                cpu_millicores=lease["cpu_millicores"],
+                memory_mib=lease["memory_mib"],
+                scratch_mib=lease["scratch_mib"],
+                gpu_milli=tuple(
+                    (a["index"], a["milli"])
+                    for a in lease["gpu_allocations"] or ()
+                    if not a.get("mig_slots")
+                ),
+                mig_slots=tuple(
+                    (a["index"], a["mig_slots"])
+                    for a in lease["gpu_allocations"] or ()
+                    if a.get("mig_slots")
+                ),
+            )
+        )
+    return tuple(sorted(ends, key=lambda x: (x.ends_at, x.lease_id)))
+
+
+PRICE_LABEL = "computepool.io/price-per-hour"
+ENERGY_LABEL = "computepool.io/energy-class"
+_PRICE_MAX = 1e6
+_ENERGY_LETTERS = "ABCDEFG"
+
+
+def label_price(labels: dict) -> float:
+    """The node's price per hour from its label; 0.0 when absent or not a finite number ≥ 0."""
+    try:
+        price = float(str(labels.get(PRICE_LABEL, "0")).strip())
+    except (TypeError, ValueError):
+        return 0.0
+    return price if math.isfinite(price) and 0 <= price <= _PRICE_MAX else 0.0
+
+
+def label_energy_class(labels: dict) -> int:
+    """The node's energy class from its label: 0…9, or A…G as 0…6; 0 when it does not parse."""
+    raw = str(labels.get(ENERGY_LABEL, "")).strip()
+    if len(raw) == 1 and raw.upper() in _ENERGY_LETTERS:
+        return _ENERGY_LETTERS.index(raw.upper())
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) <= 9 else 0
+
+
+def label_pairs(labels) -> frozenset[str]:
+    if not isinstance(labels, dict):
+        return frozenset()
+    return frozenset(f"{k}={v}" for k, v in labels.items() if isinstance(v, str | int | float))
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _numa_views(row: dict, work, free_cpu: int, free_mem: int) -> tuple[core.NumaView, ...]:
+    """The node's NUMA layout as core views, free = size − what leases pinned there hold,
+    capped at the node's free capacity. Entries that do not parse are left out."""
+    layout = row.get("numa_layout")
+    if not isinstance(layout, list):
+        return ()
+    used: dict[int, tuple[int, int]] = {}
+    for item in work:
+        numa = _int(item.get("numa"))
+        if numa is not None and not item.get("backfill"):
+            cpu, mem = used.get(numa, (0, 0))
+            used[numa] = (cpu + (_int(item.get("cpu")) or 0), mem + (_int(item.get("mem")) or 0))
+    views, seen = [], set()
+    for entry in layout:
+        if not isinstance(entry, dict) or _int(entry.get("id")) is None or entry["id"] in seen:
+            continue
+        cpus = entry.get("cpus")
+        count = len(cpus) if isinstance(cpus, list) else _int(cpus)
+        if count is None:
+            continue
+        memory = _int(entry.get("memory_mib"))
+        cpu_used, mem_used = used.get(entry["id"], (0, 0))
+        seen.add(entry["id"])
+        views.append(
+            core.NumaView(
+                id=entry["id"],
+                free_cpu_millicores=max(0, min(free_cpu, count * 1000 - cpu_used)),
+                free_memory_mib=max(
+                    0, free_mem if memory is None else min(free_mem, memory - mem_used)
+                ),
+            )
+        )
+    return tuple(sorted(views, key=lambda v: v.id))
+
+
+def node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
+    labels = row["labels"] if isinstance(row["labels"], dict) else {}
+    work = [] if empty else [w for w in row.get("work") or () if isinstance(w, dict)]
+    cpu, mem, scratch = (
+        row["cpu_millicores_allocatable"],
+        row["memory_mib_allocatable"],
+        row["scratch_mib_allocatable"],
+    )
+    return core.NodeView(
+        name=row["name"],
+        cpu_millicores=cpu,
+        memory_mib=mem,
+        scratch_mib=scratch,
+        free_cpu_millicores=cpu if empty else cpu - row["cpu_millicores_reserved"],
+        free_memory_mib=mem if empty else mem - row["memory_mib_reserved"],
+        free_scratch_mib=scratch if empty else scratch - row["scratch_mib_reserved"],
+        gpus=tuple(gpu_view(g, empty=empty) for g in gpus),
+        state=NodeState.READY if empty else row["state"],
+        reachable=empty or row["reachability"] == Reachability.REACHABLE,
+        labels={str(k): str(v) for k, v in labels.items()},
+        price_per_hour=label_price(labels),
+        energy_class=label_energy_class(labels),
+        workload_labels=frozenset().union(*(label_pairs(w.get("labels")) for w in work)),
+        numa=_numa_views(
+            row,
+            work,
+            cpu if empty else cpu - row["cpu_millicores_reserved"],
+            mem if empty else mem - row["memory_mib_reserved"],
+        ),
+        arch=row["architecture"],
+        os=row["os"],
+        runtimes=frozenset(row["runtimes"] or ("docker",)),
+        region=row["region"],
+        zone=row["zone"],
+        rack=row["rack"],
+        network_class=row["network_class"],
+        # the image digests the node's agent reports in its cache (heartbeats)
+        warm_images=frozenset(row["cached_images"] or ()),
+        leases=() if empty else lease_ends(row.get("leases")),
+    )

@@ -1,0 +1,184 @@
+"""The snapshot's read: a pool's nodes with their GPUs and the holding leases on them, as
+plain rows (`leases.node_views` makes them core views). No locks.
+
+On PostgreSQL one query aggregates each node's GPUs and leases as JSON; the portable path
+(SQLite, `make run`; `leases.backend`) reads the same rows through the ORM in a few queries.
+"""
+
+from __future__ import annotations
+
+import orjson
+from django.db import connection
+
+from leases import backend
+from leases.choices import HOLDING
+from leases.models import Lease
+from nodes.choices import Reachability
+from nodes.models import GpuDevice, Node
+
+NODE_FIELDS = (
+    "id",
+    "name",
+    "state",
+    "reachability",
+    "architecture",
+    "os",
+    "runtimes",
+    "cached_images",
+    "labels",
+    "region",
+    "zone",
+    "rack",
+    "network_class",
+    "numa_layout",
+    "cpu_millicores_allocatable",
+    "memory_mib_allocatable",
+    "scratch_mib_allocatable",
+    "cpu_millicores_reserved",
+    "memory_mib_reserved",
+    "scratch_mib_reserved",
+)
+GPU_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "model",
+    "memory_mib",
+    "mig_enabled",
+    "sharing_mode",
+    "interconnect_group",
+    "numa_node",
+    "healthy",
+    "driver_version",
+    "cuda_version",
+    "milli_reserved",
+    "mig_slots_used",
+    "share_tenant_id",
+)
+
+
+def read(
+    pool_id: int, states: list[str], *, leases: bool, reachable_only: bool, work: bool
+) -> tuple[list[dict], dict[int, list[dict]]]:
+    """Nodes of the pool in `states` (ordered by name) and their GPUs (by index), each node
+    with `leases` (its holding leases' ends) and `work` (what placement reads of the work on
+    it). Backfill leases hold nothing on the node ledger: not listed.
+    `leases=False` leaves the lease ends out (an empty list per node): placement does not use
+    them, only explanations do, and reading them costs O(live leases of the pool).
+    `reachable_only`: without the nodes that missed their heartbeats. `work`: with the labels
+    and NUMA pins of the node's holding leases (off for the empty view)."""
+    if not backend.postgresql():
+        return _read_orm(pool_id, states, leases, reachable_only, work)
+    sql = _SELECT.format(
+        work=_WORK if work else "'[]'",
+        ends=_ENDS if leases else "'[]'",
+        reachable="AND n.reachability = %(reachable)s " if reachable_only else "",
+    )
+    params = {
+        "holding": sorted(HOLDING),
+        "pool": pool_id,
+        "states": states,
+        "reachable": Reachability.REACHABLE.value,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        raw = cursor.fetchall()
+    rows, gpus_by_node = [], {}
+    for record in raw:  # JSON comes as text, for orjson: 3x faster than psycopg's json.loads
+        row = dict(zip(NODE_FIELDS, record[:-3], strict=True))
+        for key in ("labels", "runtimes", "cached_images", "numa_layout"):
+            if isinstance(row[key], str):
+                row[key] = orjson.loads(row[key])
+        gpus, row["work"], row["leases"] = (orjson.loads(text) for text in record[-3:])
+        gpus_by_node[row["id"]] = gpus
+        rows.append(row)
+    return rows, gpus_by_node
+
+
+_GPU_JSON = ", ".join(
+    f"'{f}', g.\"{f}\"" for f in GPU_FIELDS if f not in ("node_id", "share_tenant_id")
+)
+# the work on a node that placement reads: its jobs' labels (anti-affinity) and what leases
+# pinned to a NUMA node hold there; only leases that carry either
+_WORK = (
+    "CAST((SELECT COALESCE(json_agg(json_build_object('labels', l.request->'labels', "
+    "'numa', l.placement->'numa_node', 'cpu', l.cpu_millicores, "
+    "'mem', l.memory_mib, 'backfill', l.backfill_of_id IS NOT NULL) ORDER BY l.id), "
+    f"'[]'::json) FROM {Lease._meta.db_table} l "
+    "WHERE l.node_id = n.id AND l.state = ANY(%(holding)s) "
+    "AND (l.request ? 'labels' OR jsonb_typeof(l.placement->'numa_node') = 'number')) AS text)"
+)
+# the holding leases' ends, earliest first
+_ENDS = (
+    "CAST((SELECT COALESCE(json_agg(json_build_object('id', l.id, 'tenant', l.tenant_id, "
+    "'ends_at', l.expires_at, 'cpu_millicores', l.cpu_millicores, "
+    "'memory_mib', l.memory_mib, 'scratch_mib', l.scratch_mib, "
+    "'gpu_allocations', l.gpu_allocations) ORDER BY l.expires_at, l.id), '[]'::json) "
+    f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%(holding)s) "
+    "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) AS text)"
+)
+# {work}, {ends}, {reachable}: the fragments above, or stand-ins for what is not read
+_SELECT = (
+    "SELECT " + ", ".join(f'n."{f}"' for f in NODE_FIELDS) + ", "
+    "CAST((SELECT COALESCE(json_agg(json_build_object(" + _GPU_JSON + ", "
+    "'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
+    f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) AS text), "
+    "{work}, {ends} "
+    f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND n.state = ANY(%(states)s) "
+    "{reachable}ORDER BY n.name"
+)
+
+
+def _read_orm(
+    pool_id: int, states: list[str], leases: bool, reachable_only: bool, work: bool
+) -> tuple[list[dict], dict[int, list[dict]]]:
+    """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
+    nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
+    if reachable_only:
+        nodes = nodes.filter(reachability=Reachability.REACHABLE)
+    rows = list(nodes.order_by("name").values(*NODE_FIELDS))
+    ids = [row["id"] for row in rows]
+    gpus_by_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    for gpu in GpuDevice.objects.filter(node_id__in=ids).order_by("index").values(*GPU_FIELDS):
+        gpus_by_node[gpu["node_id"]].append(gpu)
+    ends: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    if leases:
+        held = Lease.objects.filter(
+            node_id__in=ids, state__in=HOLDING, backfill_of__isnull=True, expires_at__isnull=False
+        ).order_by("expires_at", "id")
+        for lease in held.values(
+            "id",
+            "tenant",
+            "node_id",
+            "expires_at",
+            "cpu_millicores",
+            "memory_mib",
+            "scratch_mib",
+            "gpu_allocations",
+        ):
+            ends[lease.pop("node_id")].append(lease | {"ends_at": lease.pop("expires_at")})
+    on_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
+    if work:
+        holding = Lease.objects.filter(node_id__in=ids, state__in=HOLDING).order_by("id")
+        for lease in holding.values(
+            "node_id", "request", "placement", "cpu_millicores", "memory_mib", "backfill_of_id"
+        ):
+            request = lease["request"] if isinstance(lease["request"], dict) else {}
+            placement = lease["placement"] if isinstance(lease["placement"], dict) else {}
+            numa = placement.get("numa_node")
+            if "labels" not in request and not (isinstance(numa, int) and numa is not True):
+                continue  # as the query: only leases with labels or a NUMA pin
+            on_node[lease["node_id"]].append(
+                {
+                    "labels": request.get("labels"),
+                    "numa": numa,
+                    "cpu": lease["cpu_millicores"],
+                    "mem": lease["memory_mib"],
+                    "backfill": lease["backfill_of_id"] is not None,
+                }
+            )
+    for row in rows:
+        row["leases"] = ends[row["id"]]
+        row["work"] = on_node[row["id"]]
+    return rows, gpus_by_node
