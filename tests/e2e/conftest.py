@@ -287,6 +287,22 @@ def _database(django_db_blocker, stack):
 ARTIFACTS = ROOT / "test-artifacts"
 
 
+def _fresh_child_after_fork() -> None:
+    """Runs first in daphne's forked child. asgiref's sync_to_async executor is one thread
+    held at class level: once this process has used it (any async test before this module), the
+    fork inherits an executor whose thread does not exist there, and every `database_sync_to_async`
+    in the consumers waits forever (the socket never opens). A fresh executor, fresh channel
+    layers (their Redis pools belong to the parent's loops), then the test database."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import SyncToAsync
+    from channels.layers import channel_layers
+
+    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
+    channel_layers.backends.clear()
+    set_database_connection()
+
+
 @pytest.fixture(scope="module")
 def console(stack, django_db_blocker):
     """The console's URL: daphne serving config.asgi's routes (HTTP, static, websockets) in its
@@ -297,7 +313,7 @@ def console(stack, django_db_blocker):
     server = DaphneProcess(
         "127.0.0.1",
         partial(make_application, static_wrapper=ASGIStaticFilesHandler),
-        setup=set_database_connection,
+        setup=_fresh_child_after_fork,
     )
     server.start()
     if not server.ready.wait(30):
