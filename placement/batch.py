@@ -7,16 +7,18 @@ the counts of rejections per reason, and a heap of the feasible nodes in ``place
 (fewest degraded preferences, highest score, smallest name). Each placement changes one node,
 which is appended to a log; when a request of a class comes up, the class re-evaluates only the
 nodes logged since it last looked, except those refused for good (by a static filter, which
-reads only what placing work does not change, or for a reason of ``STAYS_REJECTED``), and
+reads only what placing work does not change, or for a reason a plugin or the core declares
+``never_lifted``: ``stays_rejected``), and
 drops stale heap entries lazily. A plan of M requests in K classes on N nodes costs about
 K·N + M·K evaluations instead of M·N.
 
-Nodes that differ only in what no filter or scorer reads (``node_kind``: their name, device
-UUIDs, lease ends and who holds their work) are of one *kind*, and a class evaluates a kind
+Nodes that differ only in what no filter or scorer reads (``node_kind_of``: the fields the plugins
+declare they read, ``registry``, and the core's own; not the name or device UUIDs) are of one
+*kind*, and a class evaluates a kind
 once: a fresh fleet of thousands of nodes has a few hundred kinds, and placing work often turns
 a node into a kind already seen. The evaluation is the same function of the request and the
-kind; only the device UUIDs of the chosen node are its own (``_on``). A class of requests pinned
-to a node, or scored against a gang's peers, reads node names and evaluates node by node.
+kind; only the device UUIDs of the chosen node are its own (``_on``). A class whose plugins read
+node names (pinned to a node, or scored against a gang's peers) evaluates node by node.
 
 Deliberate differences from calling ``place`` one by one, both tested:
 - a class that fits nowhere keeps the explanation of its first failure (per tenant when the
@@ -37,63 +39,52 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
+from typing import NamedTuple
 
-from . import reasons as r
+from . import plugins  # noqa: F401  (registered before the plugins' declarations are read)
 from .bookkeeping import apply_placement
 from .context import ScoreContext, make_context
-from .evaluation import evaluate
+from .evaluation import CORE_NEVER_LIFTED, CORE_READS, Evaluation, evaluate
 from .explain import explain
 from .planner import _degraded, _invalid, evaluation_key, place, to_placement
-from .registry import active_filters
+from .registry import active_filters, all_reads, draws_random, never_lifted, reads_for
 from .types import GANG_NONE, Explanation, GpuView, NodeView, Placement, Policy, Request
 
 TOP_CANDIDATES = 3  # candidates kept in a decision record
 
-# Rejections that placing more work on the node never lifts: free CPU, memory and scratch only
-# shrink, devices only fill (fewer free devices, shares and MIG starts), shared devices only
-# gain tenants and the node only gains workload labels; the rest is what the device is. A node
-# refused for one of these is not re-evaluated (tests/placement/test_batch.py checks the
-# claim). Not here: NUMA and interconnect refusals, which a fuller node can lift when a
-# preferred amount it no longer has is no longer granted.
-STAYS_REJECTED = frozenset(
-    {
-        r.INSUFFICIENT_CPU,
-        r.INSUFFICIENT_MEMORY,
-        r.INSUFFICIENT_SCRATCH,
-        r.INSUFFICIENT_GPU,
-        r.TENANT_MIXING_REFUSED,
-        r.DEVICE_UNHEALTHY,
-        r.GPU_MODEL_MISMATCH,
-        r.GPU_MEMORY_TOO_SMALL,
-        r.GPU_DRIVER_TOO_OLD,
-        r.GPU_SHARING_CLASS_UNAVAILABLE,
-        r.ANTI_AFFINITY,
-    }
-)
-
-
-# What evaluation reads of a node: every field but the name (read only by the node_pin filter
-# and the peers' spread scorer: classes that use them evaluate node by node), the lease ends
-# (read by explanations), the node's and MIG slices' tenants (bookkeeping) and the devices'
-# UUIDs (copied into the placement, ``_on``). Labels and devices enter as hashable tuples.
-_NODE_KIND = attrgetter(
-    *(
-        f.name
-        for f in fields(NodeView)
-        if f.name not in ("name", "leases", "tenants", "labels", "gpus")
-    )
-)
+# A node's name is its own: a class whose plugins read it (a pin to a node, the peers' spread
+# scorer) evaluates node by node.
+PER_NODE = frozenset({"name"})
 _GPU_KIND = attrgetter(*(f.name for f in fields(GpuView) if f.name not in ("uuid", "mig_slices")))
+_NODE_FIELDS = frozenset(f.name for f in fields(NodeView))
 
 
-def node_kind(node: NodeView) -> tuple:
-    """The node as evaluation sees it: nodes with equal kinds evaluate alike for any request
-    that is not pinned to a node (a property test holds this)."""
-    return (
-        _NODE_KIND(node),
-        tuple(sorted(node.labels.items())),
-        tuple((_GPU_KIND(g), tuple((s.profile, s.start) for s in g.mig_slices)) for g in node.gpus),
-    )
+def stays_rejected() -> frozenset[str]:
+    """Rejections that placing more work on the node never lifts, as the plugins and the core
+    declare them (``never_lifted``): a node refused for one is not re-evaluated
+    (tests/placement/test_batch.py checks the claim)."""
+    return never_lifted() | CORE_NEVER_LIFTED
+
+
+def node_kind_of() -> Callable[[NodeView], tuple]:
+    """The node as evaluation sees it, from what the registered plugins and the core declare
+    they read, but the name: nodes with equal kinds evaluate alike for any request whose
+    plugins do not read names (a property test holds this). Labels and devices enter as
+    hashable tuples, devices without their UUIDs (copied into the placement, ``_on``) and MIG
+    slices without their tenants (bookkeeping)."""
+    read = ((all_reads() | CORE_READS) & _NODE_FIELDS) - PER_NODE
+    scalars = attrgetter(*sorted(read - {"labels", "gpus"}))
+
+    def kind(node: NodeView) -> tuple:
+        return (
+            scalars(node),
+            tuple(sorted(node.labels.items())) if "labels" in read else (),
+            tuple(
+                (_GPU_KIND(g), tuple((s.profile, s.start) for s in g.mig_slices)) for g in node.gpus
+            ),
+        )
+
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +97,16 @@ class Outcome:
     explanation: Explanation | None = None
     refusal: str = ""
     error: Exception | None = None
+
+
+class Candidate(NamedTuple):
+    """A feasible node in a class's heap, in ``place``'s order; stale once the node changed."""
+
+    degraded: int  # preferred dimensions degraded to the minimum
+    neg_score: float
+    name: str
+    index: int
+    version: int
 
 
 class _Class:
@@ -131,14 +132,14 @@ class _Class:
         self.req = req
         self.ctx = replace(ctx, filters=(None, (), (), ()), active=(None, ()), evaluations={})
         # node kind → its evaluation (a result, or _Refused); not for a class that reads names
-        self.by_kind = not (req.node_pin or ctx.peers)
+        self.by_kind = not reads_for(req, self.ctx) & PER_NODE
         self.kinds: dict[int, object] = {}
-        self.results: list = [None] * n  # the evaluation of a feasible node, else None
+        self.results: list[Evaluation | None] = [None] * n  # a feasible node's evaluation
         self.reasons: list[str | None] = [None] * n  # the rejection reason, None when feasible
-        # 1: refused for good (a static filter or STAYS_REJECTED): never re-evaluated
+        # 1: refused for good (a static filter or stays_rejected): never re-evaluated
         self.settled = bytearray(n)
         self.counts: Counter = Counter()  # rejections per reason
-        self.heap: list = []  # (degraded, -score, name, node index, node version)
+        self.heap: list[Candidate] = []
         self.cursor = cursor  # position in the change log this class has seen
         self.explanations: dict[str, Explanation] = {}  # tenant → first failure's explanation
 
@@ -150,6 +151,10 @@ class Planner:
         self.nodes = list(nodes)
         self.policy = policy
         self.ctx = ctx or make_context(self.nodes, policy)
+        self.random = draws_random(policy)  # planned by ``place`` itself
+        # what the plugins registered now declare: read once per plan
+        self.stays_rejected = stays_rejected()
+        self.node_kind = node_kind_of()
         self.version = [0] * len(self.nodes)
         self.log: list[int] = []  # indices of changed nodes, in order
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -163,7 +168,7 @@ class Planner:
     # --- one request ---------------------------------------------------------------------------
 
     def place(self, req: Request, admit=None, position: int = 0) -> Outcome:
-        if req.replicas > 1 or req.gang != GANG_NONE or _invalid(req) or _random(self.policy):
+        if req.replicas > 1 or req.gang != GANG_NONE or _invalid(req) or self.random:
             result = place(req, self.nodes, self.policy, self.ctx)
             if isinstance(result, Explanation):
                 return Outcome(explanation=result)
@@ -179,7 +184,7 @@ class Planner:
                 cls.explanations[who] = explanation
             return Outcome(explanation=explanation)
         top = self._top(cls, TOP_CANDIDATES)
-        i = top[0][3]
+        i = top[0].index
         placement = to_placement(
             req, self.nodes[i], _on(self.nodes[i], cls.results[i]), self.policy
         )
@@ -189,9 +194,9 @@ class Planner:
             "rejected": dict(cls.counts.most_common()),
             "candidates": [
                 {
-                    "node": entry[2],
-                    "score": cls.results[entry[3]][0],
-                    "breakdown": dict(cls.results[entry[3]][2]),
+                    "node": entry.name,
+                    "score": cls.results[entry.index].score,
+                    "breakdown": dict(cls.results[entry.index].breakdown),
                 }
                 for entry in top
             ],
@@ -212,7 +217,7 @@ class Planner:
 
     def _kind_id(self, node: NodeView) -> int:
         # a kind is hashed once, here; the classes look their evaluations up by its number
-        return self.kind_ids.setdefault(node_kind(node), len(self.kind_ids))
+        return self.kind_ids.setdefault(self.node_kind(node), len(self.kind_ids))
 
     # --- classes -------------------------------------------------------------------------------
 
@@ -255,7 +260,9 @@ class Planner:
             cls.settled[i] = result.for_good
             return
         cls.reasons[i], cls.results[i] = None, result
-        entry = (_degraded(cls.req, result), -result[0], self.nodes[i].name, i, self.version[i])
+        entry = Candidate(
+            _degraded(cls.req, result), -result.score, self.nodes[i].name, i, self.version[i]
+        )
         if static is None:
             heapq.heappush(cls.heap, entry)
         else:
@@ -268,11 +275,11 @@ class Planner:
                     return _Refused(reason, 1)
         result = evaluate(cls.req, node, cls.ctx, static_checked=True)
         if isinstance(result, str):
-            return _Refused(result, 1 if result in STAYS_REJECTED else 0)
+            return _Refused(result, 1 if result in self.stays_rejected else 0)
         return result
 
-    def _valid(self, entry) -> bool:
-        return entry[4] == self.version[entry[3]]
+    def _valid(self, entry: Candidate) -> bool:
+        return entry.version == self.version[entry.index]
 
     def _best(self, cls: _Class):
         heap = cls.heap
@@ -295,21 +302,17 @@ class Planner:
 @dataclass(frozen=True, slots=True)
 class _Refused:
     reason: str
-    for_good: int  # 1: a static filter or STAYS_REJECTED refused it; never re-evaluated
+    for_good: int  # 1: a static filter or stays_rejected refused it; never re-evaluated
 
 
-def _on(node: NodeView, result):
+def _on(node: NodeView, result: Evaluation) -> Evaluation:
     """An evaluation of the node's kind with the node's own device UUIDs."""
-    fit = result[1]
+    fit = result.fit
     uuids = {g.index: g.uuid for g in node.gpus}
     if all(d.uuid == uuids[d.index] for d in fit.devices):
         return result
     devices = tuple(replace(d, uuid=uuids[d.index]) for d in fit.devices)
-    return (result[0], replace(fit, devices=devices), *result[2:])
-
-
-def _random(policy: Policy) -> bool:
-    return "random" in policy.weights or policy.gpu_choice == "random"
+    return result._replace(fit=replace(fit, devices=devices))
 
 
 def plan(

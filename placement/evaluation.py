@@ -1,23 +1,57 @@
 """One request on one node: run the policy's filters, choose devices, score the ways it fits.
 
-``evaluate`` returns the best fit as ``(score, fit, breakdown, gpu count, gpu memory)`` or the
-reason code of the first check that refused the node.
+``evaluate`` returns the best fit as an ``Evaluation`` or the reason code of the first check
+that refused the node.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from . import reasons as r
 from .context import Fit, ScoreContext
 from .devices import eligible_devices
 from .mig import free_starts, occupied_slices, profiles_for
-from .registry import active_filters, active_scorers
-from .types import EXCLUSIVE, MIG, DeviceShare, NodeView, Policy, Request
+from .registry import GPU_CHOICES, active_filters, active_scorers, check_reads
+from .types import EXCLUSIVE, MIG, DeviceShare, NodeView, Request
 
 
-def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bool = False):
-    """Best way to place ``req`` on ``node``: (score, fit, breakdown, gpu count, gpu memory).
+class Evaluation(NamedTuple):
+    """The best way a request fits a node, with what it was granted of its preferences."""
+
+    score: float
+    fit: Fit
+    breakdown: dict[str, float]
+    gpu_count: int
+    gpu_memory_mib: int
+
+
+# What the core reads of a node itself, beside its plugins: free room, devices, NUMA nodes.
+CORE_READS = frozenset(
+    {"free_cpu_millicores", "free_memory_mib", "free_scratch_mib", "gpus", "numa"}
+)
+# Refusals of the core's device eligibility (``devices.eligible_devices``) that placing more
+# work never lifts: devices only fill, shared ones only gain tenants, the rest is what the
+# device is. Not here: NUMA and interconnect refusals, which a fuller node can lift when a
+# preferred amount it no longer has is no longer granted.
+CORE_NEVER_LIFTED = frozenset(
+    {
+        r.INSUFFICIENT_GPU,
+        r.TENANT_MIXING_REFUSED,
+        r.DEVICE_UNHEALTHY,
+        r.GPU_MODEL_MISMATCH,
+        r.GPU_MEMORY_TOO_SMALL,
+        r.GPU_DRIVER_TOO_OLD,
+        r.GPU_SHARING_CLASS_UNAVAILABLE,
+    }
+)
+
+
+def evaluate(
+    req: Request, node: NodeView, ctx: ScoreContext, static_checked: bool = False
+) -> Evaluation | str:
+    """Best way to place ``req`` on ``node``.
 
     Returns a reason code string when the node is not eligible. ``static_checked``: the caller
     already ran the static filters on this node (a pass or replay re-evaluating a changed node).
@@ -62,8 +96,11 @@ def evaluate(req: Request, node: NodeView, ctx: ScoreContext, static_checked: bo
     for fit in fits:  # first wins ties: lowest device index
         total, breakdown = score_fit(req, node, fit, ctx)
         if best is None or total > best[0]:
-            best = (total, fit, breakdown, count, gpu_mem)
+            best = Evaluation(total, fit, breakdown, count, gpu_mem)
     return best
+
+
+check_reads("the core's evaluation", evaluate, CORE_READS)
 
 
 def score_fit(req, node, fit, ctx) -> tuple[float, dict[str, float]]:
@@ -101,22 +138,6 @@ def _choose_whole(devices, count: int, req: Request):
     return devices[:count]
 
 
-def _share_candidates(devices, req: Request, policy: Policy, ctx: ScoreContext):
-    """Devices a fractional share may go to, in the order the policy prefers them."""
-    if policy.gpu_choice == "best_fit":
-        return [min(devices, key=lambda d: (d.free_milli, d.index))]
-    if policy.gpu_choice == "random":
-        return [ctx.rng.choice(devices)]
-    if policy.gpu_choice == "lowest_index":
-        return [devices[0]]
-    seen, out = set(), []  # fragmentation: every distinct free level, lowest index first
-    for d in devices:
-        if d.free_milli not in seen:
-            seen.add(d.free_milli)
-            out.append(d)
-    return out
-
-
 def _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx):
     frees = tuple(g.free_milli for g in node.gpus)
     if not req.wants_gpu:
@@ -149,7 +170,7 @@ def _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx):
         return [Fit(shares, cpu, mem, scratch, frees, tuple(after))]
     out = []
     if count == 1:
-        for d in _share_candidates(devices, req, policy, ctx):
+        for d in GPU_CHOICES[policy.gpu_choice].choose(devices, req, ctx):
             after = list(frees)
             after[position[d.index]] -= req.gpu_milli
             share = DeviceShare(d.index, req.gpu_milli, uuid=d.uuid)

@@ -13,8 +13,9 @@ from operator import attrgetter
 from . import reasons as r
 from .bookkeeping import apply_placement
 from .context import ScoreContext, make_context
-from .evaluation import evaluate
+from .evaluation import Evaluation, evaluate
 from .explain import explain
+from .registry import random_scorer
 from .types import (
     COLOCATE_INTERCONNECT,
     COLOCATE_RACK,
@@ -71,12 +72,12 @@ def place(
             continue
         feasible.append((node, result))
         # Nodes that grant more preferred values win first, then the score, then the name.
-        key = (-_degraded(request, result), result[0], _neg_name(node.name))
+        key = (-_degraded(request, result), result.score, _neg_name(node.name))
         if best is None or key > best[0]:
             best = (key, node, result)
     if not feasible:
         return explain(request, nodes, rejected, policy)
-    if "random" in policy.weights:
+    if random_scorer(policy):
         _, node, result = ctx.rng.choice([(None, n, res) for n, res in feasible])
     else:
         _, node, result = best
@@ -138,9 +139,9 @@ def _invalid(req: Request) -> str:
     return ""
 
 
-def to_placement(req: Request, node: NodeView, result, policy: Policy) -> Placement:
+def to_placement(req: Request, node: NodeView, result: Evaluation, policy: Policy) -> Placement:
     """The placement of ``req`` on ``node`` from its ``evaluate`` result."""
-    total, fit, breakdown, count, gpu_mem = result
+    fit = result.fit
     return Placement(
         node=node.name,
         request=req,
@@ -148,25 +149,25 @@ def to_placement(req: Request, node: NodeView, result, policy: Policy) -> Placem
         memory_mib=fit.memory,
         scratch_mib=fit.scratch,
         devices=fit.devices,
-        grants=_grants(req, fit, count, gpu_mem),
-        score=total,
-        score_breakdown=breakdown,
+        grants=_grants(req, fit, result.gpu_count, result.gpu_memory_mib),
+        score=result.score,
+        score_breakdown=result.breakdown,
         policy_version=policy.version,
         policy_name=policy.name,
         numa_node=fit.numa_node,
     )
 
 
-def _degraded(req: Request, result) -> int:
+def _degraded(req: Request, result: Evaluation) -> int:
     """How many preferred dimensions the evaluated fit had to degrade to the minimum."""
-    _, fit, _, count, gpu_mem = result
+    fit = result.fit
     missed = 0
     for preferred, granted in (
         (req.preferred_cpu_millicores, fit.cpu),
         (req.preferred_memory_mib, fit.memory),
         (req.preferred_scratch_mib, fit.scratch),
-        (req.preferred_gpu_count, count),
-        (req.preferred_gpu_memory_mib, gpu_mem),
+        (req.preferred_gpu_count, result.gpu_count),
+        (req.preferred_gpu_memory_mib, result.gpu_memory_mib),
     ):
         if preferred is not None and granted < preferred:
             missed += 1

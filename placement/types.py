@@ -197,6 +197,11 @@ class NodeView:
         return self.gpus[0].model if self.gpus else ""
 
     @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """Each device's model: what a device is, which placing work never changes."""
+        return tuple(g.model for g in self.gpus)
+
+    @property
     def free_gpu_milli(self) -> int:
         return sum(g.free_milli for g in self.gpus)
 

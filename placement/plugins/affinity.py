@@ -10,7 +10,12 @@ from ..types import NodeView, Request
 
 
 @register_filter(
-    "affinity", reasons=(r.AFFINITY_MISMATCH,), static=True, applies=lambda req: bool(req.affinity)
+    "affinity",
+    reasons=(r.AFFINITY_MISMATCH,),
+    reads=("labels",),
+    static=True,
+    never_lifted=(r.AFFINITY_MISMATCH,),
+    applies=lambda req: bool(req.affinity),
 )
 def affinity(req: Request, node: NodeView, policy) -> str | None:
     for key, value in req.affinity.items():
@@ -22,7 +27,9 @@ def affinity(req: Request, node: NodeView, policy) -> str | None:
 @register_filter(
     "anti_affinity",
     reasons=(r.ANTI_AFFINITY,),
+    reads=("workload_labels",),
     static=False,
+    never_lifted=(r.ANTI_AFFINITY,),  # the node only gains workload labels
     applies=lambda req: bool(req.anti_affinity),
 )
 def anti_affinity(req: Request, node: NodeView, policy) -> str | None:
@@ -31,7 +38,9 @@ def anti_affinity(req: Request, node: NodeView, policy) -> str | None:
     return None
 
 
-@register_scorer("affinity", applies=lambda req, ctx: bool(req.preferred_affinity))
+@register_scorer(
+    "affinity", reads=("labels",), applies=lambda req, ctx: bool(req.preferred_affinity)
+)
 def preferred_affinity(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     if not req.preferred_affinity:
         return 0.0

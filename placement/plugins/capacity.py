@@ -14,15 +14,17 @@ from ..types import NodeView, Request
 @register_filter(
     "gpu_model",
     reasons=(r.INSUFFICIENT_GPU, r.GPU_MODEL_MISMATCH),
+    reads=("gpu_models",),
     static=True,
+    never_lifted=(r.INSUFFICIENT_GPU, r.GPU_MODEL_MISMATCH),
     applies=lambda req: req.wants_gpu,
 )
 def gpu_model(req: Request, node: NodeView, policy) -> str | None:
     if not req.wants_gpu:
         return None
-    if not node.gpus:
+    if not node.gpu_models:
         return r.INSUFFICIENT_GPU
-    if req.gpu_models and not any(g.model in req.gpu_models for g in node.gpus):
+    if req.gpu_models and not any(model in req.gpu_models for model in node.gpu_models):
         return r.GPU_MODEL_MISMATCH
     return None
 
@@ -30,7 +32,9 @@ def gpu_model(req: Request, node: NodeView, policy) -> str | None:
 @register_filter(
     "capacity",
     reasons=(r.INSUFFICIENT_CPU, r.INSUFFICIENT_MEMORY, r.INSUFFICIENT_SCRATCH),
+    reads=("free_cpu_millicores", "free_memory_mib", "free_scratch_mib"),
     static=False,
+    never_lifted=(r.INSUFFICIENT_CPU, r.INSUFFICIENT_MEMORY, r.INSUFFICIENT_SCRATCH),
 )
 def capacity(req: Request, node: NodeView, policy) -> str | None:
     if node.free_cpu_millicores < req.cpu_millicores:

@@ -13,6 +13,9 @@ from ..context import Fit, ScoreContext
 from ..registry import register_scorer
 from ..types import NodeView, Request
 
+# what Workload.of_node measures of the node as it is, beside what _gradient reads
+_MEASURED = ("gpus", "gpu_model", "free_cpu_millicores", "free_memory_mib")
+
 
 def _gradient(workload, coupled: bool, node: NodeView, fit: Fit) -> float:
     """Minus the growth of the node's fragmentation from placing ``fit``, in GPUs."""
@@ -31,19 +34,19 @@ def _sigmoid_scale(delta: float) -> float:
     return 100.0 / (1.0 + math.exp(-delta))
 
 
-@register_scorer("fragmentation")
+@register_scorer("fragmentation", reads=_MEASURED)
 def fragmentation(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     """Minus the growth of expected GPU fragmentation, in GPUs (FGD's gradient)."""
     return _gradient(ctx.workload, False, node, fit)
 
 
-@register_scorer("paper_fgd")
+@register_scorer("paper_fgd", reads=_MEASURED)
 def paper_fgd(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     """``fragmentation`` on the paper's 0..100 scale (a sigmoid of the change)."""
     return _sigmoid_scale(fragmentation(req, node, fit, ctx))
 
 
-@register_scorer("memory_fgd")
+@register_scorer("memory_fgd", reads=_MEASURED)
 def memory_fgd(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     """The memory-coupled fragmentation gradient on the paper's 0..100 scale."""
     return _sigmoid_scale(_gradient(ctx.workload, True, node, fit))

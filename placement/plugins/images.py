@@ -12,6 +12,7 @@ from ..types import NodeView, Request
 @register_filter(
     "warm_image",
     reasons=(r.IMAGE_NOT_WARM,),
+    reads=("warm_images",),
     static=False,  # the node's cache changes as images are pulled
     applies=lambda req: bool(req.require_warm_image and req.image),
 )
@@ -21,6 +22,6 @@ def require_warm_image(req: Request, node: NodeView, policy) -> str | None:
     return None
 
 
-@register_scorer("warm_image", applies=lambda req, ctx: bool(req.image))
+@register_scorer("warm_image", reads=("warm_images",), applies=lambda req, ctx: bool(req.image))
 def warm_image(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     return 1.0 if req.image and req.image in node.warm_images else 0.0

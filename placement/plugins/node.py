@@ -8,14 +8,21 @@ from ..types import SCHEDULABLE_STATES, NodeView, Request
 
 
 @register_filter(
-    "node_pin", reasons=(r.NODE_PIN_MISMATCH,), static=True, applies=lambda req: bool(req.node_pin)
+    "node_pin",
+    reasons=(r.NODE_PIN_MISMATCH,),
+    reads=("name",),
+    static=True,
+    applies=lambda req: bool(req.node_pin),
 )
 def node_pin(req: Request, node: NodeView, policy) -> str | None:
     return r.NODE_PIN_MISMATCH if req.node_pin and req.node_pin != node.name else None
 
 
 @register_filter(
-    "node_schedulable", reasons=(r.NODE_NOT_SCHEDULABLE, r.NODE_UNREACHABLE), static=True
+    "node_schedulable",
+    reasons=(r.NODE_NOT_SCHEDULABLE, r.NODE_UNREACHABLE),
+    reads=("state", "healthy", "reachable"),
+    static=True,
 )
 def node_schedulable(req: Request, node: NodeView, policy) -> str | None:
     """``node_not_schedulable`` carries why, e.g. ``node_not_schedulable(draining)``."""
@@ -28,6 +35,6 @@ def node_schedulable(req: Request, node: NodeView, policy) -> str | None:
     return None
 
 
-@register_filter("trust_level", reasons=(r.TRUST_LEVEL,), static=True)
+@register_filter("trust_level", reasons=(r.TRUST_LEVEL,), reads=("trust_level",), static=True)
 def trust_level(req: Request, node: NodeView, policy) -> str | None:
     return r.TRUST_LEVEL if node.trust_level < req.min_trust_level else None

@@ -16,14 +16,14 @@ def gpu_demand(req: Request) -> int:
     return req.gpu_count * req.gpu_milli if req.gpu_count else 0
 
 
-@register_scorer("paper_dotprod")
+@register_scorer("paper_dotprod", reads=("free_cpu_millicores",))
 def paper_dotprod(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     cpu = node.free_cpu_millicores / ctx.max_cpu * (req.cpu_millicores / ctx.max_cpu)
     gpu = sum(fit.frees_before) / ctx.max_gpu_milli * (gpu_demand(req) / ctx.max_gpu_milli)
     return 100 * (1 - 0.5 * (cpu + gpu))
 
 
-@register_scorer("paper_gpu_clustering")
+@register_scorer("paper_gpu_clustering", reads=("workload_labels",))
 def paper_gpu_clustering(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     own = gpu_class(req)
     if not own:
@@ -40,7 +40,7 @@ def paper_gpu_clustering(req: Request, node: NodeView, fit: Fit, ctx: ScoreConte
     return base + math.floor(25 * (ctx.max_gpu_milli - sum(fit.frees_before)) / ctx.max_gpu_milli)
 
 
-@register_scorer("paper_gpu_packing")
+@register_scorer("paper_gpu_packing", reads=())
 def paper_gpu_packing(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     if not req.gpu_count:
         return 0.0
@@ -54,13 +54,13 @@ def paper_gpu_packing(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext)
     return 100 - (free // 10) // 10
 
 
-@register_scorer("paper_best_fit")
+@register_scorer("paper_best_fit", reads=("free_cpu_millicores",))
 def paper_best_fit(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     cpu_left = (node.free_cpu_millicores - req.cpu_millicores) / ctx.max_cpu
     gpu_left = (sum(fit.frees_before) - gpu_demand(req)) / ctx.max_gpu_milli
     return 100 * (1 - (0.5 * cpu_left + 0.5 * gpu_left))
 
 
-@register_scorer("random")
+@register_scorer("random", reads=(), draws_random=True)
 def constant(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     return 0.0

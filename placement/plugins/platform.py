@@ -8,7 +8,11 @@ from ..types import NodeView, Request
 
 
 @register_filter(
-    "arch", reasons=(r.ARCH_MISMATCH,), static=True, applies=lambda req: bool(req.arch)
+    "arch",
+    reasons=(r.ARCH_MISMATCH,),
+    reads=("arch",),
+    static=True,
+    applies=lambda req: bool(req.arch),
 )
 def arch(req: Request, node: NodeView, policy) -> str | None:
     return r.ARCH_MISMATCH if req.arch and req.arch != node.arch else None
@@ -17,6 +21,7 @@ def arch(req: Request, node: NodeView, policy) -> str | None:
 @register_filter(
     "image_arch",
     reasons=(r.IMAGE_ARCH_INCOMPATIBLE,),
+    reads=("arch",),
     static=True,
     applies=lambda req: bool(req.image_archs),
 )
@@ -26,13 +31,19 @@ def image_arch(req: Request, node: NodeView, policy) -> str | None:
     return None
 
 
-@register_filter("os", reasons=(r.OS_MISMATCH,), static=True, applies=lambda req: bool(req.os))
+@register_filter(
+    "os", reasons=(r.OS_MISMATCH,), reads=("os",), static=True, applies=lambda req: bool(req.os)
+)
 def operating_system(req: Request, node: NodeView, policy) -> str | None:
     return r.OS_MISMATCH if req.os and req.os != node.os else None
 
 
 @register_filter(
-    "runtime", reasons=(r.RUNTIME_UNSUPPORTED,), static=True, applies=lambda req: bool(req.runtime)
+    "runtime",
+    reasons=(r.RUNTIME_UNSUPPORTED,),
+    reads=("runtimes",),
+    static=True,
+    applies=lambda req: bool(req.runtime),
 )
 def runtime(req: Request, node: NodeView, policy) -> str | None:
     return r.RUNTIME_UNSUPPORTED if req.runtime and req.runtime not in node.runtimes else None
@@ -41,6 +52,7 @@ def runtime(req: Request, node: NodeView, policy) -> str | None:
 @register_filter(
     "network_class",
     reasons=(r.NETWORK_CLASS_MISMATCH,),
+    reads=("network_class",),
     static=True,
     applies=lambda req: bool(req.network_class),
 )

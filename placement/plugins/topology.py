@@ -12,6 +12,7 @@ from ..types import NodeView, Request
 @register_filter(
     "region",
     reasons=(r.REGION_EXCLUDED,),
+    reads=("region", "zone"),
     static=True,
     applies=lambda req: bool(req.regions or req.zones),
 )
@@ -24,7 +25,9 @@ def region(req: Request, node: NodeView, policy) -> str | None:
 
 
 @register_scorer(
-    "locality", applies=lambda req, ctx: bool(req.preferred_regions or req.preferred_zones)
+    "locality",
+    reads=("region", "zone"),
+    applies=lambda req, ctx: bool(req.preferred_regions or req.preferred_zones),
 )
 def locality(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     score = 0.0
@@ -35,7 +38,11 @@ def locality(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float
     return score
 
 
-@register_scorer("failure_domain_spread", applies=lambda req, ctx: bool(ctx.peers))
+@register_scorer(
+    "failure_domain_spread",
+    reads=("name", "rack", "zone"),
+    applies=lambda req, ctx: bool(ctx.peers),
+)
 def failure_domain_spread(req: Request, node: NodeView, fit: Fit, ctx: ScoreContext) -> float:
     """Replicas prefer hosts, racks and zones their peers do not use (0..1)."""
     if not ctx.peers:

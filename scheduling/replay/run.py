@@ -24,6 +24,7 @@ import numpy as np
 
 from placement import apply_placement, evaluate, make_context
 from placement.planner import to_placement
+from placement.registry import random_scorer
 from placement.types import NodeView, Policy, Request
 
 from .policies import for_trace, policy_for
@@ -75,7 +76,7 @@ def replay_run(
     nodes = node_order(nodes, seed)
     signatures = [_signature(n) for n in nodes]
     ctx = make_context(nodes, policy, rng=Random(seed + 7919))
-    pick_random = "random" in policy.weights
+    pick_random = random_scorer(policy)
     caches: dict[tuple, _ShapeCache] = {}
     change_log: list[int] = []
     allocated = 0
@@ -152,7 +153,7 @@ def _new_cache(pod: Pod, nodes, signatures, ctx) -> _ShapeCache:
             result = evaluate(request, node, ctx)
             seen[key] = result
         if not isinstance(result, str):
-            scores[i] = result[0]
+            scores[i] = result.score
             results[i] = result
     return _ShapeCache(request, scores, results, seen)
 
@@ -171,7 +172,7 @@ def _refresh(cache: _ShapeCache, nodes, signatures, ctx, change_log: list[int]) 
             scores[i] = -np.inf
             results[i] = None
         else:
-            scores[i] = result[0]
+            scores[i] = result.score
             results[i] = result
 
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placement import DEFAULT_POLICY, apply_placement, evaluate, make_context, place
-from placement.batch import STAYS_REJECTED, TOP_CANDIDATES, plan
+from placement.batch import TOP_CANDIDATES, plan, stays_rejected
 from placement.types import Explanation, GpuView, NumaView, Policy, Request
 
 from .factories import cpu_node, gpu_node
@@ -125,12 +125,12 @@ def test_the_plan_makes_the_decisions_place_makes_one_by_one(nodes, reqs, policy
 @settings(max_examples=200, deadline=None)
 @given(clusters(), requests(), requests(), st.sampled_from(POLICIES))
 def test_a_node_refused_for_good_stays_refused_when_work_is_placed_on_it(nodes, req, other, policy):
-    """The claim behind STAYS_REJECTED: placing work on a node never lifts those refusals."""
+    """The claim behind ``never_lifted``: placing work on a node never lifts those refusals."""
     ctx = make_context(nodes, policy)
     for node in nodes:
         reason = evaluate(req, node, ctx)
         placed = place(other, [node], policy)
-        if not isinstance(reason, str) or reason not in STAYS_REJECTED or not placed:
+        if not isinstance(reason, str) or reason not in stays_rejected() or not placed:
             continue
         assert isinstance(evaluate(req, apply_placement(node, placed), ctx), str)
 
