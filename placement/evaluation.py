@@ -27,6 +27,8 @@ class Evaluation(NamedTuple):
     gpu_memory_mib: int
 
 
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__ (the hot path)
+
 # What the core reads of a node itself, beside its plugins: free room, devices, NUMA nodes.
 CORE_READS = frozenset(
     {"free_cpu_millicores", "free_memory_mib", "free_scratch_mib", "gpus", "numa"}
@@ -96,7 +98,7 @@ def evaluate(
     for fit in fits:  # first wins ties: lowest device index
         total, breakdown = score_fit(req, node, fit, ctx)
         if best is None or total > best[0]:
-            best = Evaluation(total, fit, breakdown, count, gpu_mem)
+            best = _new(Evaluation, (total, fit, breakdown, count, gpu_mem))
     return best
 
 
