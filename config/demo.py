@@ -36,7 +36,11 @@ DEV_POOL = {
 # default (0); the lab's get a 256 MiB /outputs filesystem (docs/data-plane.md, "Disk limits").
 DEV_KNOBS = {"allow_process_runtime": True, "output_limit_mib": 0}
 # The demo's published ports are reached from this machine only (jobs/networks.py).
-LAB_KNOBS = {"ingress_address": "127.0.0.1", "output_limit_mib": 256}
+LAB_KNOBS = {
+    "ingress_address": "127.0.0.1",
+    "output_limit_mib": 256,
+    "default_priority_class": "batch",  # a job that names no class is never below scavenger
+}
 DEV_SHAPE_FIELDS = {"container_runtime": "process"}
 # The loopback registry (.ci/ensure-services.sh runs one with the busybox test image): every
 # repository in it is allowed, so a newcomer may push and run images of their own.

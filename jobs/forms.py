@@ -20,7 +20,19 @@ RESOURCE_FIELDS = (
     "gpu_milli",
     "gpu_models",
     "scratch_mib",
+    "gpu_count_preferred",
+    "gpu_memory_mib_min",
+    "gpu_memory_mib_preferred",
+    "gpu_driver_version_min",
+    "gpu_cuda_version_min",
+    "regions",
+    "regions_preferred",
+    "zones",
+    "zones_preferred",
+    "trust_level_min",
 )
+LIST_FIELDS = ("gpu_models", "regions", "regions_preferred", "zones", "zones_preferred")
+CHECKBOX_FIELDS = ("gpu_interconnect_required", "warm_image_required")
 RETRY_REASONS = validation.RETRY_REASONS
 
 
@@ -58,7 +70,10 @@ def submit_body(post) -> tuple[dict, dict]:
         for field in RESOURCE_FIELDS:
             value = post.get(field, "").strip()
             if value:
-                resources[field] = _split(value) if field == "gpu_models" else value
+                resources[field] = _split(value) if field in LIST_FIELDS else value
+        for field in CHECKBOX_FIELDS:
+            if post.get(field) == "on":
+                resources[field] = True
         body["resources"] = resources
     try:
         body["command"] = shlex.split(post.get("command", ""))
@@ -70,6 +85,9 @@ def submit_body(post) -> tuple[dict, dict]:
         body["ports"] = [int(port) for port in ports]
     else:
         errors["ports"] = "Port numbers, separated by commas or spaces."
+    for field in ("affinity", "affinity_preferred"):  # node labels, KEY=value lines
+        if pairs := _pairs(post.get(field, ""), field, errors):
+            body[field] = pairs
     body["env"] = _pairs(post.get("env", ""), "env", errors)
     body["secrets"] = _pairs(post.get("secrets", ""), "secrets", errors)
     network = {"mode": post.get("network_mode") or "none"}

@@ -63,6 +63,7 @@ class Job(models.Model):
     # the request the scheduling pass reserves with.
     labels = models.JSONField(default=dict, blank=True)
     affinity = models.JSONField(default=dict, blank=True)
+    affinity_preferred = models.JSONField(default=dict, blank=True)
     anti_affinity = models.JSONField(default=dict, blank=True)
     require_numa = models.BooleanField(default=False)
     # {"name", "size", "topology"} (docs/scheduler.md "Gangs of jobs"): the tenant's queued jobs

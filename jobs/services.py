@@ -59,6 +59,12 @@ def check_queue_room(tenant: Tenant, pool: ComputePool) -> None:
         )
 
 
+def _default_class(pool) -> PriorityClass | None:
+    """The pool's `default_priority_class` (a knob), for a job that names none."""
+    name = knobs_for(pool).default_priority_class
+    return PriorityClass.objects.filter(name=name).first() if name else None
+
+
 def job_submit(
     *,
     tenant: Tenant,
@@ -84,6 +90,7 @@ def job_submit(
     image_platforms: list[str] | None = None,
     labels: dict | None = None,
     affinity: dict | None = None,
+    affinity_preferred: dict | None = None,
     anti_affinity: dict | None = None,
     require_numa: bool = False,
     gang: dict | None = None,
@@ -109,19 +116,25 @@ def job_submit(
         for key, value in (
             ("labels", labels),
             ("affinity", affinity),
+            ("affinity_preferred", affinity_preferred),
             ("anti_affinity", anti_affinity),
             ("require_numa", require_numa),
         )
         if value
     }
     output_limit_mib = _output_limit(tenant, pool, output_limit_mib)
+    priority_class = priority_class or _default_class(pool)
     # the /outputs filesystem is disk on the node: the request reserves it with the scratch
     resources = {**resources, **placement, "output_limit_mib": output_limit_mib}
     # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
     # forever: the same answer as POST /compute-leases.
     # The image's platforms count too: an amd64-only image never fits a pool of arm64 nodes.
     check_ever_fits(
-        pool=pool, tenant=tenant, request=resources, image_platforms=image_platforms or ()
+        pool=pool,
+        tenant=tenant,
+        request=resources,
+        image_platforms=image_platforms or (),
+        gang=gang,
     )
     try:
         with transaction.atomic():
@@ -150,6 +163,7 @@ def job_submit(
                 output_limit_mib=output_limit_mib,
                 labels=labels or {},
                 affinity=affinity or {},
+                affinity_preferred=affinity_preferred or {},
                 anti_affinity=anti_affinity or {},
                 require_numa=require_numa,
                 gang=gang or {},
@@ -184,8 +198,11 @@ def jobs_submit_many(*, pool: ComputePool, specs: list[dict], actor: Actor, now=
     now = now or timezone.now()
     checked = set()
     jobs = []
+    default_class = _default_class(pool)
     for spec in specs:
         spec = dict(spec)
+        if spec.get("priority_class") is None:
+            spec["priority_class"] = default_class
         tenant, resources = spec.pop("tenant"), spec.pop("resources")
         platforms = spec.setdefault("image_platforms", [])
         key = orjson.dumps([resources, platforms], option=orjson.OPT_SORT_KEYS)

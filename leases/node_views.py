@@ -4,12 +4,12 @@ Pure functions of the rows `leases.snapshot_rows` reads."""
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 
 from nodes.choices import NodeState, Reachability
 from placement import types as core
 from placement.mig import profiles_for
+from pools.validation import parse_energy_class, parse_price
 
 
 def mig_slices_from_mask(mask: int) -> tuple[core.MigSlice, ...]:
@@ -90,25 +90,22 @@ def lease_ends(leases) -> tuple[core.LeaseEnd, ...]:
 
 PRICE_LABEL = "computepool.io/price-per-hour"
 ENERGY_LABEL = "computepool.io/energy-class"
-_PRICE_MAX = 1e6
-_ENERGY_LETTERS = "ABCDEFG"
 
 
-def label_price(labels: dict) -> float:
-    """The node's price per hour from its label; 0.0 when absent or not a finite number ≥ 0."""
-    try:
-        price = float(str(labels.get(PRICE_LABEL, "0")).strip())
-    except (TypeError, ValueError):
-        return 0.0
-    return price if math.isfinite(price) and 0 <= price <= _PRICE_MAX else 0.0
+def node_price(price_class: str, labels: dict) -> float:
+    """The node's price per hour: its `price_class` (checked at enrollment), else its
+    `computepool.io/price-per-hour` label; 0.0 when neither parses."""
+    for text in (price_class, labels.get(PRICE_LABEL)):
+        if text not in (None, "") and (price := parse_price(text)) is not None:
+            return price
+    return 0.0
 
 
-def label_energy_class(labels: dict) -> int:
-    """The node's energy class from its label: 0…9, or A…G as 0…6; 0 when it does not parse."""
-    raw = str(labels.get(ENERGY_LABEL, "")).strip()
-    if len(raw) == 1 and raw.upper() in _ENERGY_LETTERS:
-        return _ENERGY_LETTERS.index(raw.upper())
-    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) <= 9 else 0
+def node_energy_class(energy_class: str, labels: dict) -> int:
+    """The node's energy class: its `energy_class` (checked at enrollment), else its label."""
+    if energy_class and (value := parse_energy_class(energy_class)) is not None:
+        return value
+    return parse_energy_class(labels.get(ENERGY_LABEL, "")) or 0
 
 
 def label_pairs(labels) -> frozenset[str]:
@@ -176,8 +173,9 @@ def node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeV
         state=NodeState.READY if empty else row["state"],
         reachable=empty or row["reachability"] == Reachability.REACHABLE,
         labels={str(k): str(v) for k, v in labels.items()},
-        price_per_hour=label_price(labels),
-        energy_class=label_energy_class(labels),
+        price_per_hour=node_price(row["price_class"], labels),
+        energy_class=node_energy_class(row["energy_class"], labels),
+        trust_level=row["trust_level"],
         workload_labels=frozenset().union(*(label_pairs(w.get("labels")) for w in work)),
         numa=_numa_views(
             row,

@@ -64,6 +64,13 @@ def needs_work(req: core.Request, policy: core.Policy) -> bool:
     )
 
 
+def registered_empty(pool_id: int) -> Snapshot:
+    """Every node of the pool that is not retired, viewed ready and empty: what "never fits"
+    is measured against (reserve's 422), and whether a waiting job fits some node at all."""
+    states = [state for state in NodeState.values if state != NodeState.RETIRED]
+    return pool_snapshot(pool_id, states=states, empty=True)
+
+
 def pool_snapshot(
     pool_id: int,
     *,
@@ -131,8 +138,15 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         scratch_mib=int(request.get("scratch_mib") or 0)
         + int(request.get("output_limit_mib") or 0),
         gpu_count=gpu_count,
+        preferred_gpu_count=(request.get("gpu_count_preferred") or None) if gpu_count else None,
         gpu_milli=gpu_milli,
         gpu_memory_mib=int(request.get("gpu_memory_mib_min") or 0),
+        preferred_gpu_memory_mib=(request.get("gpu_memory_mib_preferred") or None)
+        if gpu_count
+        else None,
+        min_driver_version=request.get("gpu_driver_version_min") or "",
+        min_cuda_version=request.get("gpu_cuda_version_min") or "",
+        require_interconnect=request.get("gpu_interconnect_required") is True,
         gpu_models=tuple(request.get("gpu_models") or ()),
         sharing=sharing,
         mig_profile=request.get("mig_profile") or "",
@@ -141,12 +155,17 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         runtime=request.get("container_runtime") or "",
         regions=tuple(request.get("regions") or ()),
         zones=tuple(request.get("zones") or ()),
+        preferred_regions=tuple(request.get("regions_preferred") or ()),
+        preferred_zones=tuple(request.get("zones_preferred") or ()),
+        require_warm_image=request.get("warm_image_required") is True,
+        min_trust_level=int(request.get("trust_level_min") or 0),
         network_class=request.get("network_class") or "",
         node_pin=request.get("node_pin") or "",
         tenant=str(tenant_id),
         image_archs=image_archs(image_platforms),
         # a job's placement fields (jobs.services.job_submit puts them in its request)
         affinity=_label_dict(request.get("affinity")),
+        preferred_affinity=_label_dict(request.get("affinity_preferred")),
         anti_affinity=tuple(sorted(label_pairs(request.get("anti_affinity")))),
         labels=tuple(sorted(label_pairs(request.get("labels")))),
         require_numa=request.get("require_numa") is True,

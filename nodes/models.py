@@ -69,6 +69,9 @@ class Node(models.Model):
     zone = models.CharField(max_length=40, blank=True)
     rack = models.CharField(max_length=40, blank=True)
     network_class = models.CharField(max_length=40, blank=True)
+    # price per hour (a number) and energy class (0…9 or A…G, 0 = A most efficient), which the
+    # `price` scorer reads; the labels computepool.io/price-per-hour and /energy-class are the
+    # fallback when these are blank
     price_class = models.CharField(max_length=40, blank=True)
     # raw totals as reported; allocatable = raw − system reserve − safety margin
     cpu_millicores_raw = models.PositiveIntegerField(default=0)
@@ -84,6 +87,10 @@ class Node(models.Model):
         default=list, blank=True, help_text='[{"id": 0, "cpus": [0, 1], "memory_mib": 65536}]'
     )
     energy_class = models.CharField(max_length=40, blank=True)
+    # set by an operator: a shape's `trust_level_min` places only on nodes at least this high
+    trust_level = models.PositiveSmallIntegerField(
+        default=0, help_text="Operator-set; shapes may require a minimum (trust_level_min)"
+    )
     identity_fingerprint = models.CharField(
         max_length=64, blank=True, help_text="SHA-256 of the key or secret the agent enrolled with"
     )

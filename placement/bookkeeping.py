@@ -29,6 +29,22 @@ def gpu_class(req: Request) -> str:
     return "gpu-class=share" if req.gpu_milli < 1000 else f"gpu-class={req.gpu_count}"
 
 
+def emptied(node: NodeView) -> NodeView:
+    """The node with no work on it: every resource free, no tenants, labels or MIG slices.
+    Its NUMA nodes stay as they are (a view does not know their totals)."""
+    gpus = tuple(_evolve(g, free_milli=1000, tenants=(), mig_slices=()) for g in node.gpus)
+    return _evolve(
+        node,
+        free_cpu_millicores=node.cpu_millicores,
+        free_memory_mib=node.memory_mib,
+        free_scratch_mib=node.scratch_mib,
+        gpus=gpus,
+        tenants=frozenset(),
+        workload_labels=frozenset(),
+        leases=(),
+    )
+
+
 def apply_placement(node: NodeView, placement: Placement, sign: int = 1) -> NodeView:
     """The node with the placement's capacity reserved (``sign=-1`` releases it)."""
     if placement.node != node.name:

@@ -21,6 +21,13 @@ NON_ISOLATED = frozenset({TIMESLICE, MPS})
 
 SCHEDULABLE_STATES = frozenset({"ready"})
 
+
+def schedulable(node) -> bool:
+    """Whether the node takes new work now: ready, healthy and reachable (what the
+    `node_schedulable` filter checks)."""
+    return node.state in SCHEDULABLE_STATES and node.healthy and node.reachable
+
+
 # Gang topologies.
 GANG_NONE = "none"
 COLOCATE_ZONE = "colocate_zone"

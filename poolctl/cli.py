@@ -52,6 +52,22 @@ def _resource_flags(parser) -> None:
     group.add_argument("--gpu-milli", type=int, metavar="N", help="share of a GPU, 1..999")
     group.add_argument("--mig-profile", metavar="PROFILE", help="e.g. 1g.10gb")
     group.add_argument("--gpu-model", action="append", metavar="MODEL", help="repeatable")
+    group.add_argument("--gpus-preferred", type=int, metavar="N", help="more GPUs when there are")
+    group.add_argument("--gpu-memory", type=int, metavar="MIB", help="GPU memory minimum")
+    group.add_argument("--gpu-memory-preferred", type=int, metavar="MIB")
+    group.add_argument("--gpu-driver-min", metavar="VERSION", help="e.g. 535.104")
+    group.add_argument("--cuda-min", metavar="VERSION", help="e.g. 12.2")
+    group.add_argument(
+        "--gpu-interconnect", action="store_true", help="GPUs in one NVLink/NVSwitch group"
+    )
+    group.add_argument("--region", action="append", metavar="REGION", help="allowed; repeatable")
+    group.add_argument("--region-preferred", action="append", metavar="REGION")
+    group.add_argument("--zone", action="append", metavar="ZONE", help="allowed; repeatable")
+    group.add_argument("--zone-preferred", action="append", metavar="ZONE")
+    group.add_argument(
+        "--warm-image", action="store_true", help="only nodes that already hold the image"
+    )
+    group.add_argument("--trust-level-min", type=int, metavar="N")
 
 
 def build_parser() -> Parser:
@@ -84,6 +100,15 @@ def build_parser() -> Parser:
     cmd.add_argument("--shape", help="a catalogue shape of the pool (see `poolctl shapes`)")
     cmd.add_argument("--env", action="append", metavar="KEY=VALUE", help="repeatable")
     cmd.add_argument("--label", action="append", metavar="KEY=VALUE", help="repeatable")
+    cmd.add_argument(
+        "--affinity", action="append", metavar="KEY=VALUE", help="node label required; repeatable"
+    )
+    cmd.add_argument(
+        "--affinity-preferred",
+        action="append",
+        metavar="KEY=VALUE",
+        help="node label preferred; repeatable",
+    )
     cmd.add_argument("--priority-class", metavar="NAME")
     cmd.add_argument("--max-runtime", type=int, metavar="SECONDS")
     cmd.add_argument("--checkpointable", action="store_true")

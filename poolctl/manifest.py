@@ -51,6 +51,23 @@ RESOURCE_FLAGS = {  # flag attribute → inline resource field
     "gpu_sharing": "gpu_sharing_class",
     "gpu_milli": "gpu_milli",
     "mig_profile": "mig_profile",
+    "gpus_preferred": "gpu_count_preferred",
+    "gpu_memory": "gpu_memory_mib_min",
+    "gpu_memory_preferred": "gpu_memory_mib_preferred",
+    "gpu_driver_min": "gpu_driver_version_min",
+    "cuda_min": "gpu_cuda_version_min",
+    "trust_level_min": "trust_level_min",
+}
+LIST_FLAGS = {  # repeatable flag attribute → inline resource list field
+    "gpu_model": "gpu_models",
+    "region": "regions",
+    "region_preferred": "regions_preferred",
+    "zone": "zones",
+    "zone_preferred": "zones_preferred",
+}
+SWITCH_FLAGS = {
+    "gpu_interconnect": "gpu_interconnect_required",
+    "warm_image": "warm_image_required",
 }
 
 
@@ -60,8 +77,12 @@ def resources_from(args) -> dict:
         for attr, field in RESOURCE_FLAGS.items()
         if getattr(args, attr, None) is not None
     }
-    if args.gpu_model:
-        resources["gpu_models"] = list(args.gpu_model)
+    for attr, field in LIST_FLAGS.items():
+        if getattr(args, attr, None):
+            resources[field] = list(getattr(args, attr))
+    for attr, field in SWITCH_FLAGS.items():
+        if getattr(args, attr, False):
+            resources[field] = True
     if resources.get("gpu_count") and "gpu_sharing_class" not in resources:
         resources["gpu_sharing_class"] = "exclusive"  # the one class that needs no share
     return resources
@@ -83,7 +104,12 @@ def merge(body: dict, args) -> dict:
             body[field] = getattr(args, attr)
     if args.command:
         body["command"] = list(args.command)
-    for attr, field, flag in (("env", "env", "--env"), ("label", "labels", "--label")):
+    for attr, field, flag in (
+        ("env", "env", "--env"),
+        ("label", "labels", "--label"),
+        ("affinity", "affinity", "--affinity"),
+        ("affinity_preferred", "affinity_preferred", "--affinity-preferred"),
+    ):
         extra = pairs(getattr(args, attr), flag)
         if extra:
             body[field] = {**(body.get(field) or {}), **extra}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -43,6 +44,7 @@ from pools.network_rules import egress_entry_problem
 from worker_agent.addresses import ALWAYS_REFUSED, host_refusal
 
 logger = logging.getLogger(__name__)
+_SLUG = re.compile(r"[-a-zA-Z0-9_]+")
 
 RESERVATION_KNOB_MAX_S = 365 * 86400
 AGENT_TIMEOUT_MAX_S = 86400  # the agent's timings and preemption's protection of fresh work
@@ -76,6 +78,13 @@ def _one_of(values: Sequence[str], shown: str):
         return None if value in values else shown
 
     return check
+
+
+def _class_name(value) -> str | None:
+    """ "" or a priority class's name (a slug); a name no class has leaves jobs without one."""
+    if isinstance(value, str) and (value == "" or (len(value) <= 40 and _SLUG.fullmatch(value))):
+        return None
+    return 'a priority class name (a slug of at most 40 characters), or ""'
 
 
 def _boolean(value) -> str | None:
@@ -180,8 +189,21 @@ class PoolKnobs:
     reservation_max_hold_s: int = knob(
         24 * 3600, _reservation_seconds, "how long a reservation window may last (s, 1 … 365 days)"
     )
+    lease_commit_window_s: int = knob(
+        300,
+        _reservation_seconds,
+        "a lease from the lease API not committed this long after it was reserved expires, and"
+        " only a committed one renews (s, 1 … 365 days)",
+    )
     reservation_max_tolerance_s: int = knob(
         3600, _reservation_seconds, "how late a reservation may be claimed (s, 1 … 365 days)"
+    )
+    # submit (jobs/services.py)
+    default_priority_class: str = knob(
+        "",
+        _class_name,
+        'the priority class of a job that names none (`""`: none, which ranks a job with the'
+        " lowest class; the demo's `lab` names `batch`)",
     )
     # drains (scheduling/drain.py)
     drain_noncheckpointable: str = knob(

@@ -11,7 +11,6 @@ class Reason(models.TextChoices):
     # generic
     CREATED = "created", "Created"
     OPERATOR_ACTION = "operator_action", "Operator action"
-    POLICY_ACTION = "policy_action", "Policy admin action"
     # nodes
     ENROLLED = "enrolled", "Enrolled with a token"
     AGENT_AUTHENTICATED = "agent_authenticated", "Agent authenticated (private fleet)"
@@ -91,6 +90,7 @@ class Reason(models.TextChoices):
     SUPPORT_EXPIRED = "support_expired", "A support grant reached its expiry"
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
     NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
+    NO_READY_NODE = "no_ready_node", "It fits only on nodes that are not ready: it blocks no one"
     GANG_INCOMPLETE = "gang_incomplete", "Fewer members of its gang are queued than its size"
     GANG_MISMATCH = "gang_mismatch", "The members of its gang ask for different things"
     QUOTA_EXCEEDED = "quota_exceeded", "Its tenant's quota in the pool has no room for it"

@@ -7,6 +7,7 @@ policy has its own module (pools/network_rules.py); a policy version's knobs are
 declarations (pools/knobs.py `policy_version`).
 """
 
+import math
 import re
 from urllib.parse import unquote, urlsplit
 
@@ -74,16 +75,25 @@ def string_list(value) -> None:
         printable(item)
 
 
+VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
+
+
 def shape_errors(shape) -> dict[str, list[str]]:
     """What the columns alone do not refuse: list fields and the GPU count's ceiling."""
     errors = {}
-    for field in ("gpu_models", "regions", "zones"):
+    for field in ("gpu_models", "regions", "zones", "regions_preferred", "zones_preferred"):
         try:
             string_list(getattr(shape, field))
         except ValidationError as exc:
             errors[field] = exc.messages
-    if isinstance(shape.gpu_count, int) and shape.gpu_count > GPU_COUNT_MAX:
-        errors["gpu_count"] = [f"At most {GPU_COUNT_MAX} GPUs."]
+    for field in ("gpu_count", "gpu_count_preferred"):
+        count = getattr(shape, field)
+        if isinstance(count, int) and count > GPU_COUNT_MAX:
+            errors[field] = [f"At most {GPU_COUNT_MAX} GPUs."]
+    for field in ("gpu_driver_version_min", "gpu_cuda_version_min"):
+        value = getattr(shape, field)
+        if value and not VERSION.fullmatch(value):
+            errors[field] = ['A version of dot-separated numbers, e.g. "535.104".']
     return errors
 
 
@@ -324,3 +334,26 @@ def output_destination(value) -> str:
 
 # The largest value of a PostgreSQL bigint: ids, fencing tokens, counters.
 BIGINT_MAX = 2**63 - 1
+
+
+# A node's price per hour and energy class (nodes' enrollment checks them; the snapshot reads
+# them for the `price` scorer, leases/node_views.py).
+_PRICE_MAX = 1e6
+_ENERGY_LETTERS = "ABCDEFG"
+
+
+def parse_price(text) -> float | None:
+    """A price per hour: a finite number 0 … 1e6, or None when it is not one."""
+    try:
+        price = float(str(text).strip())
+    except (TypeError, ValueError):
+        return None
+    return price if math.isfinite(price) and 0 <= price <= _PRICE_MAX else None
+
+
+def parse_energy_class(text) -> int | None:
+    """0…9, or A…G as 0…6 (0 = A = most efficient); None when it does not parse."""
+    raw = str(text).strip()
+    if len(raw) == 1 and raw.upper() in _ENERGY_LETTERS:
+        return _ENERGY_LETTERS.index(raw.upper())
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) <= 9 else None

@@ -118,8 +118,14 @@ def queued_jobs(pool_id: int, now=None) -> list[QueuedJob]:
 
 
 def holding_leases(pool_id: int):
-    """The pool's leases that hold capacity (backfills hold none of their own)."""
+    """The pool's leases that hold node capacity (backfills hold none of their own)."""
     return Lease.objects.filter(pool_id=pool_id, state__in=HOLDING, backfill_of__isnull=True)
+
+
+def tenants_leases(pool_id: int):
+    """The pool's holding leases as its tenants' shares count them: backfills too (one borrows
+    a reservation's node capacity, but it is its own tenant's work)."""
+    return Lease.objects.filter(pool_id=pool_id, state__in=HOLDING)
 
 
 def standings(
@@ -134,7 +140,7 @@ def standings(
     held = {tenant_id: [0.0, 0.0, 0.0] for tenant_id in tenant_ids}
     held_long = {tenant_id: [0.0, 0.0, 0.0] for tenant_id in tenant_ids}
     rows = (
-        holding_leases(pool_id)
+        tenants_leases(pool_id)
         .filter(tenant_id__in=tenant_ids)
         .values_list(
             "tenant_id", "cpu_millicores", "memory_mib", "gpu_allocations", "job__max_runtime_s"
@@ -180,7 +186,7 @@ def charge(pool_id: int, now=None) -> int:
     """
     now = now or timezone.now()
     half_life = pool_queue_policy(pool_id).fair_share_half_life_s
-    holders = set(holding_leases(pool_id).values_list("tenant_id", flat=True).distinct())
+    holders = set(tenants_leases(pool_id).values_list("tenant_id", flat=True).distinct())
     TenantUsage.objects.bulk_create(
         [TenantUsage(tenant_id=t, pool_id=pool_id, updated_at=now) for t in holders],
         ignore_conflicts=True,
@@ -191,7 +197,7 @@ def charge(pool_id: int, now=None) -> int:
     since = min(rows.values(), default=now)
     leases = defaultdict(list)
     lease_rows = (
-        Lease.objects.filter(pool_id=pool_id, backfill_of__isnull=True, created_at__lt=now)
+        Lease.objects.filter(pool_id=pool_id, created_at__lt=now)  # backfills count too
         .filter(Q(state__in=HOLDING) | Q(ended_at__gt=since))
         .values_list(
             "tenant_id", "cpu_millicores", "memory_mib", "gpu_allocations", "created_at", "ended_at"

@@ -65,6 +65,7 @@ class JobSerializer(serializers.ModelSerializer):
             "output_limit_mib",
             "labels",
             "affinity",
+            "affinity_preferred",
             "anti_affinity",
             "require_numa",
             "gang",
@@ -150,6 +151,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     # Placement (docs/scheduler.md "Labels and affinity"), label maps checked by pools.validation.
     labels = serializers.JSONField(default=dict, help_text='This job\'s labels {"team": "a"}')
     affinity = serializers.JSONField(default=dict, help_text="Node labels required {key: value}")
+    affinity_preferred = serializers.JSONField(
+        default=dict, help_text="Node labels preferred {key: value}: the more match, the better"
+    )
     anti_affinity = serializers.JSONField(
         default=dict, help_text="Avoid nodes running work with any of these labels {key: value}"
     )
@@ -166,6 +170,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         return validation.label_map(value)
 
     def validate_affinity(self, value):
+        return validation.label_map(value)
+
+    def validate_affinity_preferred(self, value):
         return validation.label_map(value)
 
     def validate_anti_affinity(self, value):

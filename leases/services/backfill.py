@@ -71,7 +71,9 @@ def try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempo
                     digest=digest,
                     backfill_of=locked,
                 )
-                ledger.apply([row])  # holds nothing new: no quota, no guarded UPDATE
+                applied = ledger.apply([row])  # no guarded UPDATE; its tenant's quota and credit
+                if applied.refused:
+                    raise applied.refused[0][1]
                 return row.instance(tenant=tenant, job=job, backfill_of=locked)
         except IntegrityError:
             if idempotency_key:

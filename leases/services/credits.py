@@ -45,10 +45,8 @@ def rates_for(knob: dict, priority_class: str) -> dict[str, Decimal]:
 
 
 def held_of(lease: dict) -> dict[str, float]:
-    """What a lease holds, in rate units; a backfill lease borrows its reservation's capacity,
-    which that lease pays for, so it holds nothing of its own."""
-    if lease["backfill_of_id"] is not None:
-        return dict.fromkeys(RATE_OF, 0.0)
+    """What a lease holds, in rate units, charged to its own tenant: a backfill too (it runs
+    inside another tenant's reservation, whose owner is never charged for it)."""
     return {
         "cpu_cores": lease["cpu_millicores"] / 1000,
         "memory_gib": lease["memory_mib"] / 1024,
@@ -129,7 +127,6 @@ def _charge_lease(lease_pk: int, account_pk: int, knob: dict, now) -> bool:
                 "cpu_millicores",
                 "memory_mib",
                 "gpu_allocations",
-                "backfill_of_id",
                 "usage_average",
                 priority_class=F("job__priority_class__name"),
             )

@@ -128,6 +128,12 @@ def placement_record(placement: core.Placement, decision: dict | None = None) ->
             k: {"minimum": g.minimum, "preferred": g.preferred, "granted": g.granted}
             for k, g in placement.grants.items()
         },
+        # each preference granted less than asked, and by how much (0 when none was asked)
+        "degraded": {
+            k: g.preferred - g.granted
+            for k, g in placement.grants.items()
+            if g.granted < g.preferred
+        },
         "policy": placement.policy_name,
         # the NUMA node CPU and memory come from when the request pinned one: the agent's cpuset
         "numa_node": placement.numa_node,

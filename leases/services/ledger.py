@@ -70,8 +70,8 @@ class Applied:
 def apply(rows: list[Row]) -> Applied:
     """Take the capacity of `rows` and insert them, all in one transaction (the caller's, or
     its own), in the order of the module docstring. Under the quota rows' locks,
-    `quota.recheck` re-checks the rows whose tenant has a quota or a credit account; a row
-    that holds nothing (a backfill) is counted by no quota."""
+    `quota.recheck` re-checks the rows whose tenant has a quota or a credit account, backfills
+    too: one takes no node capacity of its own, but its tenant's quota and credit count it."""
     applied = Applied()
     with transaction.atomic():
         rows = _checked(rows, applied)
@@ -84,12 +84,12 @@ def apply(rows: list[Row]) -> Applied:
 def _checked(rows: list[Row], applied: Applied) -> list[Row]:
     """Step 1: the rows left once the quota rows are locked and re-checked (a group whose row
     is refused is refused whole, with that row's refusal)."""
-    pairs = {(row.tenant_id, row.shared.pool.pk) for row in rows if row.holds}
+    pairs = {(row.tenant_id, row.shared.pool.pk) for row in rows}
     pairs = quota.pairs_with_quota(pairs) if pairs else set()
     if not pairs:
         return rows
     quota.lock_quotas(pairs)
-    limited = [r for r in rows if r.holds and (r.tenant_id, r.shared.pool.pk) in pairs]
+    limited = [r for r in rows if (r.tenant_id, r.shared.pool.pk) in pairs]
     refused = quota.recheck(limited)
     if not refused:
         return rows

@@ -132,6 +132,12 @@ def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None
                 "transition_not_allowed", f"A {obj.state} lease cannot be renewed."
             )
         _fencing_check(fencing_token, now)(obj)
+        if obj.state == S.RESERVED and obj.job_id is None and obj.window_start is None:
+            raise TransitionRefused(
+                "not_committed",
+                "Only a committed lease renews: commit it first (an uncommitted one expires"
+                " after the pool's commit window).",
+            )
         if obj.job is not None and obj.job.has_ended:
             raise TransitionRefused(
                 "job_ended", f"Job {obj.job_id} is {obj.job.state}: its lease is not renewed."
@@ -196,6 +202,13 @@ def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "",
             raise TransitionRefused(
                 "transition_not_allowed",
                 f"Lease {current.pk} is held until its cancelled job's container has stopped.",
+            )
+        if actor.is_person and current.job_id is not None and not current.job.has_ended:
+            # its capacity would return while the container runs, and the job end `lost`;
+            # cancelling the job (which ends it first) releases or stops its leases
+            raise TransitionRefused(
+                "job_lease",
+                f"Lease {current.pk} runs job {current.job_id}: cancel the job to end it.",
             )
         return end_lease(
             current, to=S.RELEASED, actor=actor, reason=reason, message=message, now=now

@@ -148,17 +148,18 @@ def _held_hours(row: dict, start, now) -> float:
 
 def usage(quotas: dict[tuple[int, int], Quota | None], now=None, *, every=False) -> dict:
     """(tenant id, pool id) → what the tenant uses of each dimension in the pool: held now
-    (leases, CPU, memory, GPU shares of its holding leases, backfill aside: it borrows another
-    lease's capacity), accrued in the quota's current period (GPU-hours held, egress measured
-    by the agent, `net_tx_bytes`), and the jobs' stored outputs. An accrued dimension is read
-    only where the quota limits it, unless `every` (for the quotas API)."""
+    (leases, CPU, memory, GPU shares of its holding leases, backfills too: a backfill borrows
+    another lease's node capacity, but it is its own tenant's work), accrued in the quota's
+    current period (GPU-hours held, egress measured by the agent, `net_tx_bytes`), and the
+    jobs' stored outputs. An accrued dimension is read only where the quota limits it, unless
+    `every` (for the quotas API)."""
     now = now or timezone.now()
     used = {pair: dict.fromkeys(DIMENSIONS, 0.0) for pair in quotas}
     if not quotas:
         return used
     tenants, pools = {t for t, _ in quotas}, {p for _, p in quotas}
     holding = Lease.objects.filter(
-        state__in=HOLDING, backfill_of__isnull=True, tenant_id__in=tenants, pool_id__in=pools
+        state__in=HOLDING, tenant_id__in=tenants, pool_id__in=pools
     ).order_by()
     for row in holding.values("tenant_id", "pool_id").annotate(
         n=Count("id"), cpu=Sum("cpu_millicores"), memory=Sum("memory_mib")
@@ -195,7 +196,6 @@ def usage(quotas: dict[tuple[int, int], Quota | None], now=None, *, every=False)
             "created_at",
             "ended_at",
             "gpu_allocations",
-            "backfill_of_id",
             tx=KT("usage_peak__net_tx_bytes"),
         )
         for row in rows:
@@ -205,7 +205,7 @@ def usage(quotas: dict[tuple[int, int], Quota | None], now=None, *, every=False)
             hours = _held_hours(row, periods[pair], now)
             if not hours and (row["ended_at"] or now) <= periods[pair]:
                 continue  # ended before this period began
-            if row["gpu_allocations"] and row["backfill_of_id"] is None:
+            if row["gpu_allocations"]:
                 used[pair]["gpu_hours"] += gpu_share(row["gpu_allocations"]) * hours
             used[pair]["egress_mib"] += int(row["tx"] or 0) / MIB
     for pool_id in {p for _, p in wanted("storage_mib")}:

@@ -22,7 +22,6 @@ from leases import snapshot as snap
 from leases.explain import IdempotencyKeyReused, NeverFits, NoCapacity, explanation_dict
 from leases.models import Lease
 from leases.window import Window, as_timedelta, request_digest
-from nodes.choices import NodeState
 from placement import make_context, place
 from placement import types as core
 from pools.actors import Actor
@@ -163,10 +162,14 @@ def lease_reserve(
 # --- refusals --------------------------------------------------------------------------------
 
 
-def check_ever_fits(*, pool, tenant, request: dict, image_platforms=()) -> None:
+def check_ever_fits(*, pool, tenant, request: dict, image_platforms=(), gang=None) -> None:
     """Raises NeverFits (422) when no node of the pool could ever hold `request` (see
-    `_never_fits`): job submission refuses such a job instead of queueing it forever."""
+    `_never_fits`): job submission refuses such a job instead of queueing it forever. With
+    `gang` ({size, topology}): when the gang could never be placed whole, `size` members of
+    this one's request (a gang's members ask alike, or wait with `gang_mismatch`)."""
     req = snap.core_request(request, tenant.pk, image_platforms)
+    if gang:
+        req = replace(req, replicas=gang["size"], gang=gang["topology"])
     refusal = _never_fits(pool, req, snap.pool_policy(pool))
     if refusal is not None:
         raise refusal
@@ -195,9 +198,7 @@ def _never_fits(pool, req, policy, conflicts: int = 0) -> NeverFits | None:
     """The one definition of "never fits": no node of the pool that is not retired, viewed
     ready and empty, could hold the request. A pool without any node yet is "not now" (409):
     capacity may still be enrolled."""
-    empty = snap.pool_snapshot(
-        pool.pk, states=[s for s in NodeState.values if s != NodeState.RETIRED], empty=True
-    )
+    empty = snap.registered_empty(pool.pk)
     ever = place(req, empty.nodes, policy) if empty.nodes else None
     if isinstance(ever, core.Explanation):
         return NeverFits(explanation_dict(ever, conflicts=conflicts))

@@ -3,10 +3,15 @@ their tolerance end with a reason and return their capacity. Safe on several wor
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.db.models import Q
+
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
 from leases.window import as_timedelta
 from pools.actors import Actor
+from pools.knobs import knobs_for
 from pools.reasons import Reason
 from pools.sweeps import sweep
 
@@ -37,10 +42,13 @@ def _end_each(due, *, to: str, reason_for, actor: Actor, now) -> int:
 
 
 def expire_leases(*, now) -> int:
-    """Reserved or committed leases past their expiry → expired, capacity returned."""
-    due = Lease.objects.filter(state__in=(S.RESERVED, S.COMMITTED), expires_at__lte=now).exclude(
+    """Reserved or committed leases past their expiry → expired, capacity returned; so is a
+    lease of the lease API left uncommitted past its pool's `lease_commit_window_s` (reserved
+    for a week and never used, it would hold the capacity all that while)."""
+    past_expiry = Q(state__in=(S.RESERVED, S.COMMITTED), expires_at__lte=now) & ~Q(
         state=S.RESERVED, window_start__isnull=False
     )
+    due = Lease.objects.filter(past_expiry | _uncommitted_past_window(now))
     return _end_each(
         due,
         to=S.EXPIRED,
@@ -50,6 +58,19 @@ def expire_leases(*, now) -> int:
         actor=Actor.system("lease-expiry"),
         now=now,
     )
+
+
+def _uncommitted_past_window(now) -> Q:
+    """Leases of the lease API (no job, no window) still reserved past their pool's commit
+    window; a job's lease is committed by its agent (bounded by `startup_timeout_s`)."""
+    pools = Lease.objects.filter(
+        state=S.RESERVED, job__isnull=True, window_start__isnull=True
+    ).values_list("pool_id", flat=True)
+    late = Q(pk__in=[])
+    for pool_id in set(pools):
+        window = timedelta(seconds=knobs_for(pool_id).lease_commit_window_s)
+        late |= Q(pool_id=pool_id, created_at__lte=now - window)
+    return late & Q(state=S.RESERVED, job__isnull=True, window_start__isnull=True)
 
 
 def expire_uncertain(*, now, deadline) -> int:

@@ -5,7 +5,8 @@ the job's container answers.
 Renewal by heartbeat writes no event: a job running for a day on a 10 s heartbeat would write
 8,640 `renewed` events, burying its history, and each would publish live. Instead one guarded
 UPDATE per heartbeat moves `expires_at` forward for the leases that qualify (committed, on this
-node, their job past placement and not ended, no window or backfill cap) and never backward;
+node, their job past placement and not ended, no window; a backfill up to its reservation's
+window start) and never backward;
 a lease that no longer qualifies (its job ended, it went uncertain) is simply left out, so a
 racing release or sweep cannot be undone by a heartbeat.
 """
@@ -44,20 +45,26 @@ def heartbeat_leases(node, workloads: list[dict]):
 
 
 def leases_renew_by_heartbeat(*, node, workloads: list[dict], now=None) -> int:
-    """Renew the reported leases of running jobs to now + LEASE_DEFAULT_TTL; returns how many.
-    One guarded UPDATE, no event (see the module's docstring)."""
+    """Renew the reported leases of running jobs to now + LEASE_DEFAULT_TTL, a backfill's no
+    later than its reservation's window start (it then makes way); returns how many. One
+    guarded UPDATE per cap, no event (see the module's docstring)."""
     now = now or timezone.now()
     expires_at = now + settings.LEASE_DEFAULT_TTL
-    return (
-        heartbeat_leases(node, workloads)
-        .filter(
-            job__state__in=RENEWING_JOB_STATES,
-            window_start__isnull=True,
-            backfill_of__isnull=True,
-            expires_at__lt=expires_at,
-        )
-        .update(expires_at=expires_at)
+    running = heartbeat_leases(node, workloads).filter(
+        job__state__in=RENEWING_JOB_STATES, window_start__isnull=True
     )
+    renewed = running.filter(backfill_of__isnull=True, expires_at__lt=expires_at).update(
+        expires_at=expires_at
+    )
+    backfills = running.filter(backfill_of__isnull=False).values_list(
+        "backfill_of__window_start", flat=True
+    )
+    for window_start in set(backfills):
+        cap = min(expires_at, window_start)
+        renewed += running.filter(
+            backfill_of__window_start=window_start, expires_at__lt=cap
+        ).update(expires_at=cap)
+    return renewed
 
 
 def _sample(lease: Lease, usage: dict) -> dict:

@@ -5,7 +5,7 @@ from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
 from nodes.selectors import control_plane_id
 from pools.choices import ContainerRuntime
 from pools.models import ComputePool
-from pools.validation import BIGINT_MAX
+from pools.validation import BIGINT_MAX, parse_energy_class, parse_price
 from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
 
 
@@ -265,8 +265,22 @@ class EnrollSerializer(serializers.Serializer):
     zone = serializers.CharField(max_length=40, required=False, allow_blank=True)
     rack = serializers.CharField(max_length=40, required=False, allow_blank=True)
     network_class = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    price_class = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    energy_class = serializers.CharField(max_length=40, required=False, allow_blank=True)
+    price_class = serializers.CharField(
+        max_length=40, required=False, allow_blank=True, help_text="price per hour, e.g. 0.85"
+    )
+    energy_class = serializers.CharField(
+        max_length=40, required=False, allow_blank=True, help_text="0…9 or A…G, 0 = A = best"
+    )
+
+    def validate_price_class(self, value):
+        if value and parse_price(value) is None:
+            raise serializers.ValidationError("A price per hour: a number from 0 to 1000000.")
+        return value
+
+    def validate_energy_class(self, value):
+        if value and parse_energy_class(value) is None:
+            raise serializers.ValidationError("An energy class: 0…9 or A…G (0 = A = best).")
+        return value
 
 
 class GpuReadingSerializer(serializers.Serializer):

@@ -132,12 +132,22 @@ def string_list_field():
     )
 
 
+PREFERRED_OF = (
+    ("cpu_millicores_min", "cpu_millicores_preferred"),
+    ("memory_mib_min", "memory_mib_preferred"),
+    ("gpu_count", "gpu_count_preferred"),
+    ("gpu_memory_mib_min", "gpu_memory_mib_preferred"),
+)
+
+
 class ResourceRequestSerializer(KnownFieldsOnly, serializers.ModelSerializer):
     """An inline resource request: the fields of a shape, validated by the shape's own rules."""
 
     gpu_models = string_list_field()
     regions = string_list_field()
     zones = string_list_field()
+    regions_preferred = string_list_field()
+    zones_preferred = string_list_field()
 
     class Meta:
         model = ResourceShape
@@ -150,11 +160,11 @@ class ResourceRequestSerializer(KnownFieldsOnly, serializers.ModelSerializer):
             shape.clean()
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from exc
-        for field in ("cpu_millicores", "memory_mib"):
-            preferred = attrs.get(f"{field}_preferred")
-            if preferred is not None and preferred < attrs[f"{field}_min"]:
+        for minimum, preferred in PREFERRED_OF:
+            wanted = attrs.get(preferred)
+            if wanted is not None and wanted < (attrs.get(minimum) or 0):
                 raise serializers.ValidationError(
-                    {f"{field}_preferred": "Preferred must be at least the minimum."}
+                    {preferred: "Preferred must be at least the minimum."}
                 )
         return shape.as_request()
 

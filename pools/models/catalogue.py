@@ -32,6 +32,16 @@ REQUEST_FIELDS = (
     "regions",
     "zones",
     "node_pin",
+    # preferences and minimums (docs/scheduler.md "Shapes"): each reaches the core's Request
+    "gpu_count_preferred",
+    "gpu_memory_mib_preferred",
+    "gpu_driver_version_min",
+    "gpu_cuda_version_min",
+    "gpu_interconnect_required",
+    "regions_preferred",
+    "zones_preferred",
+    "warm_image_required",
+    "trust_level_min",
 )
 
 
@@ -70,6 +80,29 @@ class ResourceShape(models.Model):
     regions = models.JSONField(default=list, blank=True)
     zones = models.JSONField(default=list, blank=True)
     node_pin = models.CharField(max_length=100, blank=True, help_text="Hard pin to a node name")
+    gpu_count_preferred = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="More GPUs when a node has them; the count is the minimum"
+    )
+    gpu_memory_mib_preferred = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Devices with this much memory when there are"
+    )
+    gpu_driver_version_min = models.CharField(
+        max_length=20, blank=True, help_text='The oldest driver it runs on, e.g. "535.104"'
+    )
+    gpu_cuda_version_min = models.CharField(
+        max_length=20, blank=True, help_text='The oldest CUDA it runs on, e.g. "12.2"'
+    )
+    gpu_interconnect_required = models.BooleanField(
+        default=False, help_text="Several GPUs: all in one NVLink/NVSwitch group"
+    )
+    regions_preferred = models.JSONField(default=list, blank=True)
+    zones_preferred = models.JSONField(default=list, blank=True)
+    warm_image_required = models.BooleanField(
+        default=False, help_text="Only nodes that already hold the job's image (local data)"
+    )
+    trust_level_min = models.PositiveSmallIntegerField(
+        default=0, help_text="Only nodes of at least this trust level"
+    )
 
     class Meta:
         constraints = [
@@ -83,6 +116,16 @@ class ResourceShape(models.Model):
                 condition=Q(memory_mib_preferred__isnull=True)
                 | Q(memory_mib_preferred__gte=models.F("memory_mib_min")),
                 name="shape_memory_preferred_gte_min",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_count_preferred__isnull=True)
+                | Q(gpu_count_preferred__gte=models.F("gpu_count")),
+                name="shape_gpu_count_preferred_gte_min",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_memory_mib_preferred__isnull=True)
+                | Q(gpu_memory_mib_preferred__gte=models.F("gpu_memory_mib_min")),
+                name="shape_gpu_memory_preferred_gte_min",
             ),
         ]
 
@@ -110,6 +153,19 @@ class ResourceShape(models.Model):
             errors["mig_profile"] = "A MIG shape names its profile, e.g. 1g.10gb."
         if sharing != GpuSharingClass.MIG and self.mig_profile:
             errors["mig_profile"] = "Only MIG shapes name a profile."
+        gpu_only = (
+            "gpu_count_preferred",
+            "gpu_memory_mib_preferred",
+            "gpu_driver_version_min",
+            "gpu_cuda_version_min",
+            "gpu_interconnect_required",
+        )
+        if not self.gpu_count:
+            for name in gpu_only:
+                if getattr(self, name):
+                    errors[name] = "Only a shape with GPUs names it."
+        if self.gpu_interconnect_required and self.gpu_count < 2:
+            errors["gpu_interconnect_required"] = "An interconnect joins two GPUs or more."
         if self.container_runtime == ContainerRuntime.GVISOR and self.gpu_count:
             # Debian's runsc (2022) has no GPU proxy: a device handed to the sandbox is unusable
             errors["container_runtime"] = "gVisor runs CPU work only: no GPUs under it."

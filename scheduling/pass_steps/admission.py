@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from leases.services import quota
 from placement import Explanation, Placement
 from placement.queue import BACKFILL_WOULD_DELAY_HEAD, SHORT_SHARE_RESERVED, Gate, order
+from placement.types import schedulable
 from scheduling import fairshare
 
 GATE_MESSAGES = {
@@ -106,10 +107,13 @@ def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
     """The window's jobs in the queue's order, and the Admission that admits them (its gate
     and every tenant's quota headroom, read now)."""
     policy = fairshare.pool_queue_policy(pool_id)
+    # the schedulable capacity: the snapshot's nodes (ready, reachable) that are healthy too;
+    # a node that cannot take work is no share of anyone's and no room to hold for a head
+    ready = [n for n in view.nodes if schedulable(n)]
     capacity = (
-        float(sum(n.cpu_millicores for n in view.nodes)),
-        float(sum(n.memory_mib for n in view.nodes)),
-        float(sum(len(n.gpus) for n in view.nodes)),
+        float(sum(n.cpu_millicores for n in ready)),
+        float(sum(n.memory_mib for n in ready)),
+        float(sum(len(n.gpus) for n in ready)),
     )
     queued = {
         job.pk: fairshare.queued_job(

@@ -12,9 +12,21 @@ from dataclasses import dataclass, replace
 
 from leases import snapshot as snap
 from leases.explain import NoCapacity, explanation_dict
-from placement import Explanation, Placement, Policy, Request, apply_placement, batch, place_gang
+from placement import (
+    Explanation,
+    Placement,
+    Policy,
+    Request,
+    apply_placement,
+    batch,
+    place,
+    place_gang,
+)
+from placement.bookkeeping import emptied
 from placement.fragmentation import Workload
+from placement.types import schedulable
 from pools import knobs
+from pools.reasons import Reason
 
 from .admission import Admission, order_window
 from .gangs import Gang, GangWaits, form_gangs, well_formed
@@ -85,7 +97,7 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
     """Every job of the reading planned: placed, or with the explanation it waits with."""
     members = [job for job in reading.jobs if job.gang]  # planned after the others
     jobs = [job for job in reading.jobs if not job.gang]
-    positions = _ByPosition(reading.admission, jobs)
+    positions = _ByPosition(reading, jobs)
     outcomes, nodes = batch.plan(
         [reading.core_requests[job.pk] for job in jobs],
         reading.view.nodes,
@@ -108,6 +120,8 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
                 explanation = explanation_dict(outcome.explanation, now=now)
                 explained[key] = NoCapacity(explanation).explanation
             p.explanation = explained[key]
+            if job.pk in positions.not_ready:
+                p.explanation = {**p.explanation, **NO_READY_NODE}
         planned.append(p)
     if members:
         result.gangs.update(job.pk for job in members)
@@ -116,20 +130,56 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
     return planned
 
 
+NO_READY_NODE = {
+    "code": Reason.NO_READY_NODE.value,
+    "message": "It fits only on nodes that are not ready (not yet ready, draining, quarantined,"
+    " unhealthy or unreachable): it waits for one, and no other job waits for it.",
+}
+
+
 class _ByPosition:
-    """`batch.plan` names each job by its position in the list it plans."""
+    """`batch.plan` names each job by its position in the list it plans. A job that waits
+    holds the queue's gate only when it could run on a node that is schedulable now, were
+    that node empty: capacity that may never come (nodes registered but never ready, a runtime
+    no node offers any more) must not stall the pool (an idle `lab` stayed idle 16 minutes
+    behind such a head). One that would fit a registered node that is not schedulable waits
+    with `no_ready_node`; one that fits no node at all now keeps its explanation."""
 
-    __slots__ = ("admission", "jobs")
+    __slots__ = ("_empty", "_fits", "admission", "jobs", "not_ready", "reading")
 
-    def __init__(self, admission: Admission, jobs: list[JobRow]):
-        self.admission, self.jobs = admission, jobs
+    def __init__(self, reading: Reading, jobs: list[JobRow]):
+        self.admission, self.jobs, self.reading = reading.admission, jobs, reading
+        self.not_ready: set[int] = set()  # job ids that fit only on nodes not schedulable
+        self._empty: dict[bool, list] = {}  # schedulable only? → those nodes, emptied
+        self._fits: dict[tuple[int, bool], bool] = {}  # (id(core request), ready only) → fits
 
     def admit(self, position: int, placement: Placement) -> str:
         refusal = self.admission.admit(self.jobs[position], placement)
         return refusal["code"] if refusal else ""
 
     def waited(self, position: int, explanation: Explanation) -> None:
-        self.admission.blocked(self.jobs[position], explanation)
+        job = self.jobs[position]
+        req = self.reading.core_requests[job.pk]
+        if self._could_run(req, ready_only=True):
+            self.admission.blocked(job, explanation)
+        elif self._could_run(req, ready_only=False):
+            self.not_ready.add(job.pk)
+
+    def _could_run(self, req: Request, *, ready_only: bool) -> bool:
+        key = (id(req), ready_only)
+        if key not in self._fits:
+            if ready_only not in self._empty:
+                self._empty[ready_only] = self._emptied(ready_only)
+            # NUMA aside: a view does not know its NUMA nodes' totals (the cautious reading)
+            loose = replace(req, require_numa=False)
+            fits = place(loose, self._empty[ready_only], self.reading.policy)
+            self._fits[key] = isinstance(fits, Placement)
+        return self._fits[key]
+
+    def _emptied(self, ready_only: bool) -> list:
+        if ready_only:
+            return [emptied(n) for n in self.reading.view.nodes if schedulable(n)]
+        return snap.registered_empty(self.reading.pool.pk).nodes  # one read, at most, a pass
 
 
 def _plan_gangs(formed: list, nodes, policy: Policy, admission: Admission) -> list[Planned]:

@@ -39,3 +39,25 @@ def test_jobs_placed_many_refuses_a_job_that_is_not_queued(lpool, ltenant):
     assert "1 of 2 jobs are not queued" in refused.value.message
     assert Job.objects.get(pk=queued.pk).state == JobState.QUEUED  # the caller rolled back
     assert JobEvent.objects.count() == events
+
+
+def test_a_job_that_names_no_class_gets_the_pools_default_class_never_the_lowest(pool, tenant):
+    """A member's `batch` flood starved every tenant that left the class out (0, the same as
+    `scavenger`): such a job now takes the pool's `default_priority_class`."""
+    from config.builders import SYSTEM, submit_job
+    from pools.models import PriorityClass
+    from pools.services import policy_version_publish
+
+    PriorityClass.objects.create(name="scavenger", value=0)
+    batch = PriorityClass.objects.create(name="batch", value=100)
+    assert submit_job(pool, tenant, "before").priority_class is None
+    current = pool.scheduling_policy.current
+    policy_version_publish(
+        policy=current.policy,
+        weights=current.weights,
+        knobs={**current.knobs, "default_priority_class": "batch"},
+        actor=SYSTEM,
+    )
+    assert submit_job(pool, tenant, "after").priority_class == batch
+    scavenger = PriorityClass.objects.get(name="scavenger")
+    assert submit_job(pool, tenant, "named", priority=scavenger).priority_class == scavenger

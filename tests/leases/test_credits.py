@@ -216,3 +216,27 @@ def _no_inline() -> dict:
         f"{prefix}-MIN_NUM_FORMS": "0",
         f"{prefix}-MAX_NUM_FORMS": "0",
     }
+
+
+def test_a_backfill_needs_credit_and_is_charged_to_its_own_tenant(lpool, ltenant, ltenant2, lnode):
+    """Backfill went round the credit check (a tenant with none got 12 leases); it is charged
+    like any placement, to the tenant whose work it is, never the reservation's owner."""
+    price(lpool)
+    t0 = timezone.now() - timedelta(minutes=10)
+    window = services.Window(t0 + 6 * HOUR, t0 + 7 * HOUR, timedelta(minutes=5))
+    held = reserve(lpool, ltenant, cpu_request(4000, 8192), window=window, now=t0)
+    broke = CreditAccount.objects.create(
+        tenant=ltenant2, pool=lpool, balance=Decimal(0), created_at=t0
+    )
+    with pytest.raises(TransitionRefused) as caught:
+        reserve(lpool, ltenant2, cpu_request(1000, 1024), duration=2 * HOUR, now=t0)
+    assert caught.value.code == "credit_exhausted"
+    credit_top_up(broke, Decimal(10), by="padmin", note="top-up")
+    backfill = reserve(lpool, ltenant2, cpu_request(1000, 1024), duration=2 * HOUR, now=t0)
+    assert backfill.backfill_of_id == held.pk
+    running(backfill, lnode, memory=1024)
+    credits.charge_credits(now=t0 + HOUR)
+    charges = CreditCharge.objects.filter(kind=CreditCharge.Kind.CHARGE)
+    assert {(c.lease_id, c.account_id) for c in charges} == {(backfill.pk, broke.pk)}
+    broke.refresh_from_db()
+    assert broke.balance < Decimal(10)  # the reservation's owner has no account to charge

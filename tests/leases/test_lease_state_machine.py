@@ -181,6 +181,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 "lease_expired",
                 "fencing_token_mismatch",
                 "hold_cap_reached",
+                "not_committed",  # a reserved lease of the lease API renews only once committed
             )
 
     @rule(pk=leases, stale=st.booleans())

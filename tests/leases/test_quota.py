@@ -196,3 +196,25 @@ def test_headroom_names_the_dimension_and_counts_shares(lpool, ltenant, ltenant2
         "message": message,
     }
     assert room.take(cpu_millicores=1, memory_mib=1, gpus=0) == ""  # nothing was deducted
+
+
+def _reservation(pool, tenant, now):
+    """A reservation of the whole of lnode (4 cores) an hour ahead: backfill may run in it."""
+    window = services.Window(now + 4 * HOUR, now + 5 * HOUR, timedelta(minutes=5))
+    return reserve(pool, tenant, cpu_request(4000, 8192), window=window, now=now)
+
+
+def test_a_backfill_counts_against_its_own_tenants_quota(lpool, ltenant, ltenant2, lnode):
+    """An abuse test found 12 backfill leases against a quota of 2: backfill went round the
+    quota check. It is the backfilling tenant's work, so its quota counts it."""
+    now = timezone.now()
+    held = _reservation(lpool, ltenant, now)
+    set_quota(ltenant2, lpool, max_leases=2)
+    first = reserve(lpool, ltenant2, cpu_request(500, 512), now=now)
+    second = reserve(lpool, ltenant2, cpu_request(500, 512), now=now)
+    assert first.backfill_of_id == second.backfill_of_id == held.pk
+    refusal = refused(lpool, ltenant2, cpu_request(500, 512), now=now)
+    assert (refusal.code, refusal.dimension) == ("quota_exceeded", "leases")
+    used = quota.usage({(ltenant2.pk, lpool.pk): None}, now)[(ltenant2.pk, lpool.pk)]
+    assert used["leases"] == 2 and used["cpu_millicores"] == 1000  # what the quota page shows
+    assert ledger_problems(lpool) == []

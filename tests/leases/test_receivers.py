@@ -152,3 +152,45 @@ def test_a_warm_node_is_preferred_for_the_jobs_image(agent, enroll, tenant):
     beat(bearer_client(other.secret), images=[digest])
     scheduling_pass(pool_id=pool.pk)
     assert job.leases.get().node_id == other.node.pk
+
+
+def test_heartbeat_renews_a_backfilled_jobs_lease_up_to_the_window_start(
+    agent, node_api, tenant, other_tenant, settings
+):
+    """A job that ran by backfilling got the 300 s default lease, never renewed: after about
+    five minutes it ended `lost`. Heartbeats renew it, to the reservation's window start."""
+    from config.builders import SYSTEM, cpu_request
+    from leases import services
+
+    node = agent.node
+    node.refresh_from_db()
+    now = timezone.now()
+    window = services.Window(now + timedelta(minutes=30), now + timedelta(hours=1), timedelta(0))
+    whole = cpu_request(
+        node.cpu_millicores_allocatable,
+        node.memory_mib_allocatable,
+        scratch=node.scratch_mib_allocatable,
+    )
+    held = services.lease_reserve(
+        pool=node.pool,
+        tenant=other_tenant,
+        request=whole,
+        actor=SYSTEM,
+        duration=timedelta(minutes=5),
+        window=window,
+    )
+    job = submit_job(node.pool, tenant, memory=512)
+    assert scheduling_pass(pool_id=job.pool_id).placed == [job.pk]  # by backfilling
+    lease = job.leases.get()
+    assert lease.backfill_of_id == held.pk
+    actor = Actor.for_node(node)
+    for step in ("starting", "running"):
+        job_report(job=job, node=node, fencing_token=lease.fencing_token, step=step, actor=actor)
+    before = timezone.now()
+    beat(node_api, workload(job, lease))
+    lease.refresh_from_db()
+    assert lease.expires_at >= before + settings.LEASE_DEFAULT_TTL  # renewed like any lease
+    settings.LEASE_DEFAULT_TTL = timedelta(hours=2)  # a renewal past the window's opening
+    beat(node_api, workload(job, lease))
+    lease.refresh_from_db()
+    assert lease.expires_at == window.start  # never past the window's opening

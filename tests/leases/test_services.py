@@ -346,3 +346,27 @@ def cpu_shape_in(lpool):
     return ResourceShape.objects.create(
         pool=lpool, name="one-core", cpu_millicores_min=1000, memory_mib_min=1024
     )
+
+
+def test_a_person_cannot_release_a_live_jobs_lease_cancelling_the_job_ends_it(
+    lpool, ltenant, lnode, lmember
+):
+    """Releasing a running job's lease gave its capacity back while the container ran, and the
+    job then ended `lost`/`node_lost`, which was untrue. Cancel is the way."""
+    from config.builders import submit_job
+    from jobs.services import job_cancel
+
+    job = submit_job(lpool, ltenant, cpu=1000, memory=1024)
+    lease = services.lease_reserve(
+        pool=lpool, tenant=ltenant, request=cpu_request(), actor=SYSTEM, duration=60 * MIN, job=job
+    )
+    person = Actor.for_user(lmember)
+    with pytest.raises(TransitionRefused) as caught:
+        services.lease_release(lease=lease, actor=person, reason=Reason.RELEASED_BY_CLIENT)
+    assert caught.value.code == "job_lease"
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.RESERVED
+    job_cancel(job=job, actor=person)
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.RELEASED
+    assert ledger_problems(lpool) == []

@@ -65,3 +65,34 @@ def test_beat_schedule_names_registered_tasks():
     ):
         assert task in names
         assert task in app.tasks
+
+
+def test_a_lease_never_committed_expires_after_the_commit_window_and_cannot_renew(
+    lpool, ltenant, lnode
+):
+    """An abuse test reserved the whole pool for a week and renewed it while still reserved:
+    every other tenant's queue stalled behind it. Only a committed lease holds past the pool's
+    commit window (5 minutes by default)."""
+    from pools.reasons import Reason
+    from pools.statemachine import TransitionRefused
+
+    now = timezone.now()
+    week = timedelta(days=7)
+    idle = reserve(lpool, ltenant, now, duration=week)
+    used = reserve(lpool, ltenant, now, duration=week)
+    services.lease_commit(lease=used, fencing_token=used.fencing_token, actor=SYSTEM, now=now)
+    try:
+        services.lease_renew(
+            lease=idle, fencing_token=idle.fencing_token, actor=SYSTEM, duration=week, now=now
+        )
+    except TransitionRefused as refusal:
+        assert refusal.code == "not_committed"
+    else:
+        raise AssertionError("an uncommitted lease renewed")
+    assert tasks.expire_leases(now=now + 4 * MIN) == 0
+    assert tasks.expire_leases(now=now + 6 * MIN) == 1
+    idle.refresh_from_db()
+    used.refresh_from_db()
+    assert idle.state == LeaseState.EXPIRED and used.state == LeaseState.COMMITTED
+    assert idle.events.last().reason == Reason.EXPIRED_UNCOMMITTED
+    assert ledger_problems(lpool) == []

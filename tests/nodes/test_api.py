@@ -41,7 +41,7 @@ def enroll_body(secret, name="gpu-a", **extra):
         "zone": "eu-1a",
         "rack": "r7",
         "network_class": "100g",
-        "price_class": "spot",
+        "price_class": "0.45",
         "energy_class": "a",
         **extra,
     }

@@ -66,3 +66,42 @@ def test_json_and_yaml_files_and_what_is_not_a_manifest(tmp_path):
         read(str(tmp_path / "d.json"))
     with pytest.raises(UsageError, match="cannot read"):
         read(str(tmp_path / "missing.yaml"))
+
+
+def test_every_preference_and_minimum_has_a_flag():
+    args = flags(
+        *("--cpu", "500", "--memory", "256", "--gpus", "1", "--gpus-preferred", "4"),
+        *("--gpu-memory", "20000", "--gpu-memory-preferred", "80000"),
+        *("--gpu-driver-min", "550", "--cuda-min", "12.4", "--trust-level-min", "2"),
+        *(
+            "--region",
+            "eu",
+            "--region-preferred",
+            "eu-west",
+            "--zone",
+            "a",
+            "--zone-preferred",
+            "b",
+        ),
+        *("--warm-image", "--affinity", "disk=ssd", "--affinity-preferred", "rack=r1"),
+    )
+    merged = merge({}, args)
+    assert merged["resources"] == {
+        "cpu_millicores_min": 500,
+        "memory_mib_min": 256,
+        "gpu_count": 1,
+        "gpu_sharing_class": "exclusive",
+        "gpu_count_preferred": 4,
+        "gpu_memory_mib_min": 20000,
+        "gpu_memory_mib_preferred": 80000,
+        "gpu_driver_version_min": "550",
+        "gpu_cuda_version_min": "12.4",
+        "trust_level_min": 2,
+        "regions": ["eu"],
+        "regions_preferred": ["eu-west"],
+        "zones": ["a"],
+        "zones_preferred": ["b"],
+        "warm_image_required": True,
+    }
+    assert merged["affinity"] == {"disk": "ssd"}
+    assert merged["affinity_preferred"] == {"rack": "r1"}

@@ -136,6 +136,8 @@ def test_a_spread_hosts_gang_lands_on_four_different_nodes(client, gpool, path):
 def test_a_gang_that_cannot_fit_places_no_member_and_says_why(client, gpool, path):
     for i in range(3):  # spread_hosts needs four nodes; each node could hold them all
         build_node(gpool, f"n{i}", cpu=16000, memory=8192)
+    # a fourth, not ready: the gang could fit whole (no 422 at submit), just not now
+    build_node(gpool, "n3", cpu=16000, memory=8192, ready=False)
     ids = members(client, 4, "spread_hosts")
     result = scheduling_pass()
     assert result.placed == []
@@ -230,3 +232,16 @@ def test_members_that_disagree_wait_with_one_mismatch_message():
     assert disagree.explanation == mismatch and len(disagree.members) == 2
     tenants = form_gangs([gang_job(1), gang_job(2, tenant=2)], ask)  # a gang is one tenant's
     assert [g.explanation["code"] for g in tenants] == ["gang_incomplete"] * 2
+
+
+def test_a_gang_that_could_never_be_placed_whole_is_refused_at_submit(client, gpool):
+    """Queued with "would fit" before: each member fits, the gang of them never does."""
+    build_node(gpool, "a", cpu=4000, memory=8192)
+    build_node(gpool, "b", cpu=4000, memory=8192)
+    three_hosts = {"name": "wide", "size": 3, "topology": "spread_hosts"}
+    refused = submit(client, "wide-0", gang=three_hosts)
+    assert refused.status_code == 422, refused.content
+    assert refused.json()["code"] == "never_fits"
+    two_hosts = {"name": "pair", "size": 2, "topology": "spread_hosts"}
+    assert submit(client, "pair-0", gang=two_hosts).status_code == 201
+    assert not Job.objects.filter(name="wide-0").exists()

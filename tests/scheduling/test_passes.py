@@ -437,3 +437,34 @@ def test_copy_rows_refuses_rows_whose_columns_differ(lpool, ltenant):
         "a",
         "b",
     ]
+
+
+def test_a_head_that_fits_only_on_nodes_never_ready_blocks_no_one(lpool, ltenant):
+    """An idle pool stayed idle 16+ minutes: the head job fit only on nodes registered but
+    never ready, and held the gate. It now waits with its own reason; the next job runs."""
+    build_node(lpool, "small-ready", cpu=4000, memory=8192)
+    build_node(lpool, "big-registered", cpu=64000, memory=262144, ready=False)
+    prod = PriorityClass.objects.create(name="prod", value=1000)
+    head = submit_job(lpool, ltenant, "big", cpu=32000, memory=65536, priority=prod)
+    small = submit_job(lpool, ltenant, "small", cpu=1000, memory=1024)
+    result = scheduling_pass()
+    assert result.placed == [small.pk]
+    head.refresh_from_db()
+    assert head.state == JobState.QUEUED
+    assert head.pending_reason["code"] == "no_ready_node"
+    assert "no other job waits for it" in head.pending_reason["message"]
+    assert ledger_problems(lpool) == []
+
+
+def test_a_head_that_fits_a_ready_node_once_it_empties_still_holds_the_gate(lpool, ltenant):
+    build_node(lpool, "only", cpu=4000, memory=8192)
+    prod = PriorityClass.objects.create(name="prod", value=1000)
+    running = submit_job(lpool, ltenant, "running", cpu=3000, memory=1024)
+    assert scheduling_pass().placed == [running.pk]
+    head = submit_job(lpool, ltenant, "head", cpu=4000, memory=1024, priority=prod)
+    later = submit_job(lpool, ltenant, "later", cpu=1000, memory=1024)  # no declared end
+    assert scheduling_pass().placed == []
+    head.refresh_from_db()
+    later.refresh_from_db()
+    assert head.pending_reason["code"] == "no_capacity"
+    assert later.pending_reason["code"] == "backfill_would_delay_head"
