@@ -296,7 +296,8 @@ ROWS = [
         "POST",
         "compute-leases/{pk}/release",
         "compute-leases/{w.lease.pk}/release",
-        "401 404 200 200 200 200 404 404 200 404 403 401 401",
+        # a live job's lease: a person cancels the job instead (job_lease); its node may
+        "401 404 409 409 409 409 404 404 200 404 403 401 401",
         "lease_token",
     ),
     Row(

@@ -29,6 +29,9 @@ SHAPE = {
     "container_runtime": "docker",
     "regions": "[]",
     "zones": "[]",
+    "regions_preferred": "[]",
+    "zones_preferred": "[]",
+    "trust_level_min": 0,
 }
 POLICY_PAGES = [
     "/admin/pools/quota/",

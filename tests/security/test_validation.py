@@ -105,6 +105,9 @@ def test_the_admin_refuses_a_shape_with_a_malformed_list(client, shape_admin, po
         "container_runtime": "docker",
         "regions": "5",
         "zones": '[["a"]]',
+        "regions_preferred": "[]",
+        "zones_preferred": "[]",
+        "trust_level_min": 0,
     }
     response = client.post("/admin/pools/resourceshape/add/", form)
     assert response.status_code == 200  # the form again, with its errors
