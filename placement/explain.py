@@ -19,24 +19,40 @@ from .types import EXCLUSIVE, Explanation, GpuView, LeaseEnd, NearMiss, NodeView
 _GIB = 1024
 
 
+_CAPACITY = frozenset(
+    {r.INSUFFICIENT_CPU, r.INSUFFICIENT_MEMORY, r.INSUFFICIENT_SCRATCH}
+    | {r.GPU_MEMORY_TOO_SMALL, r.INSUFFICIENT_GPU}
+)
+
+
 def _lacking(req: Request, node: NodeView, reason: str) -> dict[str, int] | None:
-    """What a node rejected for capacity lacks; None when the rejection is not about capacity."""
-    if reason == r.INSUFFICIENT_CPU:
-        return {"cpu_millicores": req.cpu_millicores - node.free_cpu_millicores}
-    if reason == r.INSUFFICIENT_MEMORY:
-        return {"memory_mib": req.memory_mib - node.free_memory_mib}
-    if reason == r.INSUFFICIENT_SCRATCH:
-        return {"scratch_mib": req.scratch_mib - node.free_scratch_mib}
-    if reason == r.GPU_MEMORY_TOO_SMALL:
-        biggest = max((usable_memory_mib(g, req) for g in node.gpus), default=0)
-        return {"gpu_memory_mib": req.gpu_memory_mib - biggest}
-    if reason == r.INSUFFICIENT_GPU and node.gpus:
-        if req.gpu_milli >= 1000 or req.sharing == EXCLUSIVE:
-            free = sum(1 for g in node.gpus if g.is_free)
-            return {"gpus": max(req.gpu_count, 1) - free}
-        best = max(g.free_milli for g in node.gpus)
-        return {"gpu_milli": req.gpu_milli - best}
-    return None
+    """Everything a node rejected for capacity lacks, GPU count first (a 2-GPU node is no near
+    miss for 64 GPUs, whatever its memory); None when the rejection is not about capacity."""
+    if reason not in _CAPACITY or (reason == r.INSUFFICIENT_GPU and not node.gpus):
+        return None
+    lacking = {}
+    if req.wants_gpu:
+        needed = max(req.gpu_count, 1)
+        whole = req.gpu_milli >= 1000 or req.sharing == EXCLUSIVE
+        if needed > len(node.gpus):
+            lacking["gpus"] = needed - len(node.gpus)
+        if req.gpu_memory_mib:
+            biggest = max((usable_memory_mib(g, req) for g in node.gpus), default=0)
+            if biggest < req.gpu_memory_mib:
+                lacking["gpu_memory_mib"] = req.gpu_memory_mib - biggest
+        if reason == r.INSUFFICIENT_GPU and "gpus" not in lacking:
+            if whole:
+                lacking["gpus"] = needed - sum(1 for g in node.gpus if g.is_free)
+            else:
+                lacking["gpu_milli"] = req.gpu_milli - max(g.free_milli for g in node.gpus)
+    for dim, want, free in (
+        ("cpu_millicores", req.cpu_millicores, node.free_cpu_millicores),
+        ("memory_mib", req.memory_mib, node.free_memory_mib),
+        ("scratch_mib", req.scratch_mib, node.free_scratch_mib),
+    ):
+        if want > free:
+            lacking[dim] = want - free
+    return {dim: amount for dim, amount in lacking.items() if amount > 0} or None
 
 
 _SCALE = {

@@ -124,3 +124,19 @@ def test_lease_ends_free_shared_gpu_capacity_and_cpu():
     req = Request(cpu_millicores=3000, gpu_count=1, gpu_milli=600, sharing="timeslice", tenant="t1")
     near = place(req, [node], POLICY).nearest_miss
     assert near.fits_at == "T+1h" and "when lease 9 ends at T+1h" in near.message
+
+
+def test_the_nearest_miss_counts_gpus_first_then_every_other_dimension():
+    """ "64 GPUs would fit on gpu-t4-01 with 5 GiB less memory" named a 2-GPU node: the node's
+    first refusal was memory, and the miss told only that."""
+    small_t4 = gpu_node("gpu-t4-01", gpus=2, model="T4", memory_mib=16384)
+    big = gpu_node("gpu-a100", gpus=8, memory_mib=81920)
+    req = Request(cpu_millicores=1000, gpu_count=64, gpu_memory_mib=20480)
+    result = place(req, [small_t4, big], POLICY)
+    assert isinstance(result, Explanation)
+    miss = result.nearest_miss
+    assert miss.node == "gpu-a100" and miss.lacking == {"gpus": 56}
+    both = place(req, [small_t4], POLICY).nearest_miss
+    assert list(both.lacking) == ["gpus", "gpu_memory_mib"]  # the count first
+    assert both.lacking == {"gpus": 62, "gpu_memory_mib": 4096}
+    assert both.message.startswith("would fit on gpu-t4-01 with 62 fewer GPUs and 4 GiB less")
