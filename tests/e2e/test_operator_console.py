@@ -115,7 +115,12 @@ def test_an_operator_drains_a_node_and_the_list_shows_it_live(stack, console, pa
 
     # a silent drop: the cancel's event never reaches the page …
     server_down["now"] = True
-    routes[-1].close()
+    before = len(routes)
+    # the page reconnects (silently, now) and refetches the table: both done before the cancel,
+    # or the refetch could already show it
+    with page.expect_response(lambda response: "/console/nodes" in response.url):
+        routes[-1].close()
+    assert len(routes) > before
     wait_live(page)
     operator = Actor.for_user(event.actor_user)
     elsewhere(node_services.node_drain_cancel, node=node, actor=operator, message="postponed")
