@@ -138,7 +138,8 @@ def test_a_halted_agent_leaves_the_container_and_a_new_one_adopts_it(
     agent_parts, control_plane, test_image, docker_client
 ):
     _, client, runtime = agent_parts
-    runner = run(agent_parts, test_image, ["sh", "-c", "sleep 2; exit 4"], wait=False)
+    # long enough that the job still runs when the halted agent is looked at, under load too
+    runner = run(agent_parts, test_image, ["sh", "-c", "sleep 6; exit 4"], wait=False)
     while runner.phase != "running":
         time.sleep(0.1)
     runner.halt()
