@@ -63,14 +63,12 @@ def expire_leases(*, now) -> int:
 def _uncommitted_past_window(now) -> Q:
     """Leases of the lease API (no job, no window) still reserved past their pool's commit
     window; a job's lease is committed by its agent (bounded by `startup_timeout_s`)."""
-    pools = Lease.objects.filter(
-        state=S.RESERVED, job__isnull=True, window_start__isnull=True
-    ).values_list("pool_id", flat=True)
+    uncommitted = Q(state=S.RESERVED, job__isnull=True, window_start__isnull=True)
     late = Q(pk__in=[])
-    for pool_id in set(pools):
+    for pool_id in set(Lease.objects.filter(uncommitted).values_list("pool_id", flat=True)):
         window = timedelta(seconds=knobs_for(pool_id).lease_commit_window_s)
         late |= Q(pool_id=pool_id, created_at__lte=now - window)
-    return late & Q(state=S.RESERVED, job__isnull=True, window_start__isnull=True)
+    return late & uncommitted
 
 
 def expire_uncertain(*, now, deadline) -> int:
