@@ -128,6 +128,10 @@ def test_the_price_scorer_reads_the_nodes_own_price_and_energy_class(api, member
         (GPU | {"gpu_driver_version_min": "latest"}, "gpu_driver_version_min"),
         (GPU | {"gpu_interconnect_required": True}, "gpu_interconnect_required"),  # one GPU
         ({"regions_preferred": "r1"}, "regions_preferred"),
+        ({"zones_preferred": [["a"]]}, "zones_preferred"),  # a list of lists
+        ({"trust_level_min": 2**63}, "trust_level_min"),
+        (GPU | {"gpu_cuda_version_min": "12..4"}, "gpu_cuda_version_min"),
+        ({"warm_image_required": "yes please"}, "warm_image_required"),
     ],
 )
 def test_a_field_that_cannot_take_effect_is_a_field_error(api, member, pool, resources, field):
@@ -149,3 +153,17 @@ def test_every_field_the_docs_table_names_is_a_field_the_api_takes():
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     documented = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
     assert documented == set(REQUEST_FIELDS)
+
+
+def test_preferred_labels_that_are_not_a_label_map_are_a_field_error(api, member, pool):
+    body = {"tenant": "vision", "pool": "test", "name": "bad", "image": TEST_IMAGE_TAG}
+    body["resources"] = {"cpu_millicores_min": 500, "memory_mib_min": 256}
+    for bad in ([["disk", "ssd"]], {"disk": ["ssd"]}, {"disk space": "ssd"}):
+        response = api(member).post(
+            "/api/v1/jobs/", body | {"affinity_preferred": bad}, format="json"
+        )
+        assert response.status_code == 400, (bad, response.content)
+        assert "affinity_preferred" in response.json()
+    nul = {"affinity_preferred": {"di\x00sk": "a"}}
+    refused = api(member).post("/api/v1/jobs/", body | nul, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (400, "parse_error")  # before parsing
