@@ -13,6 +13,13 @@ class JobState(models.TextChoices):
     LOST = "lost", "Lost"
 
 
+class AntiAffinityScope(models.TextChoices):
+    """Where a job's anti-affinity looks for work with the labels it avoids."""
+
+    HOST = "host", "Host"
+    ZONE = "zone", "Zone"
+
+
 S = JobState
 PENDING = frozenset({S.QUEUED})
 ACTIVE = frozenset({S.LEASED, S.STARTING, S.RUNNING, S.CHECKPOINTING})

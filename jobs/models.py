@@ -7,7 +7,7 @@ from django.utils import timezone
 from pools.statemachine import EventBase
 from pools.visibility import Visibility, VisibleQuerySet
 
-from .choices import TERMINAL, JobState
+from .choices import TERMINAL, AntiAffinityScope, JobState
 
 
 def default_network_policy():
@@ -65,10 +65,24 @@ class Job(models.Model):
     affinity = models.JSONField(default=dict, blank=True)
     affinity_preferred = models.JSONField(default=dict, blank=True)
     anti_affinity = models.JSONField(default=dict, blank=True)
+    # where anti-affinity looks for work with those labels: the node ("host") or every node of
+    # the node's zone ("zone"), for replicas of one service spread across hosts or zones
+    anti_affinity_scope = models.CharField(
+        max_length=4, choices=AntiAffinityScope.choices, default=AntiAffinityScope.HOST
+    )
     require_numa = models.BooleanField(default=False)
     # {"name", "size", "topology"} (docs/scheduler.md "Gangs of jobs"): the tenant's queued jobs
     # of the pool that share the name are placed together, all or none; {} = not in a gang
     gang = models.JSONField(default=dict, blank=True)
+    # A reservation of the job's tenant in its pool (a lease made with a window): the job is
+    # placed into it when the window opens and runs on that lease (docs/leases.md).
+    reservation = models.ForeignKey(
+        "leases.Lease",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="reserved_jobs",
+    )
     # where a running job with ports answers: {"host": …, "ports": {"8080": 32768}}
     route = models.JSONField(default=dict, blank=True)
     # retry backoff: the scheduling pass leaves a queued job alone until then
