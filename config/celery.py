@@ -30,6 +30,8 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
     },
     "scheduling-drain-sweep": {"task": "scheduling.drain_sweep", "schedule": 30.0},
+    # backfilled jobs reclaimed before their reservation's window opens (scheduling/backfill.py)
+    "scheduling-reclaim-backfills": {"task": "scheduling.reclaim_backfills", "schedule": 5.0},
     # checkpoints asked for (drain, preemption) the agent never reported (scheduling/drain.py)
     "scheduling-checkpoint-deadline": {
         "task": "scheduling.checkpoint_deadline_sweep",

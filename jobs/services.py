@@ -10,15 +10,17 @@ from django.utils import timezone
 
 from leases.choices import HOLDING, LeaseState
 from leases.explain import IdempotencyKeyReused
+from leases.models import Lease
 from leases.services import check_ever_fits, lease_release, lease_stop, ledger
 from leases.services.quota import storage_left_mib
+from leases.services.reservations import reservation_for_job
 from pools.actors import Actor
 from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
 from pools.statemachine import Refusal, TransitionRefused, check_allowed, create_many, transition
 
-from .choices import JOB_TRANSITIONS, JobState
+from .choices import JOB_TRANSITIONS, TERMINAL, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
 
@@ -94,6 +96,7 @@ def job_submit(
     anti_affinity: dict | None = None,
     require_numa: bool = False,
     gang: dict | None = None,
+    reservation: int | None = None,
     idempotency_key: str = "",
     idempotency_digest: str = "",
 ) -> Job:
@@ -141,6 +144,10 @@ def job_submit(
             # A person's submit is capped (the system's builders, demo and benchmarks are not).
             if actor.is_person:
                 check_queue_room(tenant, pool)
+            if reservation is not None:
+                reservation = _reservation(
+                    reservation, tenant, pool, resources, max_runtime_s, image_platforms, gang
+                )
             job = Job.objects.create(
                 tenant=tenant,
                 pool=pool,
@@ -167,6 +174,7 @@ def job_submit(
                 anti_affinity=anti_affinity or {},
                 require_numa=require_numa,
                 gang=gang or {},
+                reservation=reservation,
                 idempotency_key=idempotency_key,
                 idempotency_digest=idempotency_digest,
                 **({"network_policy": network_policy} if network_policy is not None else {}),
@@ -186,6 +194,31 @@ def job_submit(
             return earlier
         raise
     return job
+
+
+def _reservation(lease_id, tenant, pool, resources, max_runtime_s, platforms, gang):
+    """The reservation a job names (leases.services.reservation_for_job), locked so that two
+    submits naming it take turns; one live job per reservation. A ValidationError on
+    `reservation` (400) when the job may not run in it."""
+    if gang:
+        raise ValidationError({"reservation": "A gang's jobs cannot name a reservation."})
+    try:
+        lease = reservation_for_job(
+            lease_id=lease_id,
+            tenant=tenant,
+            pool=pool,
+            request=resources,
+            max_runtime_s=max_runtime_s,
+            image_platforms=platforms or (),
+            now=timezone.now(),
+        )
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        named = Job.objects.filter(reservation=lease).exclude(state__in=TERMINAL).first()
+        if named is not None:
+            raise ValidationError(f"Reservation {lease.pk} is already named by job {named.pk}.")
+    except ValidationError as error:
+        raise ValidationError({"reservation": error.messages}) from error
+    return lease
 
 
 def jobs_submit_many(*, pool: ComputePool, specs: list[dict], actor: Actor, now=None) -> list:

@@ -178,8 +178,9 @@ def _label_dict(labels) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items() if isinstance(v, str | int | float)}
 
 
-def reservation_view(parent) -> core.NodeView | None:
-    """What a reservation holds, minus its live backfills, as one node for the core.
+def reservation_view(parent, *, whole: bool = False) -> core.NodeView | None:
+    """What a reservation holds, minus its live backfills (`whole`: as if none ran, what a job
+    named into it will have once its window opens), as one node for the core.
 
     Backfill runs inside the reservation's hold, so it is placed against this view; MIG slices
     held by a reservation are not offered to backfill.
@@ -187,9 +188,13 @@ def reservation_view(parent) -> core.NodeView | None:
     row = Node.objects.filter(pk=parent.node_id).values(*NODE_FIELDS).first()
     if row is None:
         return None
-    children = list(
-        parent.backfills.filter(state__in=HOLDING).values(
-            "tenant_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+    children = (
+        []
+        if whole
+        else list(
+            parent.backfills.filter(state__in=HOLDING).values(
+                "tenant_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+            )
         )
     )
     used_milli: dict[int, int] = {}

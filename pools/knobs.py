@@ -262,6 +262,12 @@ class PoolKnobs:
         _whole("seconds", "s", 0, AGENT_TIMEOUT_MAX_S),
         "work younger than this is never preempted (s, 0 … 86400)",
     )
+    preemption_notice_s: int = knob(
+        10,
+        _whole("seconds", "s", 0, AGENT_TIMEOUT_MAX_S),
+        "a preemption decided waits this long before its victims are asked to checkpoint, and"
+        " is called off if meanwhile it is no longer needed (s, 0 … 86400; 0: at once)",
+    )
     # credits (leases/services/credits.py)
     credit_rates: Mapping[str, Mapping[str, float]] = knob(
         {},

@@ -63,6 +63,10 @@ class Reason(models.TextChoices):
     CANCELLED_BY_USER = "cancelled_by_user", "Cancelled by user"
     PREEMPTED = "preempted", "Preempted for priority"
     PREEMPTING = "preempting", "Preempting lower-priority work; waits for its checkpoints"
+    PREEMPTION_CALLED_OFF = (
+        "preemption_called_off",
+        "A preemption decided for the job was called off before its victims were signalled",
+    )
     NODE_LOST = "node_lost", "Node lost"
     LEASE_EXPIRED = "lease_expired", "Its lease expired"
     REQUEUED = "requeued", "Returned to the queue"
@@ -91,6 +95,10 @@ class Reason(models.TextChoices):
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
     NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
     NO_READY_NODE = "no_ready_node", "It fits only on nodes that are not ready: it blocks no one"
+    RESERVATION_WINDOW_NOT_OPEN = (
+        "reservation_window_not_open",
+        "It waits for the window of the reservation it names",
+    )
     GANG_INCOMPLETE = "gang_incomplete", "Fewer members of its gang are queued than its size"
     GANG_MISMATCH = "gang_mismatch", "The members of its gang ask for different things"
     QUOTA_EXCEEDED = "quota_exceeded", "Its tenant's quota in the pool has no room for it"

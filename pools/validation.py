@@ -49,6 +49,7 @@ RETRY_REASONS = (
     "image_pull_failed",
     "runtime_error",
     "runtime_unavailable",
+    "backfill_window_closed",  # a backfill that could not checkpoint, reclaimed at the window
 )
 OUTPUT_DESTINATION_MAX_CHARS = 300
 

@@ -26,7 +26,7 @@ from pools.models import ComputePool
 from pools.reasons import Reason
 from scheduling import fairshare
 from scheduling.health import record_pass
-from scheduling.pass_steps import apply, plan, single
+from scheduling.pass_steps import apply, plan, reserved, single
 from scheduling.pass_steps.outcomes import TENANT_WIDE, PassResult, note_tenants_at_quota
 from scheduling.pass_steps.stranded import requeue_jobs_without_lease
 from scheduling.pass_steps.window import queued_jobs
@@ -65,7 +65,9 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult) -> None
         fairshare.charge(pool_id, now)
     except Exception:
         logger.exception("scheduling pass: fair-share charge of pool %s failed", pool_id)
-    phases = {}
+    phases, considered = {}, len(job_ids)
+    if handled := reserved.place_into_reservations(pool_id, job_ids, now, result):
+        job_ids = [job_id for job_id in job_ids if job_id not in handled]
     if not backend.postgresql():
         single.one_by_one(job_ids, now, result)
     else:
@@ -82,7 +84,7 @@ def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult) -> None
         pool_id=pool_id,
         started_at=started,
         duration_s=time.perf_counter() - clock,
-        considered=len(job_ids),
+        considered=considered,
         placed=len(result.placed) - len(before.placed),
         conflicts=codes.count(Reason.PLAN_CONFLICT.value),
         errors=codes.count(Reason.SCHEDULING_ERROR.value),

@@ -10,7 +10,7 @@ from django.conf import settings
 from jobs.choices import JobState
 from jobs.models import Job
 from pools.tasktime import parse_now
-from scheduling import drain, forecast, health, passes
+from scheduling import backfill, drain, forecast, health, passes
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,11 @@ def requeue_stranded_jobs(now=None) -> list[int]:
 @shared_task(name="scheduling.checkpoint_deadline_sweep")
 def checkpoint_deadline_sweep(now=None) -> list[int]:
     return drain.checkpoint_deadline_sweep(now=parse_now(now))
+
+
+@shared_task(name="scheduling.reclaim_backfills")
+def reclaim_backfills(now=None) -> list[int]:
+    return backfill.reclaim_backfills(now=parse_now(now))
 
 
 @shared_task(name="scheduling.drain_sweep")

@@ -69,6 +69,7 @@ class JobSerializer(serializers.ModelSerializer):
             "anti_affinity",
             "require_numa",
             "gang",
+            "reservation",
             "priority_class",
             "checkpointable",
             "max_runtime_s",
@@ -164,6 +165,13 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     gang = serializers.JSONField(
         default=dict,
         help_text='Placed all or none with its gang\'s other jobs {"name", "size", "topology"}',
+    )
+    reservation = serializers.IntegerField(
+        min_value=1,
+        max_value=validation.BIGINT_MAX,
+        required=False,
+        help_text="A reservation of the tenant in the pool (a lease made with a window): the job "
+        "runs on it once its window opens",
     )
 
     def validate_labels(self, value):

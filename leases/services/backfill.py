@@ -1,8 +1,13 @@
-"""Backfill: short work declared to end before a reservation's window opens runs on the
-capacity the reservation holds. Such a lease holds nothing on the node ledger itself; it
-borrows from `backfill_of`, and ends when the reservation is claimed or ends."""
+"""Backfill: short work runs on the capacity a reservation holds until its window opens. Such a
+lease holds nothing on the node ledger itself; it borrows from `backfill_of`. Heartbeats renew a
+backfilled job's lease up to the window start; `reclaim_lead` before it the scheduling loop
+reclaims the job (checkpoint and re-queue, or stop: scheduling/backfill.py), so the reservation
+finds its capacity free when its window opens. Only work that can end in time is let in: a job
+that cannot checkpoint must declare a maximum runtime that ends before the reclaim."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 
@@ -12,17 +17,39 @@ from leases.models import Lease
 from leases.window import request_digest
 from placement import place
 from placement import types as core
+from pools.knobs import knobs_for
 
 from . import ledger
+
+# What the reclaim needs beyond the pool's stop grace before a window opens: the agent's next
+# look at its assignments, the checkpoint's upload and the report.
+RECLAIM_MARGIN = timedelta(seconds=20)
+
+
+def reclaim_lead(pool) -> timedelta:
+    """How long before a reservation's window its backfilled jobs are reclaimed."""
+    return timedelta(seconds=knobs_for(pool).stop_grace_s) + RECLAIM_MARGIN
+
+
+def backfill_deadline(pool, job, now, expires_at):
+    """The earliest window start a backfill may run before: a lease of the lease API ends by
+    its own expiry; a job is reclaimed `reclaim_lead` before the window, and one that cannot
+    checkpoint must end by then on its own (its `max_runtime_s`), never be cut short."""
+    if job is None:
+        return expires_at
+    if job.checkpointable:
+        return expires_at + reclaim_lead(pool)
+    return max(expires_at, now + timedelta(seconds=job.max_runtime_s) + reclaim_lead(pool))
 
 
 def try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempotency_key):
     """A backfill lease inside the first reservation of the pool it fits in, or None."""
+    deadline = backfill_deadline(pool, job, now, expires_at)
     candidates = list(
         Lease.objects.filter(
             pool=pool,
             state=LeaseState.RESERVED,
-            window_start__gte=expires_at,
+            window_start__gte=deadline,
             backfill_of__isnull=True,
         ).order_by("window_start", "id")[:20]
     )
@@ -39,7 +66,7 @@ def try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempo
         try:
             with transaction.atomic():
                 locked = Lease.objects.select_for_update().get(pk=parent.pk)
-                if locked.state != LeaseState.RESERVED or locked.window_start < expires_at:
+                if locked.state != LeaseState.RESERVED or locked.window_start < deadline:
                     continue
                 fresh = snap.reservation_view(locked)
                 if fresh is None or isinstance(place(req, [fresh], policy), core.Explanation):

@@ -78,7 +78,7 @@ def lease_commit(*, lease: Lease, fencing_token, actor: Actor, now=None) -> Leas
         token_check(obj)
         if obj.window_start is not None and now < obj.window_start:
             raise TransitionRefused(
-                "reservation_window_not_open",
+                Reason.RESERVATION_WINDOW_NOT_OPEN,
                 f"The reservation's window opens at {obj.window_start}.",
             )
 

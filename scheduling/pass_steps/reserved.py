@@ -1,0 +1,81 @@
+"""Jobs named into a reservation (`Job.reservation`, docs/leases.md "Jobs in a reservation"):
+the pass hands each its reservation once the window opens, and it runs on that lease; before,
+it waits with `reservation_window_not_open`. It never competes for the pool's other capacity
+while its reservation is live; once the reservation has ended (released unclaimed, say), the
+job is placed like any other and this step leaves it to the pass."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import job_note_pending, job_transition
+from leases.choices import LeaseState
+from leases.services.reservations import reservation_take
+from pools.reasons import Reason
+
+from .outcomes import SCHEDULER, PassResult, placement_note, scheduling_error
+
+
+def place_into_reservations(pool_id: int, job_ids: list[int], now, result: PassResult) -> set[int]:
+    """The window's jobs whose reservation is live: placed into it when its window is open, or
+    noted waiting for it. Returns their ids (the rest of the window goes on as usual)."""
+    live = set(
+        Job.objects.filter(
+            pool_id=pool_id, state=JobState.QUEUED, reservation__state=LeaseState.RESERVED
+        ).values_list("pk", flat=True)
+    ).intersection(job_ids)
+    handled = set()
+    for job_id in sorted(live):
+        try:
+            outcome = _place(job_id, now)
+        except Exception as error:  # one bad job never stops the pass
+            outcome = scheduling_error(job_id, error, now)
+        if outcome is None:
+            continue
+        handled.add(job_id)
+        if outcome is True:
+            result.placed.append(job_id)
+        else:
+            result.pending[job_id] = outcome
+    return handled
+
+
+def _place(job_id: int, now) -> bool | str | None:
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("reservation")
+            .filter(pk=job_id, state=JobState.QUEUED)
+            .first()
+        )
+        if job is None or job.reservation is None:
+            return None
+        reservation = job.reservation
+        if now < reservation.window_start:
+            explanation = {
+                "code": Reason.RESERVATION_WINDOW_NOT_OPEN.value,
+                "message": f"waits for its reservation {reservation.pk} on its node: the window "
+                f"opens at {reservation.window_start:%Y-%m-%d %H:%M:%S %Z}",
+                "reservation": reservation.pk,
+                "window_start": reservation.window_start.isoformat(),
+            }
+            job_note_pending(job=job, explanation=explanation, now=now)
+            return explanation["code"]
+        lease = reservation_take(lease=reservation, job=job, actor=SCHEDULER, now=now)
+        if lease is None:
+            return None  # ended or taken meanwhile: the pass places it like any job
+        node = lease.placement.get("node", "")
+        message, data = placement_note(node, lease.pk, lease.policy_version, "")
+        job_transition(
+            job=job,
+            to=JobState.LEASED,
+            actor=SCHEDULER,
+            reason=Reason.PLACED,
+            message=f"{message}: its reservation",
+            now=now,
+            changes={"attempts": job.attempts + 1, "pending_reason": {}},
+            data=data | {"reservation": lease.pk},
+        )
+    return True
