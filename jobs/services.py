@@ -23,6 +23,7 @@ from pools.statemachine import Refusal, TransitionRefused, check_allowed, create
 from .choices import JOB_TRANSITIONS, TERMINAL, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
+from .signals import job_cancelled
 
 
 class QueueFull(Refusal):
@@ -373,6 +374,7 @@ def job_cancel(*, job: Job, actor: Actor, message: str = "") -> Job:
             reason=Reason.CANCELLED_BY_USER,
             message=message or "cancelled",
         )
+        job_cancelled.send(sender=Job, job=job, actor=actor)
         # after the job's row lock: a pass that placed it meanwhile has committed its lease
         for lease in job.leases.filter(state__in=HOLDING).order_by("id"):
             if lease.state in (LeaseState.COMMITTED, LeaseState.UNCERTAIN):

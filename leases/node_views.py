@@ -39,6 +39,7 @@ def gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
             healthy=row["healthy"],
             driver_version=row["driver_version"],
             cuda_version=row["cuda_version"],
+            compute_capability=row.get("compute_capability") or "",
         )
     tenant = row["share_tenant_id"]
     return core.GpuView(
@@ -53,6 +54,7 @@ def gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
         healthy=row["healthy"],
         driver_version=row["driver_version"],
         cuda_version=row["cuda_version"],
+        compute_capability=row.get("compute_capability") or "",
         tenants=(str(tenant),) if tenant is not None and not empty else (),
     )
 
@@ -153,7 +155,10 @@ def _numa_views(row: dict, work, free_cpu: int, free_mem: int) -> tuple[core.Num
     return tuple(sorted(views, key=lambda v: v.id))
 
 
-def node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeView:
+def node_view(
+    row: dict, gpus: list[dict], *, empty: bool = False, zone_labels: frozenset = frozenset()
+) -> core.NodeView:
+    """`zone_labels`: the labels of the work on the nodes of its zone (`zone_work_labels`)."""
     labels = row["labels"] if isinstance(row["labels"], dict) else {}
     work = [] if empty else [w for w in row.get("work") or () if isinstance(w, dict)]
     cpu, mem, scratch = (
@@ -177,6 +182,7 @@ def node_view(row: dict, gpus: list[dict], *, empty: bool = False) -> core.NodeV
         energy_class=node_energy_class(row["energy_class"], labels),
         trust_level=row["trust_level"],
         workload_labels=frozenset().union(*(label_pairs(w.get("labels")) for w in work)),
+        zone_workload_labels=frozenset() if empty else zone_labels,
         numa=_numa_views(
             row,
             work,

@@ -122,8 +122,10 @@ def overcommitted_nodes(pool=None) -> int:
 
 
 def tenant_accounting(tenant, pool=None) -> dict:
-    """Capacity held (reserved/committed/uncertain) vs consumed (measured on running leases)."""
-    leases = Lease.objects.filter(tenant=tenant, backfill_of__isnull=True)
+    """Capacity held (reserved/committed/uncertain) vs consumed (measured on running leases).
+    A tenant's backfills count as its own (what a reservation lends is the borrower's use, and
+    never the reservation owner's: its reservation counts once, as it holds)."""
+    leases = Lease.objects.filter(tenant=tenant)
     if pool is not None:
         leases = leases.filter(pool=pool)
     holding = leases.filter(state__in=HOLDING)

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from leases.choices import HOLDING
 from leases.node_views import gpu_view, label_pairs, node_view
-from leases.snapshot_rows import GPU_FIELDS, NODE_FIELDS, read
+from leases.snapshot_rows import GPU_FIELDS, NODE_FIELDS, read, zone_work_labels
 from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from placement import types as core
@@ -64,6 +64,12 @@ def needs_work(req: core.Request, policy: core.Policy) -> bool:
     )
 
 
+def needs_zone_work(req: core.Request) -> bool:
+    """Whether placing `req` reads the work of whole zones: anti-affinity scoped to zones,
+    which counts the work on every node of a node's zone (schedulable or not)."""
+    return req.zone_scoped
+
+
 def registered_empty(pool_id: int) -> Snapshot:
     """Every node of the pool that is not retired, viewed ready and empty: what "never fits"
     is measured against (reserve's 422), and whether a waiting job fits some node at all."""
@@ -79,6 +85,7 @@ def pool_snapshot(
     leases: bool = True,
     reachable_only: bool = True,
     work: bool = True,
+    zone_work: bool | None = None,
 ) -> Snapshot:
     """Nodes of the pool in `states` as core views: one query (PostgreSQL), no locks.
 
@@ -87,7 +94,9 @@ def pool_snapshot(
     `empty=True` views every node as ready, reachable and empty (allocatable only): what the
     pool could ever offer, used to tell "never fits" (422) from "not now" (409); a node may come
     back. `leases=False`: without the nodes' lease ends (see `snapshot_rows.read`; the
-    reserve hot path).
+    reserve hot path). `zone_work` (default: as `work`): each node's `zone_workload_labels`,
+    the labels of the work on every node of its zone in the pool, those the snapshot leaves
+    out (draining, unreachable) included: what zone-scoped anti-affinity reads.
     """
     rows, gpus_by_node = read(
         pool_id,
@@ -96,10 +105,14 @@ def pool_snapshot(
         reachable_only=reachable_only and not empty,
         work=work and not empty,
     )
+    zones = {}
+    if (work if zone_work is None else zone_work) and not empty:
+        zones = zone_work_labels(pool_id)
     nodes, node_ids, gpu_ids = [], {}, {}
     for row in rows:
         gpus = gpus_by_node.get(row["id"], [])
-        nodes.append(node_view(row, gpus, empty=empty))
+        zone_labels = zones.get(row["zone"], frozenset()) if row["zone"] else frozenset()
+        nodes.append(node_view(row, gpus, empty=empty, zone_labels=zone_labels))
         node_ids[row["name"]] = row["id"]
         for g in gpus:
             gpu_ids[(row["id"], g["index"])] = g["id"]
@@ -146,6 +159,7 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         else None,
         min_driver_version=request.get("gpu_driver_version_min") or "",
         min_cuda_version=request.get("gpu_cuda_version_min") or "",
+        min_compute_capability=request.get("gpu_compute_capability_min") or "",
         require_interconnect=request.get("gpu_interconnect_required") is True,
         gpu_models=tuple(request.get("gpu_models") or ()),
         sharing=sharing,
@@ -167,6 +181,7 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         affinity=_label_dict(request.get("affinity")),
         preferred_affinity=_label_dict(request.get("affinity_preferred")),
         anti_affinity=tuple(sorted(label_pairs(request.get("anti_affinity")))),
+        anti_affinity_scope=request.get("anti_affinity_scope") or core.HOST_SCOPE,
         labels=tuple(sorted(label_pairs(request.get("labels")))),
         require_numa=request.get("require_numa") is True,
     )

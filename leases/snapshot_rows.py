@@ -13,6 +13,7 @@ from django.db import connection
 from leases import backend
 from leases.choices import HOLDING
 from leases.models import Lease
+from leases.node_views import label_pairs
 from nodes.choices import Reachability
 from nodes.models import GpuDevice, Node
 
@@ -55,6 +56,7 @@ GPU_FIELDS = (
     "healthy",
     "driver_version",
     "cuda_version",
+    "compute_capability",
     "milli_reserved",
     "mig_slots_used",
     "share_tenant_id",
@@ -131,6 +133,19 @@ _SELECT = (
     f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND n.state = ANY(%(states)s) "
     "{reachable}ORDER BY n.name"
 )
+
+
+def zone_work_labels(pool_id: int) -> dict[str, frozenset[str]]:
+    """zone → the "key=value" labels of the holding leases' requests on every node of the pool
+    in that zone, whatever its state or reachability (work on a draining node still runs
+    there): what zone-scoped anti-affinity avoids. One query over the labelled leases."""
+    zones: dict[str, set[str]] = {}
+    labelled = Lease.objects.filter(
+        node__pool_id=pool_id, state__in=HOLDING, request__has_key="labels"
+    ).exclude(node__zone="").order_by()
+    for zone, labels in labelled.values_list("node__zone", "request__labels"):
+        zones.setdefault(zone, set()).update(label_pairs(labels))
+    return {zone: frozenset(labels) for zone, labels in zones.items()}
 
 
 def _read_orm(

@@ -77,6 +77,8 @@ def string_list(value) -> None:
 
 
 VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
+# A CUDA compute capability, "major.minor" ("8.0", "10.0"), as the agents report it
+COMPUTE_CAPABILITY = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
 
 
 def shape_errors(shape) -> dict[str, list[str]]:
@@ -95,6 +97,9 @@ def shape_errors(shape) -> dict[str, list[str]]:
         value = getattr(shape, field)
         if value and not VERSION.fullmatch(value):
             errors[field] = ['A version of dot-separated numbers, e.g. "535.104".']
+    capability = shape.gpu_compute_capability_min
+    if capability and not COMPUTE_CAPABILITY.fullmatch(capability):
+        errors["gpu_compute_capability_min"] = ['A compute capability "major.minor", e.g. "8.0".']
     return errors
 
 

@@ -38,16 +38,15 @@ def reclaim_backfills(*, now=None) -> list[int]:
     `reclaim_lead`; returns the jobs reclaimed. One failing job is recorded on its row and the
     others go on (pools.sweeps.sweep)."""
     now = now or timezone.now()
-    backfilled = Job.objects.filter(
-        state__in=_ON_NODE,
-        leases__state__in=HOLDING - {LeaseState.STOPPING},
-        leases__backfill_of__isnull=False,
+    backfills = Lease.objects.filter(
+        state__in=HOLDING - {LeaseState.STOPPING},
+        backfill_of__isnull=False,
+        job__state__in=_ON_NODE,
     )
     reclaimed = []
-    for pool in ComputePool.objects.filter(pk__in=backfilled.values("pool_id")).order_by("pk"):
-        due = backfilled.filter(
-            pool=pool, leases__backfill_of__window_start__lte=now + reclaim_lead(pool)
-        ).distinct()
+    for pool in ComputePool.objects.filter(pk__in=backfills.values("pool_id")).order_by("pk"):
+        soon = backfills.filter(pool=pool, backfill_of__window_start__lte=now + reclaim_lead(pool))
+        due = Job.objects.filter(state__in=_ON_NODE, pk__in=soon.values("job_id"))
         done = sweep(
             due, lambda job: _reclaim(job, now), event_model=JobEvent, actor=RECLAIM, now=now
         )

@@ -78,3 +78,40 @@ class CapacitySample(models.Model):
 
     def __str__(self):
         return f"capacity of pool {self.pool_id} at {self.at:%H:%M:%S}"
+
+
+class PreemptionNotice(models.Model):
+    """A preemption decided and not yet carried out (scheduling/preemption.py): the preemptor
+    (one notice at most) waits the pool's `preemption_notice_s` from `decided_at`; a later pass
+    then asks the victims to checkpoint, or calls it off. Deleted once confirmed or called off
+    (the preemptor's events keep the story)."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
+
+    preemptor = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
+    node = models.CharField(max_length=100)  # the node's name, where the victims run
+    decided_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["pool", "decided_at"])]
+
+    def __str__(self):
+        return f"preemption for job {self.preemptor_id} on {self.node}"
+
+
+class NoticedVictim(models.Model):
+    """One victim of a pending `PreemptionNotice`, on the lease it held when chosen. A job is
+    the victim of one pending notice at most (the database holds it), so two preemptors, even
+    decided by two workers at once, never count on the same work."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
+
+    notice = models.ForeignKey(PreemptionNotice, on_delete=models.CASCADE, related_name="victims")
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="+")
+    lease = models.ForeignKey("leases.Lease", on_delete=models.CASCADE, related_name="+")
+
+    def __str__(self):
+        return f"victim {self.job_id} of {self.notice}"

@@ -30,7 +30,7 @@ from scheduling.pass_steps import apply, plan, reserved, single
 from scheduling.pass_steps.outcomes import TENANT_WIDE, PassResult, note_tenants_at_quota
 from scheduling.pass_steps.stranded import requeue_jobs_without_lease
 from scheduling.pass_steps.window import queued_jobs
-from scheduling.preemption import preempt_for
+from scheduling.preemption import noticed_pools, preempt_for
 
 __all__ = [
     "PassResult",
@@ -53,6 +53,8 @@ def scheduling_pass(*, now=None, pool_id=None, limit: int | None = None) -> Pass
         window[job_pool_id].append(job_id)
     for job_pool_id, job_ids in window.items():
         pool_pass(job_pool_id, job_ids, now, result)
+    for job_pool_id in noticed_pools(pool_id) - window.keys():  # no queued job in its window
+        _preempt_for_waiting(job_pool_id, {}, result, now)  # its notices settled all the same
     return result
 
 
@@ -119,14 +121,14 @@ def _code(p: plan.Planned) -> str:
 
 def _preempt_for_waiting(pool_id: int, pending: dict, result: PassResult, now) -> None:
     """Priority work that waits for capacity may preempt (scheduling/preemption.py); gang
-    members never do, one by one. A failure is logged and the pass goes on."""
+    members never do, one by one. The pool's pending preemption notices are settled first,
+    whether or not a job waits. A failure is logged and the pass goes on."""
     waiting = [
         j
         for j, code in pending.items()
         if code == Reason.NO_CAPACITY.value and j not in result.gangs
     ]
     try:
-        if waiting:
-            preempt_for(pool_id, waiting, now)
+        preempt_for(pool_id, waiting, now)
     except Exception:
         logger.exception("scheduling pass: preemption in pool %s failed", pool_id)

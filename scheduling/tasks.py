@@ -59,9 +59,9 @@ def forecast_refresh(now=None) -> dict[int, int]:
     failure is logged and the others go on)."""
     now = parse_now(now)
     refreshed = {}
-    for pool_id in (
-        Job.objects.filter(state=JobState.QUEUED).values_list("pool_id", flat=True).distinct()
-    ):
+    # order_by(): without it the model's ordering joins the DISTINCT, one pool per queued job
+    pools = Job.objects.filter(state=JobState.QUEUED).order_by().values_list("pool_id", flat=True)
+    for pool_id in pools.distinct():
         try:
             refreshed[pool_id] = forecast.refresh(pool_id, now)
         except Exception:

@@ -102,7 +102,12 @@ def lease_reserve(
             conflicts = first_attempt = 1
     shared = ledger.Shared(pool=pool, actor=actor, now=now, expires_at=expires_at)
     for attempt in range(first_attempt, MAX_ATTEMPTS):
-        view = snap.pool_snapshot(pool.pk, leases=False, work=snap.needs_work(req, policy))
+        view = snap.pool_snapshot(
+            pool.pk,
+            leases=False,
+            work=snap.needs_work(req, policy),
+            zone_work=snap.needs_zone_work(req),
+        )
         chosen_policy = policy
         if attempt >= 2:  # spread: pick at random among the nodes that fit
             chosen_policy = replace(policy, weights={"random": 1.0})

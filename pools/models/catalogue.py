@@ -42,6 +42,7 @@ REQUEST_FIELDS = (
     "zones_preferred",
     "warm_image_required",
     "trust_level_min",
+    "gpu_compute_capability_min",
 )
 
 
@@ -103,6 +104,11 @@ class ResourceShape(models.Model):
     trust_level_min = models.PositiveSmallIntegerField(
         default=0, help_text="Only nodes of at least this trust level"
     )
+    gpu_compute_capability_min = models.CharField(
+        max_length=7,
+        blank=True,
+        help_text='GPUs of at least this CUDA compute capability, "major.minor", e.g. "8.0"',
+    )
 
     class Meta:
         constraints = [
@@ -159,6 +165,7 @@ class ResourceShape(models.Model):
             "gpu_driver_version_min",
             "gpu_cuda_version_min",
             "gpu_interconnect_required",
+            "gpu_compute_capability_min",
         )
         if not self.gpu_count:
             for name in gpu_only:

@@ -88,7 +88,8 @@ def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
         policy = policy.with_workload(Workload.from_requests(core_requests.values()))
     # with the nodes' lease ends: a job that does not fit is told when capacity frees up
     work = any(snap.needs_work(r, policy) for r in core_requests.values())
-    view = snap.pool_snapshot(pool.pk, work=work)
+    zone_work = any(snap.needs_zone_work(r) for r in core_requests.values())
+    view = snap.pool_snapshot(pool.pk, work=work, zone_work=zone_work)
     jobs, admission = order_window(pool.pk, jobs, view, now)
     return Reading(pool, jobs, core_requests, policy, view, admission)
 

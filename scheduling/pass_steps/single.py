@@ -210,10 +210,12 @@ def holds_reservations(pool_id: int) -> bool:
 
 def backfill(waiting: list[Planned], now, result: PassResult) -> None:
     """The single path for jobs that did not fit while reservations hold capacity; after a
-    request that could not backfill, its equals need no attempt (same request, same hold)."""
+    request that could not backfill, its equals need no attempt (same request, same hold: a
+    backfill's hold is its runtime unless it can checkpoint, leases/services/backfill.py)."""
     failed = set()
     for p in waiting:
-        key = (p.job.tenant_id, str(sorted(p.job.resources.items())))
+        hold = None if p.job.checkpointable else p.job.max_runtime_s
+        key = (p.job.tenant_id, p.job.key, hold)
         if key in failed:
             continue
         outcome = _attempt(p.job.pk, now)

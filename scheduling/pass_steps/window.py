@@ -63,6 +63,7 @@ class JobRow:
     image_platforms: list
     attempts: int
     max_runtime_s: int | None
+    checkpointable: bool
     state_changed_at: datetime
     priority: int | None
     max_wait_s: int | None
@@ -78,7 +79,8 @@ def read_rows(job_ids: list[int]) -> list[JobRow]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT j.id, j.name, j.tenant_id, j.resources::text, j.image, "
-            "j.image_platforms::text, j.attempts, j.max_runtime_s, j.state_changed_at, "
+            "j.image_platforms::text, j.attempts, j.max_runtime_s, j.checkpointable, "
+            "j.state_changed_at, "
             f"p.value, p.max_wait_s, j.gang::text FROM {Job._meta.db_table} j "
             f"LEFT JOIN {PriorityClass._meta.db_table} p ON p.id = j.priority_class_id "
             "WHERE j.id = ANY(CAST(%s AS bigint[])) AND j.state = %s",

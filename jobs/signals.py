@@ -1,0 +1,12 @@
+"""What a job's lifecycle tells the layers above (scheduling), without jobs importing them.
+Sent synchronously inside the sender's transaction, after the job's row lock, so a receiver's
+writes commit or roll back with the job's own; a receiver that raises stops the sender.
+
+The scheduling app connects its receivers in its AppConfig.ready() (scheduling/receivers.py).
+"""
+
+from django.dispatch import Signal
+
+# A job was cancelled (jobs.services.job_cancel): job (its row locked, now cancelled), actor.
+# A preemption decided for it is called off at once (scheduling/preemption.py).
+job_cancelled = Signal()
