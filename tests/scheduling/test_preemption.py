@@ -1,6 +1,7 @@
 """Preemption on the product path (scheduling/preemption.py): a queued job of a class that may
 preempt, in a full pool, has lower-priority checkpointable work checkpoint through the agent's
-flow, then takes its place; what may not be preempted never is."""
+flow, then takes its place; what may not be preempted never is. These pools give no notice
+(`preemption_notice_s` 0): the notice and its call-off are test_preemption_notice.py's."""
 
 from dataclasses import replace
 from datetime import timedelta
@@ -8,7 +9,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from config.builders import SYSTEM, build_priority_class, gpu_request, pinned_test_image
+from config.builders import (
+    SYSTEM,
+    build_priority_class,
+    gpu_request,
+    pinned_test_image,
+    set_pool_knobs,
+)
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_cancel, job_submit
@@ -21,6 +28,13 @@ from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from tests.clients import bearer_client
 from tests.jobs.test_agent_api import place, report, run
 from tests.scheduling.test_lost import silence
+
+
+@pytest.fixture(autouse=True)
+def at_once(request):
+    """A preemption decided is carried out in the same transaction, as before the notice."""
+    if "agent" in request.fixturenames:
+        set_pool_knobs(request.getfixturevalue("agent").node.pool, preemption_notice_s=0)
 
 
 @pytest.fixture
@@ -99,6 +113,8 @@ def test_a_priority_job_preempts_checkpointable_work_then_takes_its_place(
         "victims": 1,
         "classes": ["batch"],
         "victim_jobs": [low.pk],
+        "notice_s": 0,
+        "confirmed": True,
     }
     assert high.pending_reason["code"] == "preempting"
 
@@ -220,7 +236,8 @@ def test_a_victim_that_ended_meanwhile_calls_the_preemption_off(
     assert [v.job for v in choice.victims] == [low.pk]
     job_cancel(job=low, actor=SYSTEM)  # it ends between the choice and the write
 
-    assert preemption._preempt(high, choice, now) is False
+    assert preemption._decide(high, choice, now, notice_s=0) == ""
+    assert preemption._decide(high, choice, now, notice_s=10) == ""
 
     low.refresh_from_db()
     assert low.state == JobState.CANCELLED
