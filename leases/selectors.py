@@ -19,7 +19,8 @@ from .services import quota as quotas
 
 def leases_visible_to(actor):
     """People: their tenants' leases (operators: all). A node's agent: its own node's."""
-    return Lease.objects.visible_to(actor).select_related("pool", "tenant", "node")
+    leases = Lease.objects.visible_to(actor).select_related("pool", "tenant", "node")
+    return leases.prefetch_related("reserved_jobs")  # a reservation's jobs, in one query
 
 
 # --- the ledger invariant --------------------------------------------------------------------

@@ -58,6 +58,9 @@ def _resource_flags(parser) -> None:
     group.add_argument("--gpu-driver-min", metavar="VERSION", help="e.g. 535.104")
     group.add_argument("--cuda-min", metavar="VERSION", help="e.g. 12.2")
     group.add_argument(
+        "--compute-capability-min", metavar="MAJOR.MINOR", help="GPU compute capability, e.g. 8.0"
+    )
+    group.add_argument(
         "--gpu-interconnect", action="store_true", help="GPUs in one NVLink/NVSwitch group"
     )
     group.add_argument("--region", action="append", metavar="REGION", help="allowed; repeatable")
@@ -109,9 +112,27 @@ def build_parser() -> Parser:
         metavar="KEY=VALUE",
         help="node label preferred; repeatable",
     )
+    cmd.add_argument(
+        "--anti-affinity",
+        action="append",
+        metavar="KEY=VALUE",
+        help="avoid nodes running work with this label; repeatable",
+    )
+    cmd.add_argument(
+        "--anti-affinity-scope",
+        choices=("host", "zone"),
+        help="where --anti-affinity looks: the node (host, the default) or its whole zone",
+    )
     cmd.add_argument("--priority-class", metavar="NAME")
     cmd.add_argument("--max-runtime", type=int, metavar="SECONDS")
     cmd.add_argument("--checkpointable", action="store_true")
+    cmd.add_argument(
+        "--reservation",
+        type=int,
+        metavar="LEASE",
+        help="a reservation of the tenant (a lease made with --start/--end): the job runs on it "
+        "once its window opens",
+    )
     cmd.add_argument("-q", "--quiet", action="store_true", help="print only the job's id")
     cmd.add_argument("command", nargs="*", help="the command, after --: -- sh -c 'echo hi'")
     _resource_flags(cmd)
@@ -187,6 +208,11 @@ def _lease_commands(sub, common) -> None:
     cmd.add_argument("--shape")
     cmd.add_argument("--duration", type=int, metavar="SECONDS", help="default: the server's TTL")
     cmd.add_argument("--idempotency-key", metavar="KEY", help="a retry returns the same lease")
+    cmd.add_argument("--start", metavar="ISO-8601", help="a reservation's window opens then")
+    cmd.add_argument("--end", metavar="ISO-8601", help="… and ends then (with --start)")
+    cmd.add_argument(
+        "--tolerance", type=int, metavar="SECONDS", help="claim it within this of --start"
+    )
     _resource_flags(cmd)
 
     for name, handler, help_text in (

@@ -49,7 +49,8 @@ LEASE_COLUMNS = [
 ]
 LEASE_DETAILS = [
     "id", "pool", "tenant", "node", "state", "fencing_token", "expires_at", "committed_at",
-    "ended_at", "job", "held", "gpu_allocations", "request", "created_at",
+    "ended_at", "job", "window_start", "window_end", "tolerance_s", "backfill_of", "jobs", "held",
+    "gpu_allocations", "request", "created_at",
 ]  # fmt: skip
 SHAPE_COLUMNS = [
     ("POOL", "pool"),
@@ -381,6 +382,10 @@ def lease_reserve(client: Client, args) -> int:
         body["resources"] = resources
     if args.duration is not None:
         body["duration_s"] = args.duration
+    if args.start or args.end:  # a reservation: the server checks the window
+        body["window"] = {"start": args.start, "end": args.end}
+        if args.tolerance is not None:
+            body["window"]["tolerance_s"] = args.tolerance
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     lease = client.post("compute-leases", body, headers=headers)
     return show(args, lease, keys=LEASE_DETAILS)

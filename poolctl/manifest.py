@@ -56,6 +56,7 @@ RESOURCE_FLAGS = {  # flag attribute → inline resource field
     "gpu_memory_preferred": "gpu_memory_mib_preferred",
     "gpu_driver_min": "gpu_driver_version_min",
     "cuda_min": "gpu_cuda_version_min",
+    "compute_capability_min": "gpu_compute_capability_min",
     "trust_level_min": "trust_level_min",
 }
 LIST_FLAGS = {  # repeatable flag attribute → inline resource list field
@@ -99,6 +100,8 @@ def merge(body: dict, args) -> dict:
         ("image", "image"),
         ("priority_class", "priority_class"),
         ("max_runtime", "max_runtime_s"),
+        ("reservation", "reservation"),
+        ("anti_affinity_scope", "anti_affinity_scope"),
     ):
         if getattr(args, attr, None) is not None:
             body[field] = getattr(args, attr)
@@ -109,8 +112,9 @@ def merge(body: dict, args) -> dict:
         ("label", "labels", "--label"),
         ("affinity", "affinity", "--affinity"),
         ("affinity_preferred", "affinity_preferred", "--affinity-preferred"),
+        ("anti_affinity", "anti_affinity", "--anti-affinity"),
     ):
-        extra = pairs(getattr(args, attr), flag)
+        extra = pairs(getattr(args, attr, None), flag)
         if extra:
             body[field] = {**(body.get(field) or {}), **extra}
     if args.checkpointable:

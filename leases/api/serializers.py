@@ -52,6 +52,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     fencing_token = serializers.CharField(read_only=True, help_text="Send back on commit/renew")
     held = serializers.SerializerMethodField()
     consumed = serializers.SerializerMethodField()
+    jobs = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -79,6 +80,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "window_end",
             "tolerance_s",
             "backfill_of",
+            "jobs",
             "held",
             "consumed",
             "idempotency_key",
@@ -95,6 +97,9 @@ class LeaseSerializer(serializers.ModelSerializer):
 
     def get_held(self, lease) -> dict:
         return _held(lease)
+
+    def get_jobs(self, lease) -> list[int]:
+        return reservation_jobs(lease)
 
     def get_consumed(self, lease) -> dict | None:
         return _consumed(lease)
@@ -128,6 +133,14 @@ def _consumed(lease: Lease) -> dict | None:
     }
 
 
+def reservation_jobs(lease: Lease) -> list[int]:
+    """The jobs that name this reservation (`reservation` on POST /jobs), oldest first; [] for a
+    lease without a window (no query on the reserve hot path)."""
+    if lease.window_start is None:
+        return []
+    return sorted(job.pk for job in lease.reserved_jobs.all())
+
+
 def lease_representation(lease: Lease) -> dict:
     """LeaseSerializer's output, built directly: the hot path skips DRF's per-instance field
     construction (a few milliseconds per request)."""
@@ -155,6 +168,7 @@ def lease_representation(lease: Lease) -> dict:
         "window_end": _iso(lease.window_end),
         "tolerance_s": lease.tolerance_s,
         "backfill_of": lease.backfill_of_id,
+        "jobs": reservation_jobs(lease),
         "held": _held(lease),
         "consumed": _consumed(lease),
         "idempotency_key": lease.idempotency_key,

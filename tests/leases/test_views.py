@@ -92,3 +92,26 @@ def test_other_tenants_leases_are_unseen_and_unreleasable(
     assert client.post(f"/console/leases/{theirs.pk}/release").status_code == 404
     theirs.refresh_from_db()
     assert theirs.state == "reserved"
+
+
+def test_a_reservation_row_names_the_jobs_that_run_in_it(client, setup):
+    from config.builders import TEST_IMAGE_TAG
+    from tests.clients import client_for
+
+    pool, tenant = setup
+    start = timezone.now() + timedelta(hours=1)
+    held = lease_reserve(
+        pool=pool,
+        tenant=tenant,
+        request=cpu_request(2000, 2048) | {"scratch_mib": 4096},
+        actor=Actor.system("test"),
+        duration=timedelta(minutes=5),
+        window=(start, start + timedelta(hours=1)),
+    )
+    alice = client_for(build_person("alice2", tenant=tenant))
+    body = {"tenant": "vision", "pool": "lab", "name": "in-it", "image": TEST_IMAGE_TAG}
+    body |= {"resources": {"cpu_millicores_min": 500, "memory_mib_min": 256}}
+    job = alice.post("/api/v1/jobs/", body | {"reservation": held.pk}, format="json").json()
+    page = client.get("/console/leases").content.decode()
+    row = page[page.index(f'data-lease="{held.pk}"') :].split("</tr>")[0]
+    assert f'href="/console/jobs/{job["id"]}"' in row and "(queued)" in row

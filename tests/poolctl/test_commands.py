@@ -321,3 +321,31 @@ def test_follow_finds_where_a_sliding_tail_overlaps_what_was_printed():
     assert unseen(["x\n", "x\n"], "x\nx\nx\n") == (["x\n"], True)  # the longest overlap
     assert unseen(printed, "y\nz\n") == (["y\n", "z\n"], False)  # more came than a tail holds
     assert unseen([], "first") == (["first"], True)
+
+
+def test_a_reservation_from_the_command_line_runs_the_job_that_names_it(poolctl, ready_node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    start = timezone.now() + timedelta(hours=1)
+    window = ["--start", start.isoformat(), "--end", (start + timedelta(hours=1)).isoformat()]
+    flags = ["--cpu", 2000, "--memory", 2048, "--scratch", 4096, "--tolerance", 120]
+    reserved = poolctl("leases", "reserve", "--pool", "test", *window, *flags, "--json")
+    assert reserved.code == 0, reserved.err
+    lease = reserved.json["id"]
+    assert reserved.json["window_start"] and reserved.json["tolerance_s"] == 120
+    submitted = poolctl(
+        "submit", "--pool", "test", "--name", "in-it", "--image", TEST_IMAGE_TAG,
+        "--cpu", 1000, "--memory", 512, "--reservation", lease, "--json",
+    )  # fmt: skip
+    assert submitted.code == 0, submitted.err
+    assert submitted.json["reservation"] == lease
+    shown = poolctl("leases", "show", lease)
+    assert shown.code == 0
+    assert ["jobs", str(submitted.json["id"])] in [line.split() for line in shown.out.splitlines()]
+    refused = poolctl(
+        "submit", "--pool", "test", "--name", "again", "--image", TEST_IMAGE_TAG,
+        "--cpu", 1000, "--memory", 512, "--reservation", lease,
+    )  # fmt: skip
+    assert refused.code == 2 and "reservation:" in refused.err and "already named" in refused.err
