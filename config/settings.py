@@ -110,8 +110,22 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # SQLite serialises writers; a busy timeout turns lock contention into waiting, not errors.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # SQLite serialises writers, and under `make run` the web process and the worker's two
+    # processes write at once (beat's tasks beside the pass).
+    # `timeout`: a writer waits up to 20 s for the lock instead of failing at once. IMMEDIATE:
+    # every transaction takes the write lock at BEGIN, so one that reads and then writes (a
+    # capacity sample, a sweep) waits in the busy timeout; a deferred one that has read is
+    # refused at once ("database is locked", the busy timeout cannot help it) when another
+    # connection writes or has written since its read. WAL: readers
+    # and the one writer do not block each other; synchronous=NORMAL is WAL's safe setting (a
+    # power cut may lose the last commits, never corrupt the file).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+        }
+    )
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env(
     "DATABASE_POOL_MAX_SIZE"

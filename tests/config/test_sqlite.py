@@ -17,18 +17,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What the subprocess runs. Its last line, JSON: [errors, queued jobs, their forecasts written,
-# runs of each task].
+# What the subprocess runs. Its last line, JSON: [errors, jobs placed, jobs queued, their
+# forecasts written, runs of each task].
 PERIODIC_TASKS_UNDER_LOAD = r"""
 import json, logging, threading, time, traceback
+from datetime import timedelta
 import django; django.setup()
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 call_command("migrate", verbosity=0)
 call_command("load_demo", verbosity=0)
 
-from config.builders import pinned_test_image
+from config.builders import cpu_request, pinned_test_image
 from config.celery import app
 
 app.loader.import_default_modules()  # the apps' tasks.py, as a worker loads them (and Celery's
@@ -36,7 +38,9 @@ app.loader.import_default_modules()  # the apps' tasks.py, as a worker loads the
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_submit
+from leases.services import lease_reserve
 from nodes import services as node_services
+from nodes.models import Node
 from pools.actors import Actor
 from pools.models import ComputePool, ResourceShape, Tenant
 from scheduling.models import CapacitySample
@@ -51,6 +55,10 @@ class Errors(logging.Handler):
 
 
 logging.getLogger().addHandler(Errors(logging.ERROR))
+with connection.cursor() as cursor:  # config/settings.py's options for SQLite
+    cursor.execute("PRAGMA journal_mode")
+    if cursor.fetchone()[0] != "wal" or connection.transaction_mode != "IMMEDIATE":
+        errors.append("SQLite is not in WAL mode with IMMEDIATE transactions")
 
 actor = Actor.system("t")
 pool, tenant = ComputePool.objects.get(slug="lab"), Tenant.objects.get(slug="vision")
@@ -68,13 +76,19 @@ def submit(count, tag):
 
 
 submit(60, "before")  # more than the demo's nodes hold: some stay queued
+# rows the sweeps must act on: a lease past its expiry, a drain whose deadline passes meanwhile
+past = timezone.now() - timedelta(minutes=10)
+lease = lease_reserve(pool=pool, tenant=tenant, request=cpu_request(), actor=actor,
+                      duration=timedelta(minutes=1), now=past)
+drained = pool.nodes.order_by("-pk").first()
+node_services.node_drain(node=drained, actor=actor, deadline=timezone.now() + timedelta(seconds=1))
 connection.close()
 
 schedule = {entry["task"] for entry in app.conf.beat_schedule.values()}
 schedule.discard("config.health_beat")  # Redis only, no database
 schedule.discard("scheduling.pass")  # its own thread below
 assert {"scheduling.forecast_refresh", "scheduling.sample_capacity"} <= schedule, schedule
-runs = {name: 0 for name in schedule}
+runs = {name: 0 for name in schedule | {"scheduling.pass"}}
 stop = threading.Event()
 
 
@@ -117,8 +131,14 @@ assert not any(thread.is_alive() for thread in threads), "a thread hangs"
 app.tasks["scheduling.forecast_refresh"]()
 errors += [f"capacity sample: {e}" for e in CapacitySample.objects.exclude(error="")
            .values_list("error", flat=True)]
+lease.refresh_from_db()
+if lease.state == "reserved":
+    errors.append(f"lease {lease.pk} past its expiry still reserved")
+if Node.objects.get(pk=drained.pk).drain_enforced_at is None:
+    errors.append(f"node {drained.name}'s drain deadline passed, not enforced")
 queued = Job.objects.filter(state=JobState.QUEUED)
-print(json.dumps([errors, queued.count(), queued.exclude(forecast={}).count(), runs]))
+placed = Job.objects.exclude(state=JobState.QUEUED).count()
+print(json.dumps([errors, placed, queued.count(), queued.exclude(forecast={}).count(), runs]))
 """
 
 
@@ -128,7 +148,8 @@ def test_every_periodic_task_runs_on_sqlite_beside_the_pass(tmp_path):
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "REGISTRY_INSECURE_HOSTS": "127.0.0.1:5000",  # what runstack sets
-        # a throwaway key ring, as config/settings_test.py's (the demo stores no secret)
+        # a throwaway key ring, as config/settings_test.py's; tasks run in the process (eager),
+        # never sent to a broker
         "ENCRYPTION_KEYS": "test-1=dGVzdC1rZXktb25lLXRlc3Qta2V5LW9uZS10ZXN0LWs=",
         "ENCRYPTION_KEYS_FILE": str(tmp_path / "no-keys"),
         "CELERY_TASK_ALWAYS_EAGER": "true",
@@ -142,7 +163,8 @@ def test_every_periodic_task_runs_on_sqlite_beside_the_pass(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    errors, queued, forecast, runs = json.loads(out.stdout.strip().splitlines()[-1])
+    errors, placed, queued, forecast, runs = json.loads(out.stdout.strip().splitlines()[-1])
     assert errors == [], "\n".join(errors)[-4000:]
+    assert placed > 0  # the passes wrote: jobs left the queue
     assert queued > 0 and forecast == queued  # every queued job got its forecast written
     assert all(runs.values()), runs  # every task ran at least once

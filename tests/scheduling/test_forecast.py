@@ -25,7 +25,7 @@ from leases import services
 from pools.actors import Actor
 from pools.choices import TenantRole
 from pools.reasons import Reason
-from scheduling import forecast
+from scheduling import forecast, tasks
 
 SYSTEM = Actor.system("test")
 NOW = timezone.now().replace(second=0, microsecond=0)
@@ -100,6 +100,36 @@ def test_the_forecast_is_written_in_one_statement(fpool):
     writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
     assert len(writes) == 2  # all forecasts at once, and emptying those no longer queued
     assert Job.objects.filter(tenant=tenant).exclude(forecast={}).count() == 25
+
+
+def test_the_portable_path_writes_what_the_recordset_writes(fpool, settings):
+    """SQLite's path (`make run`): the same forecasts, and only the changed ones written."""
+    tenant = build_tenant("fport")
+    for i in range(5):
+        submit_job(fpool, tenant, f"p{i}", cpu=500 + 100 * i, memory=512)
+    forecast.refresh(fpool.pk, NOW)
+    jobs = Job.objects.filter(tenant=tenant)
+    written = dict(jobs.values_list("id", "forecast"))
+    jobs.update(forecast={})
+    settings.LEASE_PORTABLE_PATHS = True  # leases/backend.py: what a SQLite deployment runs
+    forecast.refresh(fpool.pk, NOW)
+    assert dict(jobs.values_list("id", "forecast")) == written
+    with CaptureQueriesContext(connection) as queries:
+        forecast.refresh(fpool.pk, NOW)
+    writes = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(writes) == 1  # nothing changed: only the emptying of jobs no longer queued
+
+
+def test_the_task_refreshes_each_pool_once(fpool, monkeypatch):
+    tenant = build_tenant("fonce")
+    for i in range(3):
+        submit_job(fpool, tenant, f"o{i}", cpu=500, memory=512)
+    refreshed, refresh = [], forecast.refresh
+    monkeypatch.setattr(
+        forecast, "refresh", lambda pool_id, now: refreshed.append(pool_id) or refresh(pool_id, now)
+    )
+    assert tasks.forecast_refresh() == {fpool.pk: 3}
+    assert refreshed == [fpool.pk]  # once, not once per queued job
 
 
 def test_the_forecast_is_emptied_once_the_job_leaves_the_queue(fpool):
