@@ -147,7 +147,7 @@ class _View:
 def _core_request(job: Job):
     return replace(
         core_request(job.resources, job.tenant_id, job.image_platforms),
-        priority=job.priority_class.value,
+        priority=_priority(job),
     )
 
 
@@ -336,7 +336,7 @@ def _carry_out(job: Job, node: str, victims, rows: dict[int, Job], notice_s: int
     """Inside the caller's transaction, victims and preemptor locked: each victim running →
     checkpointing (`preempted`), and the preemptor's `preempting` event and pending reason."""
     own = str(job.tenant_id)
-    klass = job.priority_class.name
+    klass = _class_name(job)
     for v in victims:
         same = v.tenant == own
         lost = round(lost_seconds(v, now.timestamp()))

@@ -3,10 +3,12 @@ chooses victims only records the decision; a later pass carries it out once the 
 `preemption_notice_s` has passed, if the preemptor still needs it — else it is called off and
 the victims never hear of it. Submitting a preempting job and cancelling it stops nothing."""
 
+import threading
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from config.builders import (
@@ -258,3 +260,34 @@ def test_a_victim_noticed_by_one_worker_is_refused_to_another(pool, node_api, te
         (first.pk, low.pk)
     ]
     assert not second.events.filter(reason=Reason.PREEMPTING).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_settling_at_once_carry_a_notice_out_once(pool, node_api, tenant, batch, prod):
+    low, _ = running(node_api, gpu_job(pool, tenant, batch, 2, checkpointable=True))
+    high = gpu_job(pool, tenant, prod)
+    t0 = decided_at()
+    scheduling_pass(pool_id=pool.pk, now=t0)
+    barrier, outcomes, errors = threading.Barrier(2), [], []
+
+    def settle():
+        try:
+            barrier.wait()
+            outcomes.append(preemption.settle(pool.pk, now=after(t0, NOTICE_S)))
+        except Exception as exc:  # surfaced below
+            errors.append(repr(exc))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=settle) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert errors == []
+    assert sorted(outcomes, key=len) == [{}, {high.pk: "preempting"}]
+    low.refresh_from_db()
+    assert low.state == JobState.CHECKPOINTING
+    assert low.events.filter(reason=Reason.PREEMPTED).count() == 1
+    assert high.events.filter(reason=Reason.PREEMPTING, data__confirmed=True).count() == 1
