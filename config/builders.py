@@ -39,6 +39,7 @@ RECORDED_GPU = {
     "memory_mib": 81559,
     "driver_version": "550.54.15",
     "cuda_version": "12.4",
+    "compute_capability": "9.0",
     "mig_enabled": False,
     "interconnect_group": "nvl0",
 }

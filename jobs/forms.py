@@ -30,6 +30,7 @@ RESOURCE_FIELDS = (
     "zones",
     "zones_preferred",
     "trust_level_min",
+    "gpu_compute_capability_min",
 )
 LIST_FIELDS = ("gpu_models", "regions", "regions_preferred", "zones", "zones_preferred")
 CHECKBOX_FIELDS = ("gpu_interconnect_required", "warm_image_required")
@@ -85,9 +86,12 @@ def submit_body(post) -> tuple[dict, dict]:
         body["ports"] = [int(port) for port in ports]
     else:
         errors["ports"] = "Port numbers, separated by commas or spaces."
-    for field in ("affinity", "affinity_preferred"):  # node labels, KEY=value lines
+    # node labels, the job's own labels, workload labels to avoid: KEY=value lines
+    for field in ("affinity", "affinity_preferred", "labels", "anti_affinity"):
         if pairs := _pairs(post.get(field, ""), field, errors):
             body[field] = pairs
+    if post.get("anti_affinity_scope"):  # host | zone, checked by the serializer
+        body["anti_affinity_scope"] = post["anti_affinity_scope"]
     body["env"] = _pairs(post.get("env", ""), "env", errors)
     body["secrets"] = _pairs(post.get("secrets", ""), "secrets", errors)
     network = {"mode": post.get("network_mode") or "none"}

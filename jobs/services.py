@@ -20,7 +20,7 @@ from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenan
 from pools.reasons import Reason
 from pools.statemachine import Refusal, TransitionRefused, check_allowed, create_many, transition
 
-from .choices import JOB_TRANSITIONS, TERMINAL, JobState
+from .choices import JOB_TRANSITIONS, TERMINAL, AntiAffinityScope, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
 from .signals import job_cancelled
@@ -95,6 +95,7 @@ def job_submit(
     affinity: dict | None = None,
     affinity_preferred: dict | None = None,
     anti_affinity: dict | None = None,
+    anti_affinity_scope: str = AntiAffinityScope.HOST,
     require_numa: bool = False,
     gang: dict | None = None,
     reservation: int | None = None,
@@ -122,6 +123,8 @@ def job_submit(
             ("affinity", affinity),
             ("affinity_preferred", affinity_preferred),
             ("anti_affinity", anti_affinity),
+            # where it looks (host | zone), with the labels it avoids
+            ("anti_affinity_scope", str(anti_affinity_scope) if anti_affinity else ""),
             ("require_numa", require_numa),
         )
         if value
@@ -173,6 +176,7 @@ def job_submit(
                 affinity=affinity or {},
                 affinity_preferred=affinity_preferred or {},
                 anti_affinity=anti_affinity or {},
+                anti_affinity_scope=anti_affinity_scope,
                 require_numa=require_numa,
                 gang=gang or {},
                 reservation=reservation,

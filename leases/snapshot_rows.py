@@ -140,9 +140,11 @@ def zone_work_labels(pool_id: int) -> dict[str, frozenset[str]]:
     in that zone, whatever its state or reachability (work on a draining node still runs
     there): what zone-scoped anti-affinity avoids. One query over the labelled leases."""
     zones: dict[str, set[str]] = {}
-    labelled = Lease.objects.filter(
-        node__pool_id=pool_id, state__in=HOLDING, request__has_key="labels"
-    ).exclude(node__zone="").order_by()
+    labelled = (
+        Lease.objects.filter(node__pool_id=pool_id, state__in=HOLDING, request__has_key="labels")
+        .exclude(node__zone="")
+        .order_by()
+    )
     for zone, labels in labelled.values_list("node__zone", "request__labels"):
         zones.setdefault(zone, set()).update(label_pairs(labels))
     return {zone: frozenset(labels) for zone, labels in zones.items()}

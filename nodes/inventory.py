@@ -42,6 +42,31 @@ def gpu_model_fields(gpu: dict) -> dict:
     return fields
 
 
+GPU_DRIFT_FIELDS = (
+    "model",
+    "memory_mib",
+    "mig_enabled",
+    "driver_version",
+    "cuda_version",
+    "compute_capability",
+)
+
+
+def learned_capabilities(registered: dict, reported: dict) -> dict[str, str]:
+    """uuid → compute capability the report gives for a registered GPU that had none: an agent
+    that did not read them before (stored as they come, without drift)."""
+    new = {
+        g["uuid"]: g["compute_capability"]
+        for g in reported.get("gpus") or ()
+        if g.get("compute_capability")
+    }
+    return {
+        g["uuid"]: new[g["uuid"]]
+        for g in registered.get("gpus") or ()
+        if not g.get("compute_capability") and g["uuid"] in new
+    }
+
+
 def inventory_drift(registered: dict, reported: dict) -> tuple[list[dict], bool]:
     """(differences, large?) between the registered and the reported inventory."""
     large_percent = setting("NODE_DRIFT_LARGE_PERCENT")
@@ -62,7 +87,9 @@ def inventory_drift(registered: dict, reported: dict) -> tuple[list[dict], bool]
             )
             large = True
             continue
-        for field in ("model", "memory_mib", "mig_enabled", "driver_version", "cuda_version"):
+        for field in GPU_DRIFT_FIELDS:
+            if field == "compute_capability" and not gpu.get(field):
+                continue  # first reported (an agent from before it read them): learned, no drift
             if gpu.get(field) != new[uuid].get(field):
                 diffs.append(
                     {

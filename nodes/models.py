@@ -151,6 +151,9 @@ class GpuDevice(models.Model):
     memory_mib = models.PositiveIntegerField()
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=20, blank=True)
+    # "major.minor" as the agent reads it through NVML ("9.0"); blank: not reported, which
+    # meets no shape's gpu_compute_capability_min
+    compute_capability = models.CharField(max_length=7, blank=True)
     mig_enabled = models.BooleanField(default=False)
     sharing_mode = models.CharField(
         max_length=10,

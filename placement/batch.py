@@ -24,8 +24,12 @@ Deliberate differences from calling ``place`` one by one, both tested:
 - a class that fits nowhere keeps the explanation of its first failure (per tenant when the
   nodes list lease ends) for the rest of the plan: counts and nearest miss may be a few
   placements old, never the decision;
-- a policy that draws random numbers (the ``random`` scorer, ``gpu_choice="random"``), a gang
-  or an invalid request is planned by ``place`` itself on the same, updated snapshot.
+- a policy that draws random numbers (the ``random`` scorer, ``gpu_choice="random"``), a gang,
+  an invalid request or one whose anti-affinity is scoped to zones is planned by ``place``
+  itself on the same, updated snapshot. (A zone-scoped request's fit on one node depends on
+  the work of the other nodes of its zone, which no node kind or change log of one node
+  captures; ``place`` completes each node's zone labels from the whole snapshot, at the cost
+  of evaluating every node for each such request.)
 
 Every placement comes with a bounded decision record (``Outcome.decision``): policy version,
 how many nodes each filter reason rejected, the top candidates with their score breakdown,
@@ -169,7 +173,13 @@ class Planner:
     # --- one request ---------------------------------------------------------------------------
 
     def place(self, req: Request, admit=None, position: int = 0) -> Outcome:
-        if req.replicas > 1 or req.gang != GANG_NONE or _invalid(req) or self.random:
+        if (
+            req.replicas > 1
+            or req.gang != GANG_NONE
+            or _invalid(req)
+            or self.random
+            or req.zone_scoped
+        ):
             result = place(req, self.nodes, self.policy, self.ctx)
             if isinstance(result, Explanation):
                 return Outcome(explanation=result)

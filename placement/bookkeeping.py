@@ -41,8 +41,28 @@ def emptied(node: NodeView) -> NodeView:
         gpus=gpus,
         tenants=frozenset(),
         workload_labels=frozenset(),
+        zone_workload_labels=frozenset(),
         leases=(),
     )
+
+
+def with_zone_work(nodes) -> list[NodeView]:
+    """The nodes, each with the workload labels of every node of its zone in ``nodes`` added to
+    its ``zone_workload_labels`` (what zone-scoped anti-affinity reads): a placement changes one
+    node, and this is how its zone hears of it. A node without a zone is left as it is (its own
+    work is what counts there), and so is one that already knew every label (the same object)."""
+    nodes = list(nodes)
+    by_zone: dict[str, set[str]] = {}
+    for node in nodes:
+        if node.zone:
+            by_zone.setdefault(node.zone, set()).update(node.workload_labels)
+    out = []
+    for node in nodes:
+        labels = by_zone.get(node.zone) if node.zone else None
+        if labels and not labels <= node.zone_workload_labels:
+            node = _evolve(node, zone_workload_labels=node.zone_workload_labels | labels)
+        out.append(node)
+    return out
 
 
 def apply_placement(node: NodeView, placement: Placement, sign: int = 1) -> NodeView:

@@ -15,6 +15,15 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
+def meets_capability(capability: str, minimum: str) -> bool:
+    """Whether a device's compute capability ("8.6") is at least ``minimum`` ("8.0"), compared
+    as numbers ("10.0" > "9.0"); a device that reports none meets no minimum."""
+    if not minimum:
+        return True
+    have = _version_tuple(capability)
+    return bool(have) and have >= _version_tuple(minimum)
+
+
 def device_serves(device: GpuView, req: Request) -> bool:
     """Whether the device's sharing mode can enforce the request's sharing class.
 
@@ -80,6 +89,12 @@ def eligible_devices(
         ]
         if not devices:
             return r.GPU_DRIVER_TOO_OLD
+    if req.min_compute_capability:
+        devices = [
+            g for g in devices if meets_capability(g.compute_capability, req.min_compute_capability)
+        ]
+        if not devices:
+            return r.GPU_COMPUTE_CAPABILITY_TOO_LOW
     devices = [g for g in devices if device_serves(g, req)]
     if not devices:
         return r.GPU_SHARING_CLASS_UNAVAILABLE

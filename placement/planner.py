@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 from operator import attrgetter
 
 from . import reasons as r
-from .bookkeeping import apply_placement
+from .bookkeeping import apply_placement, with_zone_work
 from .context import ScoreContext, make_context
 from .evaluation import Evaluation, evaluate
 from .explain import explain
@@ -49,6 +49,8 @@ def place(
     if request.replicas > 1 or request.gang != GANG_NONE:
         gang = place_gang(request, nodes, policy, ctx)
         return gang.placements[0] if isinstance(gang, GangPlacement) else gang
+    if request.zone_scoped:  # a node's fit depends on the work of its zone's other nodes
+        nodes = with_zone_work(nodes)
     ctx = ctx or make_context(nodes, policy)
     invalid = _invalid(request)
     if invalid:
@@ -199,7 +201,7 @@ def place_gang(
     request: Request, nodes, policy: Policy, ctx: ScoreContext | None = None
 ) -> GangPlacement | Explanation:
     """Place all ``request.replicas`` replicas in one decision, or none (with the reason)."""
-    nodes = list(nodes)
+    nodes = with_zone_work(nodes) if request.zone_scoped else list(nodes)
     topology = request.gang
     single = replace(request, replicas=1, gang=GANG_NONE)
     ctx = ctx or make_context(nodes, policy)
@@ -246,6 +248,9 @@ def _place_sequence(req, replicas, nodes, ctx, topology):
             candidates = [n for n in nodes if n.zone not in used_zones]
         if not candidates:
             return explain(req, nodes, {}, ctx.policy, message="no domain left")
+        if req.zone_scoped:  # the replicas placed so far count in their zones
+            allowed = {n.name for n in candidates}
+            candidates = [n for n in with_zone_work(nodes) if n.name in allowed]
         step_ctx = replace(ctx, peers=tuple(peers), active=(None, ()), evaluations={})
         result = place(req, candidates, ctx.policy, step_ctx)
         if isinstance(result, Explanation):

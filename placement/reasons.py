@@ -13,6 +13,7 @@ GPU_MODEL_MISMATCH = "gpu_model_mismatch"
 GPU_MEMORY_TOO_SMALL = "gpu_memory_too_small"
 GPU_SHARING_CLASS_UNAVAILABLE = "gpu_sharing_class_unavailable"
 GPU_DRIVER_TOO_OLD = "gpu_driver_too_old"
+GPU_COMPUTE_CAPABILITY_TOO_LOW = "gpu_compute_capability_too_low"
 DEVICE_UNHEALTHY = "device_unhealthy"
 ARCH_MISMATCH = "arch_mismatch"
 OS_MISMATCH = "os_mismatch"
@@ -43,6 +44,7 @@ DESCRIPTIONS: dict[str, str] = {
     GPU_MEMORY_TOO_SMALL: "GPU memory smaller than requested",
     GPU_SHARING_CLASS_UNAVAILABLE: "no GPU offers the requested sharing class or MIG profile",
     GPU_DRIVER_TOO_OLD: "GPU driver or CUDA version below the requested minimum",
+    GPU_COMPUTE_CAPABILITY_TOO_LOW: "no GPU of the requested compute capability or higher",
     DEVICE_UNHEALTHY: "GPUs that would fit are unhealthy",
     ARCH_MISMATCH: "CPU architecture differs",
     OS_MISMATCH: "operating system differs",

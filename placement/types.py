@@ -21,6 +21,12 @@ NON_ISOLATED = frozenset({TIMESLICE, MPS})
 
 SCHEDULABLE_STATES = frozenset({"ready"})
 
+# Where a request's anti-affinity looks for work with the labels it avoids: the node itself, or
+# every node of the node's zone (a node without a zone: the node itself).
+HOST_SCOPE = "host"
+ZONE_SCOPE = "zone"
+ANTI_AFFINITY_SCOPES = (HOST_SCOPE, ZONE_SCOPE)
+
 
 def schedulable(node) -> bool:
     """Whether the node takes new work now: ready, healthy and reachable (what the
@@ -86,6 +92,7 @@ class GpuView:
     health_flags: tuple[str, ...] = ()  # e.g. "xid_error", "over_temperature", "pcie_degraded"
     driver_version: str = ""
     cuda_version: str = ""
+    compute_capability: str = ""  # "major.minor" as NVML reports it ("9.0"); "": not reported
     tenants: tuple[str, ...] = ()  # tenants holding shares of this device (timeslice/mps)
 
     @classmethod
@@ -169,6 +176,10 @@ class NodeView:
     trust_level: int = 0
     tenants: frozenset[str] = frozenset()  # tenants with work on the node
     workload_labels: frozenset[str] = frozenset()  # "key=value" labels of work on the node
+    # "key=value" labels of the work on the nodes of its zone, as the adapter read them (nodes
+    # outside the snapshot included); the planner adds what the nodes it is given run
+    # (``bookkeeping.with_zone_work``) for a request whose anti-affinity is zone-scoped
+    zone_workload_labels: frozenset[str] = frozenset()
     numa: tuple[NumaView, ...] = ()
     leases: tuple[LeaseEnd, ...] = ()  # holding leases with an end time, for explanations
 
@@ -194,7 +205,13 @@ class NodeView:
         data["leases"] = tuple(
             x if isinstance(x, LeaseEnd) else LeaseEnd.from_dict(x) for x in data.get("leases", ())
         )
-        for key in ("runtimes", "warm_images", "tenants", "workload_labels"):
+        for key in (
+            "runtimes",
+            "warm_images",
+            "tenants",
+            "workload_labels",
+            "zone_workload_labels",
+        ):
             if key in data:
                 data[key] = frozenset(data[key])
         return _from_mapping(cls, data)
@@ -207,6 +224,11 @@ class NodeView:
     def gpu_models(self) -> tuple[str, ...]:
         """Each device's model: what a device is, which placing work never changes."""
         return tuple(g.model for g in self.gpus)
+
+    @property
+    def gpu_compute_capabilities(self) -> tuple[str, ...]:
+        """Each device's compute capability ("" where not reported): what a device is."""
+        return tuple(g.compute_capability for g in self.gpus)
 
     @property
     def free_gpu_milli(self) -> int:
@@ -234,6 +256,7 @@ class Request:
     mig_profile: str = ""  # e.g. "1g.10gb" when sharing == "mig"
     min_driver_version: str = ""
     min_cuda_version: str = ""
+    min_compute_capability: str = ""  # "major.minor": devices of a lower (or unknown) one refused
     require_interconnect: bool = False  # multi-GPU: all devices in one NVLink group
     require_numa: bool = False  # CPU/memory from the GPUs' NUMA node
     arch: str = ""  # empty: any
@@ -248,6 +271,7 @@ class Request:
     affinity: Mapping[str, str] = field(default_factory=dict)  # required node labels
     preferred_affinity: Mapping[str, str] = field(default_factory=dict)
     anti_affinity: tuple[str, ...] = ()  # "key=value" workload labels to avoid
+    anti_affinity_scope: str = HOST_SCOPE  # where to look for them: the node, or its zone
     labels: tuple[str, ...] = ()  # this workload's own "key=value" labels
     min_trust_level: int = 0
     image: str = ""  # image digest
@@ -266,6 +290,12 @@ class Request:
     def wants_gpu(self) -> bool:
         return self.gpu_count > 0 or (self.sharing == MIG and bool(self.mig_profile))
 
+    @property
+    def zone_scoped(self) -> bool:
+        """Whether its anti-affinity looks at the work of whole zones: one node's fit then
+        depends on the work of other nodes (``bookkeeping.with_zone_work``)."""
+        return self.anti_affinity_scope == ZONE_SCOPE and bool(self.anti_affinity)
+
 
 # The default filter chain: names of registered filters (``placement.plugins``). The
 # first that refuses a node names the rejection, so the order decides which reason a node that
@@ -282,6 +312,7 @@ DEFAULT_FILTERS = (
     "network_class",
     "affinity",
     "gpu_model",
+    "gpu_compute_capability",
     "anti_affinity",
     "warm_image",
     "capacity",

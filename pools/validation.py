@@ -125,6 +125,19 @@ LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?", re.ASCII)
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)?", re.ASCII)
 
 
+def anti_affinity_scope(scope: str, *, anti_affinity, gang) -> str:
+    """A job's `anti_affinity_scope`: "host" (the node's own work) or "zone" (the work of every
+    node of the node's zone), "zone" only beside `anti_affinity` (the labels it avoids) and not
+    for a gang's jobs (a gang spreads its replicas by its topology, `spread_zones`)."""
+    if scope == "zone" and not anti_affinity:
+        raise ValidationError("Scope zone needs anti_affinity: the labels to avoid in the zone.")
+    if scope == "zone" and gang:
+        raise ValidationError(
+            "Scope zone is for jobs that are not gangs: a gang spreads by its topology."
+        )
+    return scope
+
+
 def label_map(value) -> dict[str, str]:
     """A job's `labels`, `affinity` or `anti_affinity`: at most LABELS_MAX_ENTRIES entries of
     label key to string value (keys ≤ 128 characters of letters, digits, `.`, `_`, `-`, `/`,

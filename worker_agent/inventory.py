@@ -47,6 +47,16 @@ def _cuda_version(nvml) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
+def _compute_capability(nvml, handle) -> str:
+    """The device's CUDA compute capability as "major.minor" ("9.0" for an H100); "" when the
+    driver does not say."""
+    version = _optional(nvml.nvmlDeviceGetCudaComputeCapability, handle)
+    if not version or len(version) != 2:
+        return ""
+    major, minor = version
+    return f"{int(major)}.{int(minor)}"
+
+
 def _mig_slices(nvml, handle) -> list[dict]:
     slices = []
     count = _optional(nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
@@ -121,20 +131,21 @@ def read_gpus(nvml) -> dict:
         mig_enabled = bool(mig_mode and mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE)
         peers, down = _nvlink_peers(nvml, handle)
         links[bus] = peers
-        gpus.append(
-            {
-                "index": index,
-                "uuid": uuid,
-                "model": _text(nvml.nvmlDeviceGetName(handle)),
-                "memory_mib": nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
-                "driver_version": driver,
-                "cuda_version": cuda,
-                "mig_enabled": mig_enabled,
-                "mig_slices": _mig_slices(nvml, handle) if mig_enabled else [],
-                "numa_node": _optional(nvml.nvmlDeviceGetNumaNodeId, handle),
-                "_bus": bus,
-            }
-        )
+        gpu = {
+            "index": index,
+            "uuid": uuid,
+            "model": _text(nvml.nvmlDeviceGetName(handle)),
+            "memory_mib": nvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
+            "driver_version": driver,
+            "cuda_version": cuda,
+            "mig_enabled": mig_enabled,
+            "mig_slices": _mig_slices(nvml, handle) if mig_enabled else [],
+            "numa_node": _optional(nvml.nvmlDeviceGetNumaNodeId, handle),
+            "_bus": bus,
+        }
+        if capability := _compute_capability(nvml, handle):  # optional in the schema
+            gpu["compute_capability"] = capability
+        gpus.append(gpu)
         ecc = _optional(
             nvml.nvmlDeviceGetTotalEccErrors,
             handle,
@@ -319,6 +330,9 @@ class RecordedNvml:
     def nvmlDeviceGetPciInfo(self, h):
         return SimpleNamespace(busId=h["pci_bus_id"])
 
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return tuple(self._get(h, "cuda_compute_capability"))
+
     def nvmlDeviceGetMigMode(self, h):
         return self._get(h, "mig_mode")
 
@@ -412,6 +426,9 @@ def record(nvml) -> dict:
         mig_count = _optional(nvml.nvmlDeviceGetMaxMigDeviceCount, handle)
         data |= {
             "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+            "cuda_compute_capability": (
+                lambda v: list(v) if v is not None else None
+            )(_optional(nvml.nvmlDeviceGetCudaComputeCapability, handle)),
             "mig_mode": _optional(nvml.nvmlDeviceGetMigMode, handle),
             "max_mig_device_count": mig_count,
             "mig_devices": [

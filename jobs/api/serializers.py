@@ -1,8 +1,9 @@
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from jobs import networks
 from jobs.assignments import gpu_isolation
-from jobs.choices import JobState
+from jobs.choices import AntiAffinityScope, JobState
 from jobs.images import admit_image
 from jobs.models import Job, JobEvent, JobOutput
 from pools import knobs, network_rules, validation
@@ -67,6 +68,7 @@ class JobSerializer(serializers.ModelSerializer):
             "affinity",
             "affinity_preferred",
             "anti_affinity",
+            "anti_affinity_scope",
             "require_numa",
             "gang",
             "reservation",
@@ -158,6 +160,12 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     anti_affinity = serializers.JSONField(
         default=dict, help_text="Avoid nodes running work with any of these labels {key: value}"
     )
+    anti_affinity_scope = serializers.ChoiceField(
+        choices=AntiAffinityScope.choices,
+        default=AntiAffinityScope.HOST,
+        help_text='Where anti_affinity looks: "host" (the node) or "zone" (every node of its '
+        "zone; not for gangs)",
+    )
     require_numa = serializers.BooleanField(
         default=False, help_text="CPU and memory (and GPUs) from one NUMA node"
     )
@@ -232,6 +240,14 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         return name  # resolved in validate(): whether a class is open depends on the tenant
 
     def validate(self, attrs):
+        try:
+            validation.anti_affinity_scope(
+                attrs.get("anti_affinity_scope", AntiAffinityScope.HOST),
+                anti_affinity=attrs.get("anti_affinity"),
+                gang=attrs.get("gang"),
+            )
+        except DjangoValidationError as error:
+            raise serializers.ValidationError({"anti_affinity_scope": error.messages}) from error
         if "priority_class" in attrs:
             # One answer for "no such class" and "not open to you": restricted ones stay unnamed.
             user = self.context["request"].user

@@ -19,6 +19,7 @@ class GpuSerializer(serializers.ModelSerializer):
             "memory_mib",
             "driver_version",
             "cuda_version",
+            "compute_capability",
             "mig_enabled",
             "mig_slices",
             "sharing_mode",

@@ -12,7 +12,13 @@ from pools.sweeps import sweep
 
 from ..capacity import allocatable_from_raw
 from ..choices import GpuHealth, NodeState
-from ..inventory import describe_drift, gpu_model_fields, inventory_drift, normalize_inventory
+from ..inventory import (
+    describe_drift,
+    gpu_model_fields,
+    inventory_drift,
+    learned_capabilities,
+    normalize_inventory,
+)
 from ..models import GpuDevice, Node, NodeEvent
 from .base import node_event
 from .health import gpu_mark_unsuitable
@@ -45,7 +51,17 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
         diffs, large = inventory_drift(node.inventory, reported)
         node.inventory_reconciled_at = now
         if not diffs:
-            node.save(update_fields=["inventory_reconciled_at"])
+            saved = ["inventory_reconciled_at"]
+            if learned := learned_capabilities(node.inventory, reported):
+                for uuid, capability in learned.items():
+                    GpuDevice.objects.filter(node=node, uuid=uuid).update(
+                        compute_capability=capability
+                    )
+                for gpu in node.inventory.get("gpus") or ():
+                    if gpu["uuid"] in learned:
+                        gpu["compute_capability"] = learned[gpu["uuid"]]
+                saved.append("inventory")
+            node.save(update_fields=saved)
             return []
         pool = node.pool
         allocatable = allocatable_from_raw(

@@ -1,12 +1,13 @@
 """Node labels the request requires (filter) or prefers (scorer), and workload labels it must
-avoid on the node (anti-affinity, a filter on what placing work changes)."""
+avoid on the node or, scoped to zones, anywhere in the node's zone (anti-affinity, a filter on
+what placing work changes)."""
 
 from __future__ import annotations
 
 from .. import reasons as r
 from ..context import Fit, ScoreContext
 from ..registry import register_filter, register_scorer
-from ..types import NodeView, Request
+from ..types import ZONE_SCOPE, NodeView, Request
 
 
 @register_filter(
@@ -27,15 +28,21 @@ def affinity(req: Request, node: NodeView, policy) -> str | None:
 @register_filter(
     "anti_affinity",
     reasons=(r.ANTI_AFFINITY,),
-    reads=("workload_labels",),
+    reads=("workload_labels", "zone_workload_labels", "zone"),
     static=False,
-    never_lifted=(r.ANTI_AFFINITY,),  # the node only gains workload labels
+    never_lifted=(r.ANTI_AFFINITY,),  # the node and its zone only gain workload labels
     applies=lambda req: bool(req.anti_affinity),
 )
 def anti_affinity(req: Request, node: NodeView, policy) -> str | None:
-    if req.anti_affinity and node.workload_labels.intersection(req.anti_affinity):
-        return r.ANTI_AFFINITY
-    return None
+    """Scope "zone": the work of every node of the node's zone counts (``zone_workload_labels``,
+    which the planner completes with the nodes it is given); a node without a zone falls back
+    to its own work, as scope "host"."""
+    if not req.anti_affinity:
+        return None
+    seen = node.workload_labels
+    if req.anti_affinity_scope == ZONE_SCOPE and node.zone:
+        seen = seen | node.zone_workload_labels
+    return r.ANTI_AFFINITY if seen.intersection(req.anti_affinity) else None
 
 
 @register_scorer(

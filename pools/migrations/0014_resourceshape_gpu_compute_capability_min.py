@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('pools', '0013_resourceshape_gpu_count_preferred_and_more'),
+        ("pools", "0013_resourceshape_gpu_count_preferred_and_more"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='resourceshape',
-            name='gpu_compute_capability_min',
-            field=models.CharField(blank=True, help_text='GPUs of at least this CUDA compute capability, "major.minor", e.g. "8.0"', max_length=7),
+            model_name="resourceshape",
+            name="gpu_compute_capability_min",
+            field=models.CharField(
+                blank=True,
+                help_text='GPUs of this CUDA compute capability or higher, e.g. "8.0"',
+                max_length=7,
+            ),
         ),
     ]

@@ -107,7 +107,7 @@ class ResourceShape(models.Model):
     gpu_compute_capability_min = models.CharField(
         max_length=7,
         blank=True,
-        help_text='GPUs of at least this CUDA compute capability, "major.minor", e.g. "8.0"',
+        help_text='GPUs of this CUDA compute capability or higher, e.g. "8.0"',
     )
 
     class Meta:

@@ -64,6 +64,12 @@ CASES = {
         GPU | {"gpu_cuda_version_min": "12.4"},
         {},
     ),
+    "gpu_compute_capability_min": (  # with a memory minimum both nodes meet
+        {"gpus": [{"compute_capability": "7.5"}]},
+        {"gpus": [{"compute_capability": "8.6"}]},
+        GPU | {"gpu_memory_mib_min": 40960, "gpu_compute_capability_min": "8.0"},
+        {},
+    ),
     "gpu_interconnect_required": (
         {"gpus": [{"interconnect_group": ""}, {"interconnect_group": ""}]},
         {"gpus": [{}, {}]},
@@ -132,6 +138,11 @@ def test_the_price_scorer_reads_the_nodes_own_price_and_energy_class(api, member
         ({"trust_level_min": 2**63}, "trust_level_min"),
         (GPU | {"gpu_cuda_version_min": "12..4"}, "gpu_cuda_version_min"),
         ({"warm_image_required": "yes please"}, "warm_image_required"),
+        (GPU | {"gpu_compute_capability_min": "8"}, "gpu_compute_capability_min"),
+        (GPU | {"gpu_compute_capability_min": "sm_80"}, "gpu_compute_capability_min"),
+        (GPU | {"gpu_compute_capability_min": "8.0.1"}, "gpu_compute_capability_min"),
+        (GPU | {"gpu_compute_capability_min": ["8.0"]}, "gpu_compute_capability_min"),
+        ({"gpu_compute_capability_min": "8.0"}, "gpu_compute_capability_min"),  # no GPUs
     ],
 )
 def test_a_field_that_cannot_take_effect_is_a_field_error(api, member, pool, resources, field):
@@ -167,3 +178,89 @@ def test_preferred_labels_that_are_not_a_label_map_are_a_field_error(api, member
     nul = {"affinity_preferred": {"di\x00sk": "a"}}
     refused = api(member).post("/api/v1/jobs/", body | nul, format="json")
     assert (refused.status_code, refused.json()["code"]) == (400, "parse_error")  # before parsing
+
+
+def test_a_compute_capability_no_registered_node_has_never_fits(api, member, pool):
+    build_node(pool, "ampere", **CPU_NODE | {"gpus": [{"compute_capability": "8.6"}]})
+    build_node(pool, "turing", **CPU_NODE | {"gpus": [{"compute_capability": "7.5"}]})
+    body = {"tenant": "vision", "pool": "test", "name": "hopper", "image": TEST_IMAGE_TAG}
+    body["resources"] = {"cpu_millicores_min": 500, "memory_mib_min": 256} | GPU
+    body["resources"]["gpu_compute_capability_min"] = "10.0"  # "10.0" > "9.0" > "8.6"
+    response = api(member).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 422, response.json()
+    assert response.json()["code"] == "never_fits"
+    assert "gpu_compute_capability_too_low" in str(response.json())
+    assert not Job.objects.filter(name="hopper").exists()
+
+
+ZONES = {"a1": "a", "a2": "a", "b1": "b"}
+
+
+@pytest.fixture
+def zoned(pool, api, member):
+    """Three ready nodes, two in zone a and one in zone b, and a job labelled app=web running in
+    zone a (on a1: ties go to the smaller name)."""
+    for name, zone in ZONES.items():
+        build_node(pool, name, **CPU_NODE, zone=zone)
+    client = api(member)
+    web = submit(client, labels={"app": "web"})
+    assert landed_on(web) == "a1"
+    return client
+
+
+def test_zone_anti_affinity_keeps_the_job_out_of_the_zone_running_the_label(zoned, pool):
+    job = submit(zoned, anti_affinity={"app": "web"}, anti_affinity_scope="zone")
+    assert Job.objects.get(pk=job).anti_affinity_scope == "zone"
+    assert landed_on(job) == "b1"
+    # b1 taken by another app=web job: no zone is free of it, and the job waits, explained
+    job_cancel(job=Job.objects.get(pk=job), actor=SYSTEM)
+    assert landed_on(submit(zoned, labels={"app": "web"}, resources={"node_pin": "b1"})) == "b1"
+    waiting = submit(zoned, anti_affinity={"app": "web"}, anti_affinity_scope="zone")
+    assert scheduling_pass().placed == []
+    assert Job.objects.get(pk=waiting).pending_reason["reasons"] == {"anti_affinity": 3}
+    assert ledger_problems(pool) == []
+
+
+def test_host_anti_affinity_avoids_only_the_node_running_the_label(zoned):
+    job = submit(zoned, anti_affinity={"app": "web"})  # scope host, the default
+    assert Job.objects.get(pk=job).anti_affinity_scope == "host"
+    assert landed_on(job) != "a1"  # a2 or b1, as the scores decide
+
+
+def test_the_single_path_sees_the_zones_work_on_nodes_it_cannot_place_on(zoned, pool):
+    """lease_reserve (the pass's fallback and POST /compute-leases) reads the work of a zone's
+    nodes the snapshot leaves out: the app=web job still runs on a draining a1."""
+    from leases.services import lease_reserve
+    from nodes.services import node_drain
+
+    node_drain(node=pool.nodes.get(name="a1"), actor=SYSTEM)
+    request = {"cpu_millicores_min": 500, "memory_mib_min": 256, "gpu_sharing_class": "none"}
+    request |= {"anti_affinity": {"app": "web"}, "anti_affinity_scope": "zone"}
+    tenant = Job.objects.first().tenant
+    lease = lease_reserve(pool=pool, tenant=tenant, request=request, actor=SYSTEM, duration=60)
+    assert lease.node.name == "b1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"anti_affinity_scope": "rack", "anti_affinity": {"app": "web"}}, "not a valid choice"),
+        ({"anti_affinity_scope": "zone"}, "needs anti_affinity"),
+        (
+            {
+                "anti_affinity_scope": "zone",
+                "anti_affinity": {"app": "web"},
+                "gang": {"name": "g", "size": 2, "topology": "none"},
+            },
+            "not gangs",
+        ),
+    ],
+)
+def test_an_anti_affinity_scope_that_cannot_take_effect_is_a_field_error(
+    api, member, pool, fields, why
+):
+    body = {"tenant": "vision", "pool": "test", "name": "bad", "image": TEST_IMAGE_TAG}
+    body["resources"] = {"cpu_millicores_min": 500, "memory_mib_min": 256}
+    response = api(member).post("/api/v1/jobs/", body | fields, format="json")
+    assert response.status_code == 400, response.json()
+    assert why in " ".join(response.json()["anti_affinity_scope"])

@@ -78,3 +78,27 @@ def test_drift_never_drops_allocatable_below_what_leases_hold(ready_node, make_j
     assert node.state == S.QUARANTINED  # −87 % is large
     drift = NodeEvent.objects.filter(node=node, reason=Reason.INVENTORY_DRIFT).first()
     assert drift.data["capped_by_reserved"] == ["cpu_millicores"]
+
+
+def test_a_compute_capability_first_reported_is_stored_without_drift_and_a_change_is_drift(
+    ready_node, now
+):
+    node = ready_node.node
+    for gpu in node.inventory["gpus"]:  # registered by an agent that did not read capabilities
+        gpu.pop("compute_capability", None)
+    node.save(update_fields=["inventory"])
+    node.gpus.update(compute_capability="")
+    services.node_inventory_report(node=node, inventory=report(node), now=now)
+    reported = report(node)
+    for gpu in reported["gpus"]:
+        gpu["compute_capability"] = "9.0"
+    services.node_inventory_report(node=node, inventory=reported, now=now)
+    assert services.node_inventory_reconcile(node=node, actor=SYSTEM, now=now) == []
+    assert set(node.gpus.values_list("compute_capability", flat=True)) == {"9.0"}
+    node.refresh_from_db()
+    assert node.state == S.READY and node.inventory["gpus"][0]["compute_capability"] == "9.0"
+    reported["gpus"][0]["compute_capability"] = "8.0"  # a different device behind the UUID
+    services.node_inventory_report(node=node, inventory=reported, now=now)
+    diffs = services.node_inventory_reconcile(node=node, actor=SYSTEM, now=now)
+    assert [d["field"] for d in diffs] == ["gpu.compute_capability"]
+    assert node.gpus.get(index=0).compute_capability == "8.0"

@@ -72,6 +72,18 @@ def test_the_agents_document_enrolls_through_the_api(reading, private_pool, oper
     node = Node.objects.get(name="h100-doc")
     assert node.inventory == normalize_inventory(doc)
     assert "schema_version" not in node.inventory  # the registered form is the control plane's
+    assert set(node.gpus.values_list("compute_capability", flat=True)) == {"9.0"}
+
+
+def test_a_compute_capability_that_is_not_major_minor_is_a_400(private_pool, operator):
+    _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
+    inv = gpu_inventory(gpus=1)
+    inv["gpus"][0]["compute_capability"] = "sm_90"
+    body = {"token": secret, "name": "n", "inventory": inv}
+    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    assert response.status_code == 400
+    assert list(response.json()["inventory"]["gpus"]["0"]) == ["compute_capability"]
+    assert not Node.objects.exists()
 
 
 def test_the_registered_form_takes_the_schemas_defaults():

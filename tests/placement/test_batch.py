@@ -76,6 +76,8 @@ def requests(draw):
         fields["require_numa"] = True
     if draw(st.integers(0, 4)) == 0:
         fields["anti_affinity"] = ("app=a",)
+        # zone: one node's fit depends on its zone's other nodes (planned by `place` itself)
+        fields["anti_affinity_scope"] = draw(st.sampled_from(["host", "zone"]))
     if draw(st.integers(0, 4)) == 0:
         fields["zones"] = ("a",)
     if draw(st.integers(0, 9)) == 0:  # a twin's kind is shared; its name is its own
@@ -191,3 +193,18 @@ def test_nodes_of_one_kind_are_evaluated_once_per_class(monkeypatch):
         p.node for p in one_by_one(reqs, nodes, DEFAULT_POLICY)
     ]
     assert len(calls) < 20  # not 2 classes x 100 nodes
+
+
+def test_work_placed_in_a_zone_keeps_zone_scoped_requests_out_of_the_whole_zone():
+    """A placement changes one node, and a zone-scoped request's fit on every node of that zone:
+    the plan sees it as `place` does, however the classes cached the nodes before."""
+    nodes = [cpu_node("a1", zone="a"), cpu_node("a2", zone="a"), cpu_node("b1", zone="b")]
+    avoid = Request(cpu_millicores=1000, anti_affinity=("app=a",), anti_affinity_scope="zone")
+    web = Request(cpu_millicores=1000, labels=("app=a",), node_pin="a1")
+    reqs = [avoid, web, avoid, replace(avoid, anti_affinity_scope="host")]
+    outcomes, _ = plan(reqs, nodes, DEFAULT_POLICY)
+    assert [o.placement.node for o in outcomes[:3]] == [
+        p.node for p in one_by_one(reqs, nodes, DEFAULT_POLICY)[:3]
+    ]
+    assert outcomes[1].placement.node == "a1" and outcomes[2].placement.node == "b1"
+    assert outcomes[3].placement.node != "a1"  # host scope: the zone's other node will do

@@ -105,3 +105,17 @@ def test_every_preference_and_minimum_has_a_flag():
     }
     assert merged["affinity"] == {"disk": "ssd"}
     assert merged["affinity_preferred"] == {"rack": "r1"}
+
+
+def test_compute_capability_and_zone_anti_affinity_have_flags():
+    args = flags(
+        *("--gpus", "1", "--gpu-memory", "40960", "--compute-capability-min", "8.0"),
+        *("--anti-affinity", "app=web", "--anti-affinity-scope", "zone"),
+    )
+    merged = merge({"anti_affinity": {"tier": "db"}}, args)
+    assert merged["resources"]["gpu_compute_capability_min"] == "8.0"
+    assert merged["anti_affinity"] == {"tier": "db", "app": "web"}
+    assert merged["anti_affinity_scope"] == "zone"
+    assert "anti_affinity_scope" not in merge({}, flags())  # the API's default: host
+    with pytest.raises(UsageError, match="invalid choice"):  # not a scope
+        flags("--anti-affinity-scope", "rack")

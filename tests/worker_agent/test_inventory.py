@@ -1,5 +1,6 @@
 """The NVML code path, replayed from a recorded device set (no mock of our own code)."""
 
+import json
 from pathlib import Path
 
 import pynvml
@@ -190,3 +191,14 @@ def test_containers_get_the_uuid_of_the_mig_device_at_the_leased_slot():
             container_device_ids(nvml, [missing])
     with pytest.raises(LookupError):
         container_device_ids(None, [f"MIG-{gpu['uuid']}/4/0"])  # no driver: never guessed
+
+
+def test_each_device_reports_its_compute_capability_as_major_minor(reading):
+    # the recording's (9, 0) is the H100's published compute capability (see its `source`)
+    assert [g["compute_capability"] for g in reading["gpus"]] == ["9.0"] * 4
+    recording = json.loads(FIXTURE.read_text())
+    recording["devices"][0]["cuda_compute_capability"] = [10, 0]
+    del recording["devices"][1]["cuda_compute_capability"]  # a driver that does not say
+    gpus = read_gpus(RecordedNvml(recording))["gpus"]
+    assert gpus[0]["compute_capability"] == "10.0"
+    assert "compute_capability" not in gpus[1]  # optional: left out, never a guess

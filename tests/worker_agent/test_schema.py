@@ -138,3 +138,14 @@ def test_the_agent_imports_nothing_of_the_control_plane():
     control_plane = {"django", "rest_framework", "channels", "celery"}
     control_plane |= {"config", "pools", "nodes", "leases", "scheduling", "jobs"}
     assert not loaded & control_plane
+
+
+@pytest.mark.parametrize("capability", ["9.0", "10.0", "8.6", "12.10"])
+def test_a_compute_capability_is_major_dot_minor(capability):
+    assert inventory_errors(document(gpus=with_gpu(compute_capability=capability))) == []
+
+
+@pytest.mark.parametrize("capability", ["9", "9.0.1", "nine", "", " 9.0", "9.0\n", 9.0, "1234.0"])
+def test_a_compute_capability_that_is_not_major_dot_minor_is_refused(capability):
+    errors = inventory_errors(document(gpus=with_gpu(compute_capability=capability)))
+    assert errors and errors[0][0] == ("gpus", 0, "compute_capability")
