@@ -33,21 +33,52 @@ def image_refusal(pool, ref: ImageRef) -> str | None:
     return f"image is not from an allowed registry of pool {pool.slug} ({allowed})"
 
 
+# When the scheduler's answer now says "it fits" but the last pass did not place the job, the
+# queue holds the room for a reason a placement search does not see: which one, by the last
+# pass's code. Any other code (no capacity, no ready node, a plan conflict …): capacity freed
+# since that pass, and the next one places it.
+HELD_BY_THE_QUEUE = {
+    "backfill_would_delay_head": "but the queue holds it for the job ahead (above)",
+    "short_share_reserved": "but that room is the pool's share for short jobs",
+    "quota_exceeded": "but its tenant's quota has no room for it",
+    "credit_exhausted": "but its tenant's credit is used up",
+    "gang_incomplete": "but its gang is placed whole, once all its members are queued",
+    "gang_mismatch": "but its gang's members must ask alike before any is placed",
+    "preempting": "and it waits for the work it preempted to checkpoint",
+}
+
+
 def job_explanation(job: Job, *, now: bool = True) -> dict:
     """ "Why is this pending" and "why did it land there", in one answer: a queued job's reason
-    from the last pass and what the scheduler would say now; a placed job's decision record
-    (the lease's placement: node, score breakdown, policy version). `now=False`: without the
-    scheduler's answer now (a placement search, rate-limited)."""
+    from the last pass and what the scheduler would say now — with `differs` saying why the two
+    disagree when they do —; a placed job's decision record (the lease's placement: node, score
+    breakdown, policy version). `now=False`: without the scheduler's answer now (a placement
+    search, rate-limited). A job named into a live reservation is not searched for: it runs
+    there, when its window opens."""
     answer = {"job": job.pk, "state": job.state, "pending_reason": job.pending_reason or None}
     if job.state == JobState.QUEUED and not now:  # the last pass's reason only: no search
         return answer
     if job.state == JobState.QUEUED:
+        reservation = job.reservation
+        if reservation is not None and reservation.state == "reserved":
+            answer["reservation"] = {
+                "lease": reservation.pk,
+                "window_start": reservation.window_start.isoformat(),
+            }
+            return answer
         answer["now"] = explain_request(
             pool=job.pool,
             tenant=job.tenant,
             request=job.resources,
             image_platforms=job.image_platforms,
         )
+        code = (job.pending_reason or {}).get("code", "")
+        if answer["now"].get("fits_now") and code:
+            checked = job.pending_checked_at
+            at = f" at {checked:%H:%M:%S}" if checked else ""
+            answer["differs"] = HELD_BY_THE_QUEUE.get(
+                code, f"capacity freed since the last pass{at}: it starts at the next pass"
+            )
         return answer
     lease = job.leases.order_by("-created_at", "-id").first()
     answer["placement"] = None if lease is None else {"lease": lease.pk, **lease.placement}

@@ -262,6 +262,8 @@ def order(
 class _Reservation:
     demand: tuple[float, float, float]
     start_s: float | None  # when it could start at the earliest, in seconds from now
+    job: int | None = None  # the head it holds for, and its tenant: whom a refusal may name
+    tenant: int | str | None = None
 
 
 class Gate:
@@ -302,6 +304,8 @@ class Gate:
         self.long_waiting = [0.0] * len(self.capacity)  # the first long job refused for it
         self.reservations: list[_Reservation] = []
         self.reserved = [0.0] * len(self.capacity)
+        # the head whose hold refused the last job `backfill_would_delay_head`
+        self.blocker: _Reservation | None = None
 
     @classmethod
     def from_standings(cls, capacity, standings: dict, policy: QueuePolicy | None = None) -> Gate:
@@ -327,6 +331,7 @@ class Gate:
             runtime = job.max_runtime_s
             for head in self.reservations:
                 if runtime is None or head.start_s is None or runtime > head.start_s:
+                    self.blocker = head
                     return BACKFILL_WOULD_DELAY_HEAD
         return ""
 
@@ -340,7 +345,9 @@ class Gate:
     def blocked(self, job: QueuedJob, earliest_start_s: float | None) -> None:
         if len(self.reservations) >= self.policy.backfill_reservations:
             return
-        self.reservations.append(_Reservation(tuple(job.demand), earliest_start_s))
+        self.reservations.append(
+            _Reservation(tuple(job.demand), earliest_start_s, job.id, job.tenant)
+        )
         for r, want in enumerate(job.demand):
             self.reserved[r] += want
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 from leases.services import quota
 from placement import Explanation, Placement
+from placement.explain import COARSE_WINDOWS
 from placement.queue import BACKFILL_WOULD_DELAY_HEAD, SHORT_SHARE_RESERVED, Gate, order
 from placement.types import schedulable
 from scheduling import fairshare
@@ -22,9 +23,58 @@ from scheduling import fairshare
 GATE_MESSAGES = {
     SHORT_SHARE_RESERVED: "the pool keeps a share of its capacity for short jobs (a declared "
     "maximum runtime under the pool's threshold); long jobs wait for room outside it",
-    BACKFILL_WOULD_DELAY_HEAD: "a job ahead of it in the queue waits for this capacity; a job "
-    "runs ahead only when it ends before that one can start (declare a shorter maximum runtime)",
+    BACKFILL_WOULD_DELAY_HEAD: "{ahead}, ahead of it in the queue, waits for this capacity; a "
+    "job runs before it only when it ends before that one can start",
 }
+
+
+def coarse_floor(seconds: float | None) -> float | None:
+    """The lower bound of the coarse window (placement.explain.COARSE_WINDOWS) that `seconds`
+    falls in: all another tenant may learn of when its work frees capacity."""
+    if seconds is None:
+        return None
+    floor = 0.0
+    for bound, _ in COARSE_WINDOWS:
+        if seconds < bound:
+            return floor
+        floor = bound
+    return floor
+
+
+def gate_refusal(code: str, job, gate: Gate, policy) -> dict:
+    """A gate's refusal as the job's pending_reason, true and useful to its tenant: the job it
+    waits behind is named only when it is the tenant's own (another tenant's work is neither
+    named nor timed, docs/security.md), and advice is given only when following it would get
+    the job admitted: a maximum runtime under the head's start when that start is known, a
+    short job's runtime when the pool keeps a share for short jobs."""
+    refusal = {"code": code}
+    if code == BACKFILL_WOULD_DELAY_HEAD:
+        head = gate.blocker
+        own = head is not None and str(head.tenant) == str(job.tenant_id)
+        ahead = f"your job {head.job}" if own else "a job of another tenant"
+        refusal["message"] = GATE_MESSAGES[code].format(ahead=ahead)
+        if own:
+            refusal["blocker_job"] = head.job
+        start_s = head.start_s if head is not None else None
+        # what the tenant may know of when the head starts: its own job's exactly, another
+        # tenant's as the coarse window's lower bound (a runtime under it surely runs first)
+        known = start_s if own else coarse_floor(start_s)
+        if known and known >= 1:
+            refusal["advice"] = (
+                f"declare a maximum runtime under {int(known)} s: it then ends before the job "
+                "ahead can start, and may run before it"
+            )
+        else:  # when the head starts is unknown (or too soon): no runtime is surely short enough
+            refusal["advice"] = "wait: it runs once the job ahead of it has started"
+        return refusal
+    refusal["message"] = GATE_MESSAGES[code]
+    threshold = policy.short_job_max_runtime_s if policy is not None else None
+    if threshold:
+        refusal["advice"] = (
+            f"declare a maximum runtime of at most {threshold} s to count as a short job, or "
+            "wait for long jobs' room"
+        )
+    return refusal
 
 
 class Admission:
@@ -47,7 +97,7 @@ class Admission:
         headroom); else the refusal, as the job's pending_reason (nothing taken)."""
         queued = self.queued.get(job.pk)
         if self.gate is not None and (code := self.gate.admits(queued)):
-            refusal = self.refusals[job.pk] = {"code": code, "message": GATE_MESSAGES[code]}
+            refusal = self.refusals[job.pk] = gate_refusal(code, job, self.gate, self.gate.policy)
             return refusal
         room = self.headroom.get(job.tenant_id)
         if room is not None:

@@ -293,3 +293,49 @@ def test_an_output_limit_above_the_storage_quota_left_is_400(api, member, cpu_sh
     assert "100 MiB left" in response.json()["errors"]["output_limit_mib"][0]
     assert submit(client, output_limit_mib=100).status_code == 201
     assert not Job.objects.filter(output_limit_mib=1024).exists()
+
+
+def test_explain_says_why_the_last_pass_and_now_disagree(api, member, cpu_shape, ready_node):
+    from scheduling.passes import scheduling_pass
+
+    client = api(member)
+    hog = {"cpu_millicores_min": 14000, "memory_mib_min": 64}
+    held = client.post(
+        "/api/v1/compute-leases/",
+        {"tenant": "vision", "pool": "test", "resources": hog, "duration_s": 600},
+        format="json",
+    ).json()
+    job_id = submit(client).json()["id"]
+    assert scheduling_pass().placed == []  # no capacity at the pass
+    body = client.get(f"/api/v1/jobs/{job_id}/explain").json()
+    assert body["pending_reason"]["code"] == "no_capacity" and "differs" not in body
+    # capacity frees after the pass: "now" fits, and the answer says why the two differ
+    client.post(f"/api/v1/compute-leases/{held['id']}/release", {}, format="json")
+    body = client.get(f"/api/v1/jobs/{job_id}/explain").json()
+    assert body["now"]["fits_now"] is True
+    assert body["differs"].startswith("capacity freed since the last pass")
+    # a quota that leaves no room: the queue holds it although a node has room
+    Job.objects.filter(pk=job_id).update(pending_reason={"code": "quota_exceeded"})
+    body = client.get(f"/api/v1/jobs/{job_id}/explain").json()
+    assert body["differs"] == "but its tenant's quota has no room for it"
+
+
+def test_explain_of_a_job_in_a_reservation_names_it_and_searches_nothing(api, member, ready_node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    client = api(member)
+    start = timezone.now() + timedelta(hours=1)
+    window = {"start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    resources = {"cpu_millicores_min": 2000, "memory_mib_min": 2048, "scratch_mib": 4096}
+    held = client.post(
+        "/api/v1/compute-leases/",
+        {"tenant": "vision", "pool": "test", "resources": resources, "window": window},
+        format="json",
+    ).json()
+    body = {"tenant": "vision", "pool": "test", "name": "r", "image": TEST_IMAGE_TAG}
+    body |= {"resources": {"cpu_millicores_min": 500, "memory_mib_min": 256}}
+    job = client.post("/api/v1/jobs/", body | {"reservation": held["id"]}, format="json").json()
+    answer = client.get(f"/api/v1/jobs/{job['id']}/explain").json()
+    assert answer["reservation"]["lease"] == held["id"] and "now" not in answer

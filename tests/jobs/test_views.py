@@ -409,3 +409,23 @@ class TestJobsConsole(ChannelsLiveServerTestCase):
             page.wait_for_timeout(1500)  # the 4th failure handled: with answers it would stop
             assert tried("/ws/down/") >= 4
             assert page.get_attribute("body", "data-probe-down") == "reconnecting"
+
+
+def test_explain_says_why_the_pass_and_now_differ_and_gives_only_advice_that_works(
+    browser, pool, tenant
+):
+    from jobs.models import Job
+
+    build_node(pool, "small", cpu=4000, memory=8192)
+    waiting = submit_job(pool, tenant, "waiting", cpu=1000)
+    gate = {
+        "code": "backfill_would_delay_head",
+        "message": "a job of another tenant, ahead of it in the queue, waits for this capacity",
+        "advice": "wait: it runs once the job ahead of it has started",
+    }
+    Job.objects.filter(pk=waiting.pk).update(pending_reason=gate)
+    html = browser.get(f"/console/jobs/{waiting.pk}/explain").content.decode()
+    assert "has room for it, but the queue holds it for the job ahead (above)" in html
+    assert "it starts at the next pass" not in html
+    assert "wait: it runs once the job ahead of it has started." in html
+    assert "shorter maximum runtime" not in html

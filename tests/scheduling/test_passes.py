@@ -468,3 +468,28 @@ def test_a_head_that_fits_a_ready_node_once_it_empties_still_holds_the_gate(lpoo
     later.refresh_from_db()
     assert head.pending_reason["code"] == "no_capacity"
     assert later.pending_reason["code"] == "backfill_would_delay_head"
+    # its own job ahead is named, with advice that would work (a runtime under its start)
+    assert later.pending_reason["blocker_job"] == head.pk
+    assert f"your job {head.pk}" in later.pending_reason["message"]
+    assert "declare a maximum runtime under" in later.pending_reason["advice"]
+    # and following it works: the same job with a runtime under that bound runs now
+    bound = int(later.pending_reason["advice"].split("under ")[1].split(" s")[0])
+    heeded = submit_job(lpool, ltenant, "heeded", cpu=1000, memory=1024, max_runtime_s=bound - 1)
+    assert scheduling_pass().placed == [heeded.pk]
+
+
+def test_another_tenants_job_ahead_is_never_named_nor_timed(lpool, ltenant, ltenant2):
+    build_node(lpool, "only", cpu=4000, memory=8192)
+    prod = PriorityClass.objects.create(name="prod", value=1000)
+    running = submit_job(lpool, ltenant, "running", cpu=3000, memory=1024)
+    assert scheduling_pass().placed == [running.pk]
+    head = submit_job(lpool, ltenant, "head", cpu=4000, memory=1024, priority=prod)
+    later = submit_job(lpool, ltenant2, "later", cpu=1000, memory=1024)
+    assert scheduling_pass().placed == []
+    later.refresh_from_db()
+    reason = later.pending_reason
+    assert reason["code"] == "backfill_would_delay_head"
+    assert "a job of another tenant" in reason["message"] and "blocker_job" not in reason
+    assert str(head.pk) not in str(reason)
+    # the head starts within the hour: no runtime is surely short enough, so no runtime advice
+    assert reason["advice"] == "wait: it runs once the job ahead of it has started"

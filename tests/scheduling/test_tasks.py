@@ -24,6 +24,7 @@ def test_beat_schedule_names_registered_tasks():
         "scheduling.checkpoint_deadline_sweep",
         "scheduling.forecast_refresh",
         "scheduling.sample_capacity",
+        "scheduling.reclaim_backfills",
     }
     assert names <= set(app.tasks)
 
@@ -48,3 +49,9 @@ def test_a_pass_not_started_within_its_period_is_dropped_and_a_hung_one_stopped(
     # catch its exception and go on one job at a time)
     assert tasks.scheduling_pass.time_limit == 30 * period == 60
     assert tasks.scheduling_pass.soft_time_limit is None
+
+
+def test_reclaim_backfills_task_runs_and_answers_the_jobs_it_moved(db):
+    from scheduling.tasks import reclaim_backfills
+
+    assert reclaim_backfills(now=timezone.now().isoformat()) == []
