@@ -424,11 +424,10 @@ def record(nvml) -> dict:
                 }
             )
         mig_count = _optional(nvml.nvmlDeviceGetMaxMigDeviceCount, handle)
+        capability = _optional(nvml.nvmlDeviceGetCudaComputeCapability, handle)  # (major, minor)
         data |= {
             "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-            "cuda_compute_capability": (
-                lambda v: list(v) if v is not None else None
-            )(_optional(nvml.nvmlDeviceGetCudaComputeCapability, handle)),
+            "cuda_compute_capability": list(capability) if capability is not None else None,
             "mig_mode": _optional(nvml.nvmlDeviceGetMigMode, handle),
             "max_mig_device_count": mig_count,
             "mig_devices": [
