@@ -31,8 +31,16 @@ RESOURCE_FIELDS = (
     "zones_preferred",
     "trust_level_min",
     "gpu_compute_capability_min",
+    "node_features_required",
 )
-LIST_FIELDS = ("gpu_models", "regions", "regions_preferred", "zones", "zones_preferred")
+LIST_FIELDS = (
+    "gpu_models",
+    "regions",
+    "regions_preferred",
+    "zones",
+    "zones_preferred",
+    "node_features_required",
+)
 CHECKBOX_FIELDS = ("gpu_interconnect_required", "warm_image_required")
 RETRY_REASONS = validation.RETRY_REASONS
 

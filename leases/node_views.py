@@ -116,6 +116,14 @@ def label_pairs(labels) -> frozenset[str]:
     return frozenset(f"{k}={v}" for k, v in labels.items() if isinstance(v, str | int | float))
 
 
+def node_features(features) -> frozenset[str]:
+    """A node's `features` as the scheduler reads them: the strings of a list (what enrollment
+    and heartbeats validate; anything else stored before they did is ignored, never a crash)."""
+    if not isinstance(features, list):
+        return frozenset()
+    return frozenset(f for f in features if isinstance(f, str))
+
+
 def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -196,6 +204,7 @@ def node_view(
         zone=row["zone"],
         rack=row["rack"],
         network_class=row["network_class"],
+        features=node_features(row["features"]),
         # the image digests the node's agent reports in its cache (heartbeats)
         warm_images=frozenset(row["cached_images"] or ()),
         leases=() if empty else lease_ends(row.get("leases")),

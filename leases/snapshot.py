@@ -174,6 +174,7 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         require_warm_image=request.get("warm_image_required") is True,
         min_trust_level=int(request.get("trust_level_min") or 0),
         network_class=request.get("network_class") or "",
+        node_features=tuple(sorted(request.get("node_features_required") or ())),
         node_pin=request.get("node_pin") or "",
         tenant=str(tenant_id),
         image_archs=image_archs(image_platforms),

@@ -25,6 +25,7 @@ NODE_FIELDS = (
     "architecture",
     "os",
     "runtimes",
+    "features",
     "cached_images",
     "labels",
     "region",
@@ -92,7 +93,7 @@ def read(
     rows, gpus_by_node = [], {}
     for record in raw:  # JSON comes as text, for orjson: 3x faster than psycopg's json.loads
         row = dict(zip(NODE_FIELDS, record[:-3], strict=True))
-        for key in ("labels", "runtimes", "cached_images", "numa_layout"):
+        for key in ("labels", "runtimes", "features", "cached_images", "numa_layout"):
             if isinstance(row[key], str):
                 row[key] = orjson.loads(row[key])
         gpus, row["work"], row["leases"] = (orjson.loads(text) for text in record[-3:])

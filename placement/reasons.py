@@ -20,6 +20,7 @@ OS_MISMATCH = "os_mismatch"
 RUNTIME_UNSUPPORTED = "runtime_unsupported"
 REGION_EXCLUDED = "region_excluded"
 NETWORK_CLASS_MISMATCH = "network_class_mismatch"
+NODE_FEATURE_MISSING = "node_feature_missing"
 NODE_NOT_SCHEDULABLE = "node_not_schedulable"
 NODE_UNREACHABLE = "node_unreachable"
 NODE_PIN_MISMATCH = "node_pin_mismatch"
@@ -51,6 +52,7 @@ DESCRIPTIONS: dict[str, str] = {
     RUNTIME_UNSUPPORTED: "container runtime not offered",
     REGION_EXCLUDED: "region or zone not allowed",
     NETWORK_CLASS_MISMATCH: "network class differs",
+    NODE_FEATURE_MISSING: "node lacks a required feature",
     NODE_NOT_SCHEDULABLE: "node is not accepting work",
     NODE_UNREACHABLE: "node missed its heartbeats (unreachable)",
     NODE_PIN_MISMATCH: "request is pinned to another node",

@@ -170,6 +170,7 @@ class NodeView:
     zone: str = ""
     rack: str = ""
     network_class: str = ""
+    features: frozenset[str] = frozenset()  # what its agent says it has ("avx512", "sgx")
     price_per_hour: float = 0.0
     energy_class: int = 0  # 0 = most efficient
     warm_images: frozenset[str] = frozenset()
@@ -207,6 +208,7 @@ class NodeView:
         )
         for key in (
             "runtimes",
+            "features",
             "warm_images",
             "tenants",
             "workload_labels",
@@ -267,6 +269,7 @@ class Request:
     preferred_regions: tuple[str, ...] = ()
     preferred_zones: tuple[str, ...] = ()
     network_class: str = ""
+    node_features: tuple[str, ...] = ()  # node features all required ("avx512", "infiniband")
     node_pin: str = ""
     affinity: Mapping[str, str] = field(default_factory=dict)  # required node labels
     preferred_affinity: Mapping[str, str] = field(default_factory=dict)
@@ -310,6 +313,7 @@ DEFAULT_FILTERS = (
     "runtime",
     "region",
     "network_class",
+    "node_features",
     "affinity",
     "gpu_model",
     "gpu_compute_capability",

@@ -68,6 +68,12 @@ def _resource_flags(parser) -> None:
     group.add_argument("--zone", action="append", metavar="ZONE", help="allowed; repeatable")
     group.add_argument("--zone-preferred", action="append", metavar="ZONE")
     group.add_argument(
+        "--node-feature",
+        action="append",
+        metavar="FEATURE",
+        help="a feature the node must have, e.g. avx512; repeatable",
+    )
+    group.add_argument(
         "--warm-image", action="store_true", help="only nodes that already hold the image"
     )
     group.add_argument("--trust-level-min", type=int, metavar="N")

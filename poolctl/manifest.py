@@ -65,6 +65,7 @@ LIST_FLAGS = {  # repeatable flag attribute → inline resource list field
     "region_preferred": "regions_preferred",
     "zone": "zones",
     "zone_preferred": "zones_preferred",
+    "node_feature": "node_features_required",
 }
 SWITCH_FLAGS = {
     "gpu_interconnect": "gpu_interconnect_required",

@@ -81,6 +81,33 @@ VERSION = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}")
 COMPUTE_CAPABILITY = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
 
 
+# A node feature ("avx512", "infiniband", "sgx"): what a node's agent reports (Node.features) and
+# what a shape's node_features_required names, one short lowercase token each.
+FEATURE = re.compile(r"[a-z0-9][a-z0-9._-]{0,39}", re.ASCII)
+FEATURES_REQUIRED_MAX = 16  # in one request
+NODE_FEATURES_MAX = 64  # on one node
+
+
+def feature_list(value, *, max_items: int) -> list[str]:
+    """A list of at most `max_items` distinct feature names (FEATURE: a lowercase letter or digit,
+    then up to 39 of letters, digits, `.`, `_`, `-`). Anything else is refused, never
+    normalised: a feature name is compared as it is written."""
+    if not isinstance(value, list):
+        raise ValidationError('A list of feature names, e.g. ["avx512"].')
+    if len(value) > max_items:
+        raise ValidationError(f"At most {max_items} features.")
+    for item in value:
+        if not isinstance(item, str) or not FEATURE.fullmatch(item):
+            shown = repr(item)[:50]
+            raise ValidationError(
+                f"{shown}: a feature name is 1 to 40 characters of a-z, 0-9, '.', '_', '-', "
+                "starting with a letter or digit."
+            )
+    if len(set(value)) < len(value):
+        raise ValidationError("Each feature is named once.")
+    return value
+
+
 def shape_errors(shape) -> dict[str, list[str]]:
     """What the columns alone do not refuse: list fields and the GPU count's ceiling."""
     errors = {}
@@ -100,6 +127,10 @@ def shape_errors(shape) -> dict[str, list[str]]:
     capability = shape.gpu_compute_capability_min
     if capability and not COMPUTE_CAPABILITY.fullmatch(capability):
         errors["gpu_compute_capability_min"] = ['A compute capability "major.minor", e.g. "8.0".']
+    try:
+        feature_list(shape.node_features_required, max_items=FEATURES_REQUIRED_MAX)
+    except ValidationError as exc:
+        errors["node_features_required"] = exc.messages
     return errors
 
 

@@ -1,3 +1,4 @@
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 
@@ -5,7 +6,13 @@ from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
 from nodes.selectors import control_plane_id
 from pools.choices import ContainerRuntime
 from pools.models import ComputePool
-from pools.validation import BIGINT_MAX, parse_energy_class, parse_price
+from pools.validation import (
+    BIGINT_MAX,
+    NODE_FEATURES_MAX,
+    feature_list,
+    parse_energy_class,
+    parse_price,
+)
 from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
 
 
@@ -140,8 +147,22 @@ PCIE_WIDTH_MAX = 64  # lanes
 NVLINKS_MAX = 64
 WORKLOADS_MAX = 1024  # leases running on one node
 LABELS_MAX, LABEL_KEY_MAX = 64, 100
-RUNTIMES_MAX, FEATURES_MAX = 16, 64
+RUNTIMES_MAX, FEATURES_MAX = 16, NODE_FEATURES_MAX
 MAP_MAX = 64  # entries in heartbeat usage and a probe's benchmark
+
+
+class FeaturesField(serializers.ListField):
+    """A node's `features` (what the scheduler's `node_features` filter reads): the rule of
+    pools.validation.feature_list, on the value as sent (a number is not a name, a name is not
+    lowercased for it): a 400 otherwise, never stored raw."""
+
+    child = serializers.CharField(max_length=40)  # what the schema shows
+
+    def to_internal_value(self, data):
+        try:
+            return list(feature_list(data, max_items=FEATURES_MAX))
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
 
 
 def bounded_int(low, high, **kwargs):
@@ -257,9 +278,7 @@ class EnrollSerializer(serializers.Serializer):
     runtimes = serializers.ListField(
         child=serializers.CharField(max_length=30), max_length=RUNTIMES_MAX, default=list
     )
-    features = serializers.ListField(
-        child=serializers.CharField(max_length=60), max_length=FEATURES_MAX, default=list
-    )
+    features = FeaturesField(default=list)
     architecture = serializers.ChoiceField(choices=["amd64", "arm64"], default="amd64")
     os = serializers.CharField(max_length=20, default="linux")
     region = serializers.CharField(max_length=40, required=False, allow_blank=True)
@@ -342,6 +361,8 @@ class HeartbeatSerializer(serializers.Serializer):
         max_length=RUNTIMES_MAX,
         required=False,
     )
+    # the features it has now, as at enrollment ("avx512", "sgx"); absent: kept as they were
+    features = FeaturesField(required=False)
 
 
 class ProbeSerializer(serializers.ModelSerializer):

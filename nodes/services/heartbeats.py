@@ -36,9 +36,11 @@ def node_heartbeat(
     images: list[str] | None = None,
     runtime: str = "",
     runtimes: list[str] | None = None,
+    features: list[str] | None = None,
 ) -> Node:
-    """Liveness, usage, device health, the image cache and the runtimes from the node's agent
-    (`runtime` the one it runs jobs with, `runtimes` all it offers: the scheduler's filter).
+    """Liveness, usage, device health, the image cache, the runtimes and the features from the
+    node's agent (`runtime` the one it runs jobs with, `runtimes` all it offers, `features` what
+    it has: the scheduler's filters read both).
 
     A private-fleet node that is still `registered` is verified and made ready by its first
     authenticated heartbeat; a node that was unreachable becomes reachable and the workloads it
@@ -57,6 +59,8 @@ def node_heartbeat(
         fields["agent_runtime"] = runtime
     if runtimes is not None:  # e.g. gvisor offered once dockerd has the runsc runtimes
         fields["runtimes"] = list(dict.fromkeys(runtimes))
+    if features is not None:  # validated (distinct names) by the API; absent: kept
+        fields["features"] = list(features)
     Node.objects.filter(pk=node.pk).update(**fields)
     node.refresh_from_db()
     returned = Node.objects.filter(pk=node.pk, reachability=Reachability.UNREACHABLE).update(

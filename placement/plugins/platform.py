@@ -1,4 +1,5 @@
-"""Filters on what the node runs: CPU architecture (and the image's), OS, runtime, network."""
+"""Filters on what the node runs: CPU architecture (and the image's), OS, runtime, network, the
+features its agent reports."""
 
 from __future__ import annotations
 
@@ -59,4 +60,20 @@ def runtime(req: Request, node: NodeView, policy) -> str | None:
 def network_class(req: Request, node: NodeView, policy) -> str | None:
     if req.network_class and req.network_class != node.network_class:
         return r.NETWORK_CLASS_MISMATCH
+    return None
+
+
+@register_filter(
+    "node_features",
+    reasons=(r.NODE_FEATURE_MISSING,),
+    reads=("features",),
+    static=True,
+    never_lifted=(r.NODE_FEATURE_MISSING,),
+    applies=lambda req: bool(req.node_features),
+)
+def node_features(req: Request, node: NodeView, policy) -> str | None:
+    """Refuses a node whose features (its agent's, at enrollment and in heartbeats) lack any of
+    the request's: placing work never adds one."""
+    if any(feature not in node.features for feature in req.node_features):
+        return r.NODE_FEATURE_MISSING
     return None

@@ -43,6 +43,7 @@ REQUEST_FIELDS = (
     "warm_image_required",
     "trust_level_min",
     "gpu_compute_capability_min",
+    "node_features_required",
 )
 
 
@@ -108,6 +109,11 @@ class ResourceShape(models.Model):
         max_length=7,
         blank=True,
         help_text='GPUs of this CUDA compute capability or higher, e.g. "8.0"',
+    )
+    node_features_required = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Only nodes whose agent reports all these features, e.g. ["avx512"]',
     )
 
     class Meta:

@@ -70,6 +70,12 @@ CASES = {
         GPU | {"gpu_memory_mib_min": 40960, "gpu_compute_capability_min": "8.0"},
         {},
     ),
+    "node_features_required": (  # two nodes that differ only in what their agents report
+        {"features": ["sgx"]},
+        {"features": ["avx512", "sgx"]},
+        {"node_features_required": ["avx512"]},
+        {},
+    ),
     "gpu_interconnect_required": (
         {"gpus": [{"interconnect_group": ""}, {"interconnect_group": ""}]},
         {"gpus": [{}, {}]},
@@ -143,6 +149,17 @@ def test_the_price_scorer_reads_the_nodes_own_price_and_energy_class(api, member
         (GPU | {"gpu_compute_capability_min": "8.0.1"}, "gpu_compute_capability_min"),
         (GPU | {"gpu_compute_capability_min": ["8.0"]}, "gpu_compute_capability_min"),
         ({"gpu_compute_capability_min": "8.0"}, "gpu_compute_capability_min"),  # no GPUs
+        ({"node_features_required": "avx512"}, "node_features_required"),  # not a list
+        ({"node_features_required": [512]}, "node_features_required"),  # not a name
+        ({"node_features_required": [["avx512"]]}, "node_features_required"),
+        ({"node_features_required": ["AVX512"]}, "node_features_required"),  # not lowercased
+        ({"node_features_required": [""]}, "node_features_required"),
+        ({"node_features_required": ["-avx"]}, "node_features_required"),
+        ({"node_features_required": ["avx 512"]}, "node_features_required"),
+        ({"node_features_required": ["a" * 41]}, "node_features_required"),
+        ({"node_features_required": ["avx512", "avx512"]}, "node_features_required"),
+        ({"node_features_required": [f"f{i}" for i in range(17)]}, "node_features_required"),
+        ({"node_features_required": None}, "node_features_required"),
     ],
 )
 def test_a_field_that_cannot_take_effect_is_a_field_error(api, member, pool, resources, field):
@@ -191,6 +208,33 @@ def test_a_compute_capability_no_registered_node_has_never_fits(api, member, poo
     assert response.json()["code"] == "never_fits"
     assert "gpu_compute_capability_too_low" in str(response.json())
     assert not Job.objects.filter(name="hopper").exists()
+
+
+def test_a_node_feature_no_registered_node_has_never_fits(api, member, pool):
+    build_node(pool, "a", **CPU_NODE, features=["avx512"])
+    build_node(pool, "b", **CPU_NODE, features=["infiniband"])
+    body = {"tenant": "vision", "pool": "test", "name": "enclave", "image": TEST_IMAGE_TAG}
+    body["resources"] = {"cpu_millicores_min": 500, "memory_mib_min": 256}
+    body["resources"]["node_features_required"] = ["avx512", "sgx"]  # each node lacks one
+    response = api(member).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 422, response.json()
+    assert response.json()["code"] == "never_fits"
+    assert "node_feature_missing" in str(response.json())
+    assert not Job.objects.filter(name="enclave").exists()
+
+
+def test_a_feature_a_heartbeat_brings_lets_a_waiting_job_land(api, member, pool):
+    """The job is queued while a node has the feature; the node's heartbeat drops it (the job
+    waits, explained), and brings it back (the job lands)."""
+    from nodes.services import node_heartbeat
+
+    node = build_node(pool, "a", **CPU_NODE, features=["avx512"])
+    job = submit(api(member), {"node_features_required": ["avx512"]})
+    node_heartbeat(node=node, actor=SYSTEM, features=["sgx"])  # e.g. a BIOS change
+    assert scheduling_pass().placed == []
+    assert Job.objects.get(pk=job).pending_reason["reasons"] == {"node_feature_missing": 1}
+    node_heartbeat(node=node, actor=SYSTEM, features=["avx512"])
+    assert landed_on(job) == "a"
 
 
 ZONES = {"a1": "a", "a2": "a", "b1": "b"}

@@ -429,3 +429,17 @@ def test_explain_says_why_the_pass_and_now_differ_and_gives_only_advice_that_wor
     assert "it starts at the next pass" not in html
     assert "wait: it runs once the job ahead of it has started." in html
     assert "shorter maximum runtime" not in html
+
+
+def test_the_form_takes_required_node_features_as_a_comma_list(browser, pool, tenant):
+    build_node(pool, "cpu-1", features=["avx512", "sgx"])
+    response = browser.post(
+        "/console/jobs/new", form(pool, tenant, node_features_required="avx512, sgx")
+    )
+    assert response.status_code == 302, response.content.decode()
+    assert Job.objects.get().resources["node_features_required"] == ["avx512", "sgx"]
+    html = browser.post(
+        "/console/jobs/new", form(pool, tenant, name="bad", node_features_required="AVX512")
+    ).content.decode()
+    assert 'id="e-node_features_required"' in html
+    assert 'name="node_features_required"' in browser.get("/console/jobs/new").content.decode()

@@ -64,7 +64,7 @@ def test_snapshot_lists_holding_leases_with_their_end_and_what_they_free(lpool, 
 def test_portable_read_matches_the_postgresql_query(lpool, ltenant, settings):
     """SQLite (`make run`) reads the snapshot through the ORM; it must see the same pool."""
     build_node(lpool, "g1", cpu=8000, memory=16384, gpus=[{}, {"sharing_mode": "timeslice"}])
-    build_node(lpool, "c1", cpu=4000, memory=8192)
+    build_node(lpool, "c1", cpu=4000, memory=8192, features=["avx512", "sgx"])
     for request in (gpu_request(count=1), gpu_request("timeslice", milli=250), cpu_request()):
         services.lease_reserve(
             pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, duration=600
@@ -84,3 +84,22 @@ def test_portable_read_matches_the_postgresql_query(lpool, ltenant, settings):
 
     assert [comparable(r) for r in rows] == [comparable(r) for r in fast_rows]
     assert sum(len(r["leases"]) for r in rows) == 3
+    assert [r["features"] for r in rows] == [["avx512", "sgx"], []]  # c1, g1: by name
+
+
+def test_the_snapshot_reads_node_features_and_only_their_strings(lpool):
+    """What the API validates is what nodes send now; a value stored before (or by an admin
+    edit) that holds other things is read for its strings, never a failed snapshot."""
+    from nodes.models import Node
+
+    build_node(lpool, "valid", features=["avx512"])
+    odd = build_node(lpool, "odd")
+    Node.objects.filter(pk=odd.pk).update(features=["sgx", {"x": 1}, 5, ["avx512"]])
+    build_node(lpool, "not-a-list")
+    Node.objects.filter(name="not-a-list").update(features={"avx512": True})
+    views = {node.name: node.features for node in snapshot.pool_snapshot(lpool.pk).nodes}
+    assert views == {
+        "valid": frozenset({"avx512"}),
+        "odd": frozenset({"sgx"}),
+        "not-a-list": frozenset(),
+    }

@@ -119,3 +119,9 @@ def test_compute_capability_and_zone_anti_affinity_have_flags():
     assert "anti_affinity_scope" not in merge({}, flags())  # the API's default: host
     with pytest.raises(UsageError, match="invalid choice"):  # not a scope
         flags("--anti-affinity-scope", "rack")
+
+
+def test_required_node_features_have_a_repeatable_flag():
+    merged = merge({}, flags("--node-feature", "avx512", "--node-feature", "sgx"))
+    assert merged["resources"]["node_features_required"] == ["avx512", "sgx"]
+    assert "node_features_required" not in merge({}, flags()).get("resources", {})

@@ -109,6 +109,63 @@ def test_enrollment_lists_and_maps_are_bounded(token, extra, field):
     assert not Node.objects.exists()
 
 
+HOSTILE_FEATURES = [
+    "avx512",  # not a list
+    [512],  # not a name (never turned into "512")
+    [["avx512"]],
+    [{"avx512": True}],
+    ["AVX512"],  # never lowercased for it
+    [""],
+    ["avx 512"],
+    ["avx\n512"],
+    ["<script>"],
+    ["a" * 41],
+    ["avx512", "avx512"],
+    None,
+]
+
+
+@pytest.mark.parametrize("features", HOSTILE_FEATURES)
+def test_enrollment_features_that_are_not_feature_names_are_a_400(token, features):
+    body = enroll_body(token) | {"features": features}
+    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "features" in response.json()
+    assert not Node.objects.exists()
+
+
+def test_enrollment_stores_feature_names_as_sent(token):
+    body = enroll_body(token) | {"features": ["avx512", "infiniband", "sgx", "amx-bf16"]}
+    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert Node.objects.get(name="gpu-sec").features == ["avx512", "infiniband", "sgx", "amx-bf16"]
+
+
+@pytest.mark.parametrize("features", HOSTILE_FEATURES)
+def test_heartbeat_features_that_are_not_feature_names_are_a_400_and_change_nothing(
+    agent, features
+):
+    services.node_heartbeat(node=agent.node, actor=Actor.for_node(agent.node), features=["sgx"])
+    client = bearer_client(agent.secret)
+    response = client.post("/api/v1/agent/heartbeat/", {"features": features}, format="json")
+    assert response.status_code == 400, response.content
+    assert "features" in str(response.json())
+    assert Node.objects.get(pk=agent.node.pk).features == ["sgx"]
+
+
+def test_a_heartbeat_replaces_the_features_and_one_without_keeps_them(agent):
+    client = bearer_client(agent.secret)
+    beat = {"features": ["avx512", "sgx"]}
+    assert client.post("/api/v1/agent/heartbeat/", beat, format="json").status_code == 200
+    assert Node.objects.get(pk=agent.node.pk).features == ["avx512", "sgx"]
+    assert client.post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 200
+    assert Node.objects.get(pk=agent.node.pk).features == ["avx512", "sgx"]
+    assert (
+        client.post("/api/v1/agent/heartbeat/", {"features": []}, format="json").status_code == 200
+    )
+    assert Node.objects.get(pk=agent.node.pk).features == []
+
+
 def test_a_real_nvml_inventory_and_its_readings_pass_the_bounds(token):
     """The recorded 4×H100 node (MIG slices, NVLink, one hot device with a degraded link)."""
     reading = recorded_reading()

@@ -34,6 +34,20 @@ from ..factories import POLICY, cpu_node, refusal
             r.NETWORK_CLASS_MISMATCH,
         ),
         ("network_class", {"network_class": "ib"}, {"network_class": "ib"}, None),
+        (
+            "node_features",
+            {"node_features": ("avx512", "sgx")},
+            {"features": frozenset({"avx512"})},
+            r.NODE_FEATURE_MISSING,
+        ),
+        ("node_features", {"node_features": ("avx512",)}, {}, r.NODE_FEATURE_MISSING),
+        (
+            "node_features",
+            {"node_features": ("avx512", "sgx")},
+            {"features": frozenset({"avx512", "sgx", "infiniband"})},
+            None,
+        ),
+        ("node_features", {}, {"features": frozenset({"avx512"})}, None),
     ],
 )
 def test_platform_filters(name, request_kwargs, node_kwargs, reason):
@@ -56,3 +70,19 @@ def test_a_gvisor_request_is_placed_only_where_gvisor_is_offered():
     assert r.DESCRIPTIONS[r.RUNTIME_UNSUPPORTED] == "container runtime not offered"
     # a Docker request still goes anywhere Docker runs
     assert place(replace(request, runtime="docker"), docker_only, POLICY)
+
+
+def test_a_required_node_feature_is_counted_in_the_explanation_and_never_lifted():
+    from placement.registry import FILTERS
+
+    plain = [cpu_node(f"plain-{i}") for i in (1, 2)]
+    fast = cpu_node("fast", features=frozenset({"avx512"}))
+    request = Request(cpu_millicores=1000, memory_mib=512, node_features=("avx512",))
+    placed = place(request, [*plain, fast], POLICY)
+    assert isinstance(placed, Placement) and placed.node == "fast"
+
+    refused = place(request, plain, POLICY)
+    assert isinstance(refused, Explanation)
+    assert dict(refused.reasons) == {r.NODE_FEATURE_MISSING: 2}
+    check = FILTERS["node_features"]
+    assert check.static and check.never_lifted == {r.NODE_FEATURE_MISSING}
