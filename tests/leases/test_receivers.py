@@ -179,7 +179,7 @@ def test_heartbeat_renews_a_backfilled_jobs_lease_up_to_the_window_start(
         duration=timedelta(minutes=5),
         window=window,
     )
-    job = submit_job(node.pool, tenant, memory=512)
+    job = submit_job(node.pool, tenant, memory=512, max_runtime_s=600)  # ends in time
     assert scheduling_pass(pool_id=job.pool_id).placed == [job.pk]  # by backfilling
     lease = job.leases.get()
     assert lease.backfill_of_id == held.pk

@@ -43,7 +43,32 @@ def test_a_blocked_job_holds_its_capacity_at_the_gate():
     a.gate.used[0] = 2000  # held by running work
     a.blocked(jobs[0], SimpleNamespace(nearest_miss=None))  # waits, start unknown
     refusal = a.admit(jobs[1], placement(2000))
-    assert refusal == {"code": BACKFILL_WOULD_DELAY_HEAD, "message": GATE_MESSAGES[refusal["code"]]}
+    # another tenant's head, its start unknown: neither named nor timed, and no runtime advice
+    assert refusal == {
+        "code": BACKFILL_WOULD_DELAY_HEAD,
+        "message": GATE_MESSAGES[BACKFILL_WOULD_DELAY_HEAD].format(ahead="a job of another tenant"),
+        "advice": "wait: it runs once the job ahead of it has started",
+    }
+
+
+def test_the_tenants_own_head_is_named_and_its_start_bounds_the_advice():
+    jobs = [job(1, cpu=3000), job(2, cpu=2000)]  # one tenant
+    a = admission(jobs, quota_cpu=10**6)
+    a.gate.used[0] = 2000
+    a.gate.blocked(a.queued[1], 600.0)  # the head could start in 10 minutes
+    refusal = a.admit(jobs[1], placement(2000))
+    assert refusal["blocker_job"] == 1 and "your job 1" in refusal["message"]
+    assert refusal["advice"].startswith("declare a maximum runtime under 600 s")
+
+
+def test_another_tenants_head_start_is_told_only_as_its_coarse_window_floor():
+    jobs = [job(1, cpu=3000), job(2, tenant=2, cpu=2000)]
+    a = admission(jobs, quota_cpu=10**6)
+    a.gate.used[0] = 2000
+    a.gate.blocked(a.queued[1], 2 * 3600 + 17.0)  # in 1–4 hours
+    refusal = a.admit(jobs[1], placement(2000))
+    assert "blocker_job" not in refusal and "7217" not in str(refusal)
+    assert refusal["advice"].startswith("declare a maximum runtime under 3600 s")
 
 
 def test_a_trial_not_committed_takes_back_the_gate_and_the_headroom():

@@ -14,13 +14,11 @@ from django.utils import timezone
 from config.builders import (
     SYSTEM,
     build_priority_class,
-    gpu_request,
-    pinned_test_image,
     set_pool_knobs,
 )
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.services import job_cancel, job_submit
+from jobs.services import job_cancel
 from leases.snapshot import core_request, pool_policy, pool_snapshot
 from placement.preemption import choose_victims
 from pools.reasons import Reason
@@ -28,7 +26,8 @@ from scheduling import preemption
 from scheduling.models import NoticedVictim, PreemptionNotice
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
-from tests.jobs.test_agent_api import place, report, run
+from tests.jobs.test_agent_api import report
+from tests.scheduling.test_preemption import gpu_job, running
 
 NOTICE_S = 30
 
@@ -53,26 +52,6 @@ def batch(db):
 @pytest.fixture
 def prod(db):
     return build_priority_class("prod", 1000, may_preempt=True)
-
-
-def gpu_job(pool, tenant, klass, gpus=1, **fields):
-    return job_submit(
-        tenant=tenant,
-        pool=pool,
-        name=f"{klass.name}-{gpus}",
-        image=pinned_test_image(),
-        actor=SYSTEM,
-        resources=gpu_request(count=gpus),
-        priority_class=klass,
-        **fields,
-    )
-
-
-def running(api, job):
-    job, lease = place(job)
-    run(api, job, lease)
-    job.refresh_from_db()
-    return job, lease
 
 
 def decided_at():
