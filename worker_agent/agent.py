@@ -16,7 +16,7 @@ from pathlib import Path
 
 from worker_agent import __version__
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
-from worker_agent.host import Host
+from worker_agent.host import Host, cpu_features
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment, RuntimeUnconfigured
@@ -235,6 +235,7 @@ class Agent:
             "images": self.primary.images(),
             "runtime": self.primary.name,
             "runtimes": list(self.runtimes),
+            "features": cpu_features(),  # a migrated VM may have gained or lost some
         }
         answer = self.client.heartbeat(body) or {}
         if answer.get("heartbeat_interval_s"):

@@ -58,6 +58,29 @@ def numa_nodes(root: Path = NUMA_ROOT) -> list[dict]:
     return nodes[:256]
 
 
+# The CPU flags a job may require (`node_features_required`): instruction sets that decide
+# whether a binary runs at all or how fast (x86's vector and matrix units, arm's SVE), and
+# hardware virtualisation. The kernel lists them in /proc/cpuinfo ("flags", arm: "Features").
+CPU_FEATURES = frozenset(
+    {
+        "sse4_2", "avx", "avx2", "fma", "aes", "sha_ni", "avx512f", "avx512bw", "avx512vl",
+        "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+        "vmx", "svm", "asimd", "sve", "sve2", "sha3", "sm4",
+    }
+)  # fmt: skip
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_features(cpuinfo: Path = CPUINFO) -> list[str]:
+    """The CPU_FEATURES this host's first CPU lists, sorted; [] when the kernel does not say."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    match = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
+    return sorted(CPU_FEATURES.intersection(match.group(1).split())) if match else []
+
+
 class Host:
     """The host's resources; NVML stays initialised for the agent's life when a driver exists."""
 
@@ -117,7 +140,11 @@ class Host:
 
     def describe(self) -> dict:
         """Enrollment fields beside the inventory."""
-        return {"architecture": architecture(), "os": platform.system().lower() or "linux"}
+        return {
+            "architecture": architecture(),
+            "os": platform.system().lower() or "linux",
+            "features": cpu_features(),
+        }
 
     def close(self) -> None:
         if self.nvml is not None:

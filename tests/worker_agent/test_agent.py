@@ -14,6 +14,7 @@ import pytest
 
 from worker_agent import cli
 from worker_agent.agent import Agent, AgentError, Config, make_runtimes
+from worker_agent.host import cpu_features
 from worker_agent.runtime.docker import GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.schema import inventory_errors
@@ -65,6 +66,7 @@ def test_enrollment_sends_a_valid_inventory_and_keeps_the_credential(agent, cont
     assert enroll["inventory"]["cpu_millicores"] >= 1000
     assert enroll["runtimes"] == ["process"]
     assert enroll["architecture"] in ("amd64", "arm64")
+    assert enroll["features"] == cpu_features()  # what a job's node_features_required reads
     credential = agent.state.dir / "credential"
     assert credential.read_text() == control_plane.credential
     assert stat.S_IMODE(os.stat(credential).st_mode) == 0o600
@@ -156,6 +158,7 @@ def test_a_job_for_a_runtime_absent_here_is_refused_before_anything_runs(
     agent.start()
     agent.heartbeat()
     assert control_plane.sent("agent/heartbeat")[-1]["runtimes"] == ["process"]
+    assert control_plane.sent("agent/heartbeat")[-1]["features"] == cpu_features()
     control_plane.assignments = [assignment(13, ["true"], runtime=runtime)]
     agent.sync()
     wait_for(lambda: control_plane.steps(13) == [("failed", "runtime_unavailable")])
