@@ -12,6 +12,7 @@ from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import job_note_pending, job_transition
 from leases.choices import LeaseState
+from leases.models import Lease
 from leases.services.reservations import reservation_take
 from pools.reasons import Reason
 
@@ -21,10 +22,15 @@ from .outcomes import SCHEDULER, PassResult, placement_note, scheduling_error
 def place_into_reservations(pool_id: int, job_ids: list[int], now, result: PassResult) -> set[int]:
     """The window's jobs whose reservation is live: placed into it when its window is open, or
     noted waiting for it. Returns their ids (the rest of the window goes on as usual)."""
+    # from the reservations' side: a pool holds a few of them, and a long queue (the lease
+    # index (pool, state), then the jobs' reservation index)
     live = set(
-        Job.objects.filter(
-            pool_id=pool_id, state=JobState.QUEUED, reservation__state=LeaseState.RESERVED
-        ).values_list("pk", flat=True)
+        Lease.objects.filter(
+            pool_id=pool_id,
+            state=LeaseState.RESERVED,
+            window_start__isnull=False,
+            reserved_jobs__state=JobState.QUEUED,
+        ).values_list("reserved_jobs__pk", flat=True)
     ).intersection(job_ids)
     handled = set()
     for job_id in sorted(live):
