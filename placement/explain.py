@@ -174,6 +174,19 @@ def coarse_window(seconds: float) -> str:
     return BEYOND_WINDOWS
 
 
+def coarse_floor(seconds: float | None) -> float | None:
+    """The lower bound of the coarse window `seconds` falls in: all that may be told of when
+    another tenant's work frees capacity, as a bound that surely holds."""
+    if seconds is None:
+        return None
+    floor = 0.0
+    for bound, _ in COARSE_WINDOWS:
+        if seconds < bound:
+            return floor
+        floor = bound
+    return floor
+
+
 def _when(moment) -> str:
     if hasattr(moment, "strftime"):
         offset = moment.utcoffset() if hasattr(moment, "utcoffset") else None

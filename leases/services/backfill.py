@@ -17,6 +17,7 @@ from leases.models import Lease
 from leases.window import request_digest
 from placement import place
 from placement import types as core
+from placement.explain import coarse_floor
 from pools.knobs import knobs_for
 
 from . import ledger
@@ -106,4 +107,35 @@ def try_backfill(pool, tenant, req, request, actor, now, expires_at, job, idempo
             if idempotency_key:
                 return Lease.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
             raise
+    return None
+
+
+def backfill_advice(pool, tenant_id: int, req, job, now, expires_at) -> str | None:
+    """For a job that did not backfill only because it would not end in time: how it would —
+    a shorter declared runtime, or a checkpoint — or None when neither would help. Another
+    tenant's window start is told only as its coarse window's floor (docs/security.md)."""
+    if job is None:
+        return None
+    lead = reclaim_lead(pool)
+    policy = snap.pool_policy(pool)
+    reservations = Lease.objects.filter(
+        pool=pool, state=LeaseState.RESERVED, backfill_of__isnull=True, window_start__gt=now
+    ).order_by("window_start", "id")[:20]
+    for parent in reservations:
+        view = snap.reservation_view(parent)
+        if view is None or isinstance(place(req, [view], policy), core.Explanation):
+            continue
+        room_s = (parent.window_start - now - lead).total_seconds()
+        if parent.tenant_id != tenant_id:
+            room_s = coarse_floor(room_s)
+        ways = []
+        if room_s >= 60 and not job.checkpointable:
+            ways.append(f"declare a maximum runtime under {int(room_s)} s")
+        if not job.checkpointable and parent.window_start >= expires_at + lead:
+            ways.append("make it checkpointable")
+        if ways:
+            return (
+                f"a reservation's capacity is free until its window opens: {' or '.join(ways)} "
+                "to run in it now"
+            )
     return None

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from leases.services import quota
 from placement import Explanation, Placement
-from placement.explain import COARSE_WINDOWS
+from placement.explain import coarse_floor
 from placement.queue import BACKFILL_WOULD_DELAY_HEAD, SHORT_SHARE_RESERVED, Gate, order
 from placement.types import schedulable
 from scheduling import fairshare
@@ -26,19 +26,6 @@ GATE_MESSAGES = {
     BACKFILL_WOULD_DELAY_HEAD: "{ahead}, ahead of it in the queue, waits for this capacity; a "
     "job runs before it only when it ends before that one can start",
 }
-
-
-def coarse_floor(seconds: float | None) -> float | None:
-    """The lower bound of the coarse window (placement.explain.COARSE_WINDOWS) that `seconds`
-    falls in: all another tenant may learn of when its work frees capacity."""
-    if seconds is None:
-        return None
-    floor = 0.0
-    for bound, _ in COARSE_WINDOWS:
-        if seconds < bound:
-            return floor
-        floor = bound
-    return floor
 
 
 def gate_refusal(code: str, job, gate: Gate, policy) -> dict:

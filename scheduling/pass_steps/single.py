@@ -18,6 +18,7 @@ from leases.choices import LeaseState
 from leases.explain import NoCapacity, explanation_dict
 from leases.models import Lease
 from leases.services import SCHEDULER_KEY_PREFIX, lease_reserve, quota
+from leases.services.backfill import backfill_advice
 from placement import Explanation, place_gang
 from pools import knobs
 from pools.reasons import Reason
@@ -161,12 +162,23 @@ def place_one(job_id: int, now) -> bool | str | None:
             _reserve_and_place(job, job.resources, now)
         except NoCapacity as refusal:
             explanation = refusal.explanation
+            if advice := _backfill_advice(job, now):
+                explanation = {**explanation, "advice": advice}
         except TransitionRefused as refusal:  # quota, credit and other policy refusals
             explanation = quota.explanation(refusal)
         else:
             return True
     job_note_pending(job=job, explanation=explanation, now=now)
     return explanation.get("code", "pending")
+
+
+def _backfill_advice(job: Job, now) -> str | None:
+    """How a job that waits for capacity could run inside a reservation's hold, when it could."""
+    if not holds_reservations(job.pool_id):
+        return None
+    expires_at = now + settings.LEASE_DEFAULT_TTL
+    req = core_request(job)
+    return backfill_advice(job.pool, job.tenant_id, req, job, now, expires_at)
 
 
 def _reserve_and_place(job: Job, resources: dict, now, gang: str = "") -> None:

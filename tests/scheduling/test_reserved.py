@@ -22,7 +22,7 @@ from tests.clients import client_for
 HOUR = timedelta(hours=1)
 
 
-def reservation(client, pool, start, cpu=2000, hours=1, tolerance_s=300):
+def reservation(client, pool, start, cpu=2000, hours=1, tolerance_s=300, scratch=2048):
     window = {
         "start": start.isoformat(),
         "end": (start + hours * HOUR).isoformat(),
@@ -31,7 +31,7 @@ def reservation(client, pool, start, cpu=2000, hours=1, tolerance_s=300):
     body = {
         "pool": pool.slug,
         "tenant": pool.tenant_slug,
-        "resources": {"cpu_millicores_min": cpu, "memory_mib_min": 1024, "scratch_mib": 2048},
+        "resources": {"cpu_millicores_min": cpu, "memory_mib_min": 1024, "scratch_mib": scratch},
         "window": window,
     }
     response = client.post("/api/v1/compute-leases", body, format="json")
@@ -179,11 +179,25 @@ def test_a_non_checkpointable_job_backfills_only_when_its_runtime_ends_before_th
     node = build_node(pool, "only", cpu=4000, memory=8192)
     client = api(member)
     start = timezone.now() + HOUR
-    reservation(client, pool, start, cpu=node.cpu_millicores_allocatable)  # all of it, in an hour
+    # all its CPU, in an hour; disk for three jobs' outputs
+    reservation(client, pool, start, cpu=node.cpu_millicores_allocatable, scratch=8192)
     long_job = submit_job(pool, tenant, cpu=1000, memory=512, max_runtime_s=2 * 3600)
     short_job = submit_job(pool, tenant, cpu=1000, memory=512, max_runtime_s=1800)
     result = scheduling_pass()
     assert result.placed == [short_job.pk], Job.objects.get(pk=short_job.pk).pending_reason
     assert Lease.objects.get(job=short_job).backfill_of is not None
-    assert Job.objects.get(pk=long_job.pk).state == JobState.QUEUED
+    waiting = Job.objects.get(pk=long_job.pk)
+    assert waiting.state == JobState.QUEUED
+    # it is told how it would run now, and the advice works
+    advice = waiting.pending_reason["advice"]
+    assert advice.startswith("a reservation's capacity is free until its window opens: declare a")
+    assert "or make it checkpointable" in advice
+    bound = int(advice.split("under ")[1].split(" s")[0])
+    assert 3500 < bound < 3600  # the window in an hour, less the reclaim lead
+    heeded = submit_job(pool, tenant, cpu=1000, memory=256, max_runtime_s=bound - 1)
+    checkpointable = submit_job(pool, tenant, cpu=10, memory=64, checkpointable=True)
+    placed = scheduling_pass().placed
+    assert sorted(placed) == sorted([heeded.pk, checkpointable.pk]), Job.objects.get(
+        pk=checkpointable.pk
+    ).pending_reason
     assert ledger_problems(pool) == []
