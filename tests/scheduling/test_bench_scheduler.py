@@ -12,7 +12,7 @@ from django.conf import settings
 from config.builders import build_fleet, build_node, build_tenant, submit_job, submit_jobs
 from jobs.models import Job
 from nodes.models import GpuDevice, Node, NodeEvent
-from scheduling.bench.scheduler import fleet_specs, job_specs, measure
+from scheduling.bench.scheduler import fleet_specs, job_specs, measure, write_floor
 
 NODE_FIELDS = (
     "state",
@@ -69,6 +69,29 @@ def test_one_measured_pass_places_without_overcommitting(pool):
     assert figures["overcommitted_nodes"] == 0 and figures["jobs_without_one_lease"] == 0
     for phase in ("snapshot_s", "plan_s", "apply_s"):
         assert 0 < figures[phase] <= figures["pass_s"]
+    # the write floor: the same rows, COPY and batched guarded UPDATEs, rolled back
+    assert figures["floor_s"] > 0 and figures["apply_over_floor"] > 0
+    ratio = figures["apply_s"] / figures["floor_s"]  # of the rounded figures: near, not equal
+    assert abs(figures["apply_over_floor"] - ratio) <= 0.05 * ratio
+
+
+def test_the_floor_writes_what_the_apply_wrote_and_leaves_nothing_behind(pool):
+    from leases.models import Lease, LeaseEvent
+    from leases.selectors import ledger_problems
+    from nodes.models import Node
+
+    tenants = [build_tenant("floor-a")]
+    build_fleet(pool, fleet_specs(40, seed=3))  # every kind of node: every job fits some
+    submit_jobs(pool, job_specs(60, tenants, seed=3))
+    figures = measure(pool)
+    assert figures["placed"] > 0
+    counts = (Lease.objects.count(), LeaseEvent.objects.count())
+    reserved = list(Node.objects.order_by("pk").values_list("cpu_millicores_reserved", flat=True))
+    job_ids = list(Lease.objects.values_list("job_id", flat=True))
+    assert write_floor(pool, job_ids) > 0
+    assert (Lease.objects.count(), LeaseEvent.objects.count()) == counts  # rolled back
+    after = list(Node.objects.order_by("pk").values_list("cpu_millicores_reserved", flat=True))
+    assert after == reserved and ledger_problems(pool) == []
 
 
 def test_the_fleet_and_queue_are_mixed_and_seeded():
