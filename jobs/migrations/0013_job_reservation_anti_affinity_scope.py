@@ -20,6 +20,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='reservation',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='reserved_jobs', to='leases.lease'),
+            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='reserved_jobs', to='leases.lease'),
+        ),
+        migrations.AddIndex(
+            model_name='job',
+            index=models.Index(condition=models.Q(('reservation__isnull', False)), fields=['reservation'], name='jobs_job_names_reservation'),
         ),
     ]
