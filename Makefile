@@ -58,7 +58,9 @@ test: $(VENV)/.test-deps services lint
 	$(BIN)/python manage.py makemigrations --check --dry-run --settings=config.settings_test
 	$(BIN)/pytest -n 2 -q
 
-## bench: benchmarks (apart from tests), JSON on stdout
+## bench: benchmarks (apart from tests), JSON on stdout. The last, submit → running through a
+## whole throwaway stack (issue 20), sends 240 jobs at 120/min: it adds about 2.5 minutes
+## (LATENCY_RATE, LATENCY_JOBS change it; docs/benchmarks.md)
 bench: $(VENV)/.test-deps services
 	$(BIN)/python -m scheduling.bench.placement --quick
 	for clients in 1 16 64; do \
@@ -67,6 +69,7 @@ bench: $(VENV)/.test-deps services
 		$(BIN)/python manage.py bench_leases --clients $$clients --seconds 10 --json || exit 1; \
 	done
 	$(BIN)/python manage.py bench_scheduler --nodes 5000 --jobs 20000 --json
+	$(BIN)/python manage.py bench_latency --rate $${LATENCY_RATE:-120} --jobs $${LATENCY_JOBS:-240} --json
 
 ## fuzz: schemathesis against a live server, every operation with each role's token
 ## (a throwaway database; docs/api.md, Fuzzing). FUZZ_EXAMPLES cases per operation.

@@ -82,6 +82,27 @@ def web_command(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "hypercorn", *config, "config.asgi:application"]
 
 
+def worker_command(schedule: Path) -> list[str]:
+    """The Celery worker with beat (the scheduling pass and the sweeps); beat keeps its
+    schedule's state in the file `schedule`."""
+    command = [sys.executable, "-m", "celery", "-A", "config", "worker", "--beat"]
+    return [*command, "--loglevel", "info", "--concurrency", "2", "--schedule", str(schedule)]
+
+
+def stop_processes(processes) -> None:
+    """SIGTERM to each that still runs, then up to 10 s each to exit before SIGKILL."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def docker_answers() -> bool:
     try:
         import docker
@@ -257,24 +278,9 @@ class Command(BaseCommand):
             redis_url = start_embedded_redis()
             redis_mode = f"embedded Redis-protocol server at {redis_url} (no Redis at REDIS_URL)"
         env = stack_environment(redis_url)
-        python = sys.executable
         commands = {
             "web": web_command(host, port),
-            "worker+beat": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "--beat",
-                "--loglevel",
-                "info",
-                "--concurrency",
-                "2",
-                "--schedule",
-                str(settings.BASE_DIR / "var" / "beat-schedule"),
-            ],
+            "worker+beat": worker_command(settings.BASE_DIR / "var" / "beat-schedule"),
         }
         database = settings.DATABASES["default"]
         self.stdout.write(self.style.SUCCESS("Compute Pool is starting:"))
@@ -336,14 +342,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             pass
         finally:
-            for process in processes.values():
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in processes.values():
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(processes.values())
             self.stdout.write("Stopped.")
 
     def plan_agent(self, host: str, port: int) -> AgentPlan:
