@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 
 from jobs.api.agent import AgentJobsViewSet
 from jobs.api.views import JobViewSet
+from jobs.api.wait import assignments_wait
 from leases.api.quotas import QuotaViewSet
 from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
@@ -37,6 +38,8 @@ router.register("agent", AgentJobsViewSet, basename="agent-jobs")  # assignments
 
 urlpatterns = [
     re_path(r"^me/?$", me, name="me"),
+    # the agent's long poll for a push: an async view (jobs/api/wait.py), not the router's
+    re_path(r"^agent/assignments/wait/?$", assignments_wait, name="agent-assignments-wait"),
     path("", include("leases.api.urls")),
     path("", include(router.urls)),
 ]

@@ -22,6 +22,7 @@ from leases.services import (
     lease_set_route,
     lease_stopped,
 )
+from nodes.push import push_assignments
 from nodes.services import node_image_pull_record
 from pools.actors import Actor
 from pools.knobs import knobs_for
@@ -239,17 +240,23 @@ def job_request_checkpoint(
     (`checkpoint_requested`), signals the job, stops it after the pool's `stop_grace_s`,
     uploads the checkpoint and reports `checkpointed`: the job is queued again and its lease
     released. An agent that never reports loses the lease with its node, and the stranded-jobs
-    sweep makes the job `lost` or retries it (scheduling.passes.requeue_jobs_without_lease)."""
-    return job_transition(
-        job=job,
-        to=S.CHECKPOINTING,
-        actor=actor,
-        reason=reason,
-        message=message,
-        now=now,
-        data=data,
-        check=_checkpointable,
-    )
+    sweep makes the job `lost` or retries it (scheduling.passes.requeue_jobs_without_lease).
+    The node is nudged once this commits (nodes/push.py), so its agent reads it at once."""
+    with transaction.atomic():
+        job = job_transition(
+            job=job,
+            to=S.CHECKPOINTING,
+            actor=actor,
+            reason=reason,
+            message=message,
+            now=now,
+            data=data,
+            check=_checkpointable,
+        )
+        push_assignments(
+            list(job.leases.filter(state__in=HOLDING).values_list("node_id", flat=True))
+        )
+    return job
 
 
 def _checkpointable(job: Job) -> None:

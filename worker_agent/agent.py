@@ -1,8 +1,9 @@
 """The agent's main loop (docs/data-plane.md, "The agent"): enroll once, report the inventory,
-reconcile what a previous agent left running, then every `poll_s` read the assignments (start a
-runner for each new one, cancel the runners whose job left) and every `heartbeat_interval_s`
-heartbeat with the workloads, the local image cache and the runtime. The credential is rotated
-when the heartbeat says so or half its lifetime has passed."""
+reconcile what a previous agent left running, then every `poll_s` — or at once when the control
+plane pushes a change (a thread long-polls `agent/assignments/wait`) — read the assignments
+(start a runner for each new one, cancel the runners whose job left) and every
+`heartbeat_interval_s` heartbeat with the workloads, the local image cache and the runtime. The
+credential is rotated when the heartbeat says so or half its lifetime has passed."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
 log = logging.getLogger(__name__)
 
 PROBE_KINDS = ("validation", "recovery")  # what the agent answers (docs/nodes.md)
+PUSH_WAIT_S = 25.0  # one long poll for a push; the control plane allows 1–30 s
+PUSH_BACKOFF_S, PUSH_BACKOFF_MAX_S = 0.5, 15.0  # after a failed or too quick wait
 
 
 class AgentError(Exception):
@@ -48,6 +51,7 @@ class Config:
     address: str = ""  # where this node's published ports are reached (routes)
     poll_s: float = 2.0
     heartbeat_interval_s: float = 15.0
+    push: bool = True  # long-poll for pushed changes between polls (polls go on regardless)
 
 
 def default_node_name() -> str:
@@ -106,6 +110,8 @@ class Agent:
     ):
         self.config = config
         self.stop_event = threading.Event()
+        self.pushed = threading.Event()  # a push (or a stop) ends the wait between two syncs
+        self.push_thread: threading.Thread | None = None
         self.state = AgentState(config.state_dir)
         try:
             work_dir = config.work_dir or default_work_root(config.state_dir)
@@ -129,8 +135,14 @@ class Agent:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
         self.start()
+        if self.config.push:
+            self.push_thread = threading.Thread(
+                target=self.listen_for_pushes, daemon=True, name="assignments-push"
+            )
+            self.push_thread.start()
         next_heartbeat = 0.0
         while not self.stop_event.is_set():
+            self.pushed.clear()  # a push from here on brings the next sync forward
             try:
                 if time.monotonic() >= next_heartbeat:
                     self.heartbeat()
@@ -142,8 +154,37 @@ class Agent:
                 if exc.status == 401:
                     raise AgentError(f"the node credential is refused: {exc}") from exc
                 log.warning("%s", exc)
-            self.stop_event.wait(self.config.poll_s)
+            self.pushed.wait(self.config.poll_s)  # whichever first: a push or the poll
         self.shutdown()
+
+    def listen_for_pushes(self) -> None:
+        """Long-poll the control plane for pushes; each one sets `pushed`, which wakes the run
+        loop. A push is only a hint: a lost one (an error, a timeout, a nudge between two
+        waits) costs at most one poll. A control plane without the endpoint (404): polls only."""
+        backoff = PUSH_BACKOFF_S
+        while not self.stop_event.is_set():
+            started = time.monotonic()
+            try:
+                changed = self.client.wait_assignments(PUSH_WAIT_S)
+            except ApiError as exc:
+                if exc.status in (404, 405):
+                    log.info(
+                        "the control plane pushes nothing: polling every %ss", self.config.poll_s
+                    )
+                    return
+                log.debug("waiting for a push: %s", exc)
+            except Exception as exc:  # unreachable, a broken answer …: retried after a pause
+                log.debug("waiting for a push: %s", exc)
+            else:
+                if changed:
+                    self.pushed.set()
+                    backoff = PUSH_BACKOFF_S
+                    continue
+                if time.monotonic() - started >= 1:  # a full wait: ask again at once
+                    backoff = PUSH_BACKOFF_S
+                    continue
+            self.stop_event.wait(backoff)
+            backoff = min(PUSH_BACKOFF_MAX_S, backoff * 2)
 
     def start(self) -> None:
         """Enroll if needed, report the inventory, reconcile what runs here."""
@@ -162,6 +203,7 @@ class Agent:
     def stop(self) -> None:
         """From a signal handler: end the loops; containers keep running."""
         self.stop_event.set()
+        self.pushed.set()
 
     def shutdown(self) -> None:
         for runner in self.runners.values():

@@ -62,6 +62,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default=env("POOL", ""), help="the pool expected (checked)")
     p.add_argument("--address", default=env("ADDRESS", ""), help="address in job routes")
     p.add_argument("--poll-s", type=float, default=float(env("POLL_S", "2")))
+    p.add_argument(
+        "--push",
+        action=argparse.BooleanOptionalAction,
+        default=env("PUSH", "1").lower() not in ("0", "false", "no"),
+        help="long-poll for pushed assignments between polls (default: on)",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument("--version", action="version", version=__version__)
     return p
@@ -100,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         pool=args.pool,
         address=args.address,
         poll_s=args.poll_s,
+        push=args.push,
     )
     held = AgentState(args.state_dir)
     try:

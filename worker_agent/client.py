@@ -77,11 +77,15 @@ class ApiClient:
             session.headers["User-Agent"] = f"compute-pool-worker-agent/{__version__}"
         return session
 
-    def request(self, method: str, path: str, *, auth: bool = True, **kwargs):
+    def request(
+        self, method: str, path: str, *, auth: bool = True, retries: int | None = None, **kwargs
+    ):
         """The decoded JSON answer (or text, or None for an empty body); raises ApiError on an
-        error status and ApiUnreachable when every retry failed to connect."""
+        error status and ApiUnreachable when every retry (`retries`, default the client's)
+        failed to connect."""
         url = f"{self.base}/{path.lstrip('/')}"
         kwargs.setdefault("timeout", self.timeout)
+        retries = self.retries if retries is None else retries
         reread = False
         attempt = 0
         while True:
@@ -104,7 +108,7 @@ class ApiClient:
             if error is None and response.status_code not in RETRY_STATUSES:
                 return self._decode(response, method, path)
             attempt += 1
-            if attempt > self.retries or self.stop.is_set():
+            if attempt > retries or self.stop.is_set():
                 if error is not None:
                     raise ApiUnreachable(f"{method} {url}: {error}") from error
                 return self._decode(response, method, path)
@@ -115,7 +119,7 @@ class ApiClient:
                 path,
                 error or response.status_code,
                 attempt,
-                self.retries,
+                retries,
                 delay,
             )
             self._rewind(kwargs)
@@ -161,6 +165,19 @@ class ApiClient:
 
     def assignments(self) -> list[dict]:
         return self.request("GET", "agent/assignments") or []
+
+    def wait_assignments(self, timeout: float) -> bool:
+        """The long poll for a push (docs/data-plane.md "Assignments"): True once the control
+        plane nudges this node, False after `timeout` seconds without one. One try: the
+        caller backs off and asks again; ApiError 404 means a control plane without it."""
+        answer = self.request(
+            "GET",
+            "agent/assignments/wait",
+            params={"timeout": timeout},
+            timeout=(min(self.timeout, 10), timeout + 10),  # connect, then read: the wait
+            retries=0,
+        )
+        return isinstance(answer, dict) and answer.get("changed") is True
 
     def report(self, job: int, body: dict) -> dict:
         return self.request("POST", f"agent/jobs/{int(job)}/report", json=body)

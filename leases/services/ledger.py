@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from leases import backend
+from nodes.push import push_assignments
 from pools.statemachine import TransitionRefused
 
 from . import capacity, lease_rows, quota
@@ -78,6 +79,9 @@ def apply(rows: list[Row]) -> Applied:
         _fire(BEFORE_WRITES, rows)
         _take(rows, applied)
         _fire(AFTER_INSERTS, applied.taken)
+        # the nodes of new leases of jobs (the pass's, both paths) are nudged once committed;
+        # a bare reserve (the lease API's hot path) publishes nothing
+        push_assignments({row.node_id for row in applied.taken if row.lease.get("job_id")})
     return applied
 
 

@@ -16,6 +16,7 @@ from leases.choices import HOLDING, LEASE_TRANSITIONS, TERMINAL, LeaseState
 from leases.events import publish_lease_event
 from leases.models import Lease, LeaseEvent
 from leases.window import as_timedelta
+from nodes.push import push_assignments
 from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, transition
@@ -26,7 +27,14 @@ S = LeaseState
 
 
 def lease_transition(*, lease: Lease, to: str, actor: Actor, reason: str, **details) -> Lease:
-    """The one transition helper: lock, check LEASE_TRANSITIONS, save, write the event."""
+    """The one transition helper: lock, check LEASE_TRANSITIONS, save, write the event. Once
+    committed, the event is published and the node's agent nudged (nodes/push.py): a lease
+    that ends or stops changes what the node runs (not pushed back to the node that did it)."""
+
+    def committed(obj: Lease, event: LeaseEvent) -> None:
+        publish_lease_event(obj, event)
+        push_assignments([obj.node_id], actor=actor)
+
     return transition(
         Lease,
         lease.pk,
@@ -35,7 +43,7 @@ def lease_transition(*, lease: Lease, to: str, actor: Actor, reason: str, **deta
         event_model=LeaseEvent,
         actor=actor,
         reason=reason,
-        on_commit=publish_lease_event,
+        on_commit=committed,
         **details,
     )
 

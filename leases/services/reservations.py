@@ -14,6 +14,7 @@ from django.db import transaction
 from leases import snapshot as snap
 from leases.choices import LeaseState
 from leases.models import Lease, LeaseEvent
+from nodes.push import push_assignments
 from placement import place
 from placement import types as core
 from pools.actors import Actor
@@ -81,4 +82,5 @@ def reservation_take(*, lease: Lease, job, actor: Actor, now) -> Lease | None:
             at=now,
             data={"job": job.pk},
         )
+        push_assignments([locked.node_id])  # the job is the node's work now
     return locked

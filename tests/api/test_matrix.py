@@ -437,6 +437,12 @@ ROWS = [
         "agent/assignments",
         "401 403 403 403 403 403 403 403 200 200 403 401 401",
     ),
+    Row(  # the long poll for a push (jobs/api/wait.py): nothing comes, {"changed": false}
+        "GET",
+        "agent/assignments/wait",
+        "agent/assignments/wait?timeout=1",
+        "401 403 403 403 403 403 403 403 200 200 403 401 401",
+    ),
     Row(
         "POST",
         "agent/jobs/{job_id}/report",
@@ -696,7 +702,7 @@ def _api_routes():
         if route in ("", "<drf_format_suffix:format>"):
             continue  # DRF's browsable root
         actions = getattr(view, "actions", None)
-        cls = getattr(view, "cls", None)
+        cls = getattr(view, "cls", None) or getattr(view, "view_class", None)  # DRF, Django
         methods = actions or {
             m: m for m in cls.http_method_names if m not in ("options", "head") and hasattr(cls, m)
         }

@@ -5,6 +5,7 @@ run the agent against the real one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -13,6 +14,7 @@ import uuid
 from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 
 class ControlPlane:
@@ -32,7 +34,15 @@ class ControlPlane:
         self.on_report = None  # called with each report's body before it is answered
         # job → the checkpoint.tar served to its next attempt (default: its newest upload)
         self.checkpoints: dict[int, bytes] = {}
+        # the long poll `agent/assignments/wait`: "push" answers at push() or its timeout;
+        # "lost" never answers (until closed); "error" answers 500; "missing" 404 (an older
+        # control plane)
+        self.wait_mode = "push"
+        self.pushes = 0  # push() calls so far
+        self.waiting = 0  # long polls open now
         self.lock = threading.Lock()
+        self.pushed = threading.Condition(self.lock)
+        self.closed = False
         plane = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,11 +87,36 @@ class ControlPlane:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _wait(self, query):
+                """The long poll: {"changed": true} at the next push(), false at its timeout."""
+                if plane.wait_mode == "missing":
+                    return self._answer(404, {"detail": "Not found."})
+                if plane.wait_mode == "error":
+                    return self._answer(500, {"detail": "forced"})
+                timeout = float(parse_qs(query).get("timeout", ["25"])[0])
+                lost = plane.wait_mode == "lost"
+                with plane.lock:
+                    seen, plane.waiting = plane.pushes, plane.waiting + 1
+                    plane.pushed.wait_for(
+                        lambda: plane.closed or (not lost and plane.pushes != seen),
+                        None if lost else timeout,
+                    )
+                    plane.waiting -= 1
+                    changed = plane.pushes != seen and not plane.closed
+                with contextlib.suppress(OSError):
+                    self._answer(200, {"changed": changed})
+
             def _handle(self):
                 body = self._body()
                 path = self.path.removeprefix("/api/v1/").lstrip("/")
+                route, _, query = path.partition("?")
                 with plane.lock:
                     plane.requests.append((self.command, path, body))
+                if route == "agent/assignments/wait":  # before `statuses`: the loop's own
+                    if self.headers.get("Authorization") != f"Bearer {plane.credential}":
+                        return self._answer(401, {"detail": "Node credential refused."})
+                    return self._wait(query)
+                with plane.lock:
                     forced = plane.statuses.pop(0) if plane.statuses else None
                 if forced:
                     return self._answer(forced, {"detail": "forced"})
@@ -131,6 +166,12 @@ class ControlPlane:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
+    def push(self) -> None:
+        """A nudge to the node: every open long poll answers {"changed": true}."""
+        with self.lock:
+            self.pushes += 1
+            self.pushed.notify_all()
+
     def sent(self, suffix: str) -> list:
         with self.lock:
             return [body for _, path, body in self.requests if path.endswith(suffix)]
@@ -151,5 +192,8 @@ class ControlPlane:
         return files
 
     def close(self):
+        with self.lock:  # open long polls end
+            self.closed = True
+            self.pushed.notify_all()
         self.server.shutdown()
         self.server.server_close()
