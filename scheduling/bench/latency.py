@@ -143,6 +143,8 @@ SPANS = {
     "submitted_to_leased": ("submitted", "leased"),
     "leased_to_running": ("leased", "running"),
     "submitted_to_running": ("submitted", "running"),
+    # how long a job holds its capacity: with the node's room this bounds the rate it sustains
+    "leased_to_ended": ("leased", "ended"),
 }
 # leased → running in the agent's steps, as the control plane received its reports: the agent
 # finding its assignment (`image_pulling`), the image check (→ `startup_began`), and creating
@@ -165,13 +167,15 @@ def _mark(reason: str, to_state: str) -> str:
         return "starting"
     if reason == Reason.CONTAINER_STARTED:
         return "running"
+    if to_state in TERMINAL:
+        return "ended"
     return ""
 
 
 def job_latencies(job_ids: list[int]) -> dict:
     """From the jobs' own events (their first of each mark): submitted → leased (the event into
-    `leased`), leased → running (`container_started`) and submitted → running, and leased →
-    running in the agent's steps (p50 only), in seconds; and the final states' counts."""
+    `leased`), leased → running (`container_started`), submitted → running and leased → ended,
+    and leased → running in the agent's steps (p50 only), in seconds; the final states' counts."""
     first: dict[int, dict[str, float]] = {}
     events = JobEvent.objects.filter(job_id__in=job_ids).order_by("at", "id")
     for job_id, reason, to_state, at in events.values_list("job_id", "reason", "to_state", "at"):

@@ -16,7 +16,7 @@ from config.management.commands.bench_latency import CLAIM_KEY
 from config.management.commands.runstack import docker_answers, registry_answers
 from tests.conftest import require_service
 
-SPANS = ("submitted_to_leased", "leased_to_running", "submitted_to_running")
+SPANS = ("submitted_to_leased", "leased_to_running", "submitted_to_running", "leased_to_ended")
 
 
 @pytest.mark.slow
