@@ -273,6 +273,13 @@ SCHEDULER_PASS_MAX_JOBS = env.int("SCHEDULER_PASS_MAX_JOBS", default=2000)
 # How often beat starts a pass (config/celery.py); the pass task's expiry and time limit follow
 # from it (scheduling/tasks.py).
 SCHEDULER_PASS_PERIOD_S = env.float("SCHEDULER_PASS_PERIOD_S", default=2.0)
+# Placement on events (scheduling/coalesce.py): a job submitted, a lease's capacity returned or
+# a node become ready (or back from silence) asks for a pass of its pool once committed, through
+# the Celery task scheduling.pool_pass; a pool's passes so started begin at least this many
+# seconds after its previous pass ended, so a burst of submits makes a few passes, not hundreds.
+# Off: only beat's pass places (the test settings turn it off; their tasks run inline).
+SCHEDULER_EVENT_PASSES = env.bool("SCHEDULER_EVENT_PASSES", default=True)
+SCHEDULER_EVENT_MIN_INTERVAL_S = env.float("SCHEDULER_EVENT_MIN_INTERVAL_S", default=0.25)
 # Scheduler health (scheduling/health.py): pass records and capacity samples are kept this many
 # hours for the operators' charts, then pruned.
 SCHEDULER_HEALTH_WINDOW_HOURS = env.int("SCHEDULER_HEALTH_WINDOW_HOURS", default=24)

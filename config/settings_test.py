@@ -12,6 +12,9 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get(
 )
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
+# No pass on events: a test places with the pass when it means to (inline tasks would place
+# every job at its submit). Tests of the triggers turn it on (tests/scheduling/test_triggers.py).
+SCHEDULER_EVENT_PASSES = False
 # Tests of one tenant run in the same minute across the suite: the placement throttle is off,
 # except where a test sets a rate (tests/security/test_limits.py).
 PLACEMENT_THROTTLE_RATE = ""

@@ -23,7 +23,7 @@ from pools.statemachine import Refusal, TransitionRefused, check_allowed, create
 from .choices import JOB_TRANSITIONS, TERMINAL, AntiAffinityScope, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
-from .signals import job_cancelled
+from .signals import job_cancelled, jobs_submitted
 
 
 class QueueFull(Refusal):
@@ -194,6 +194,7 @@ def job_submit(
                 message=f"submitted to pool {pool.slug}",
             )
             transaction.on_commit(lambda: publish_job_event(job, event))
+            jobs_submitted.send(sender=Job, pool_id=pool.pk)
     except IntegrityError:  # a racing submit with the same key committed first
         if idempotency_key and (earlier := _keyed_job(tenant, idempotency_key, idempotency_digest)):
             return earlier
@@ -258,7 +259,7 @@ def jobs_submit_many(*, pool: ComputePool, specs: list[dict], actor: Actor, now=
                 **spec,
             )
         )
-    return create_many(
+    created = create_many(
         jobs,
         path=[(JobState.QUEUED, Reason.SUBMITTED, f"submitted to pool {pool.slug}")],
         allowed=JOB_TRANSITIONS,
@@ -266,6 +267,8 @@ def jobs_submit_many(*, pool: ComputePool, specs: list[dict], actor: Actor, now=
         actor=actor,
         now=now,
     )
+    jobs_submitted.send(sender=Job, pool_id=pool.pk)  # after its commit (or the caller's)
+    return created
 
 
 def _output_limit(tenant: Tenant, pool: ComputePool, wanted: int | None) -> int:

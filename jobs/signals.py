@@ -10,3 +10,8 @@ from django.dispatch import Signal
 # A job was cancelled (jobs.services.job_cancel): job (its row locked, now cancelled), actor.
 # A preemption decided for it is called off at once (scheduling/preemption.py).
 job_cancelled = Signal()
+
+# Jobs were queued: pool_id. Sent by jobs.services.job_submit inside its transaction, by
+# jobs_submit_many after its write (inside the caller's transaction, if any). The control loop
+# asks for a pass of that pool once it commits (scheduling/receivers.py).
+jobs_submitted = Signal()

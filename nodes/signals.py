@@ -1,8 +1,9 @@
-"""What a node's events mean to the layers above (the lease ledger), without nodes importing
-them. Each is sent synchronously inside the sender's transaction, so a receiver's writes commit
-or roll back with the node's own; a receiver that raises stops the sender.
+"""What a node's events mean to the layers above (the lease ledger, the control loop), without
+nodes importing them. Each is sent synchronously inside the sender's transaction, so a receiver's
+writes commit or roll back with the node's own; a receiver that raises stops the sender.
 
-The leases app connects its receivers in its AppConfig.ready() (leases/receivers.py).
+The leases app connects its receivers in its AppConfig.ready() (leases/receivers.py), the
+scheduling app its requests for a pass (scheduling/receivers.py).
 """
 
 from django.dispatch import Signal
@@ -20,3 +21,8 @@ node_unreachable = Signal()
 # An unreachable node heartbeats again: node, workloads, actor, now. Receivers reconcile what
 # the node still runs with what it held.
 node_returned = Signal()
+
+# A node became ready (nodes.services.node_transition: verified, back from quarantine, a drain
+# called off): node. Its capacity is schedulable once the transaction commits; the control loop
+# asks for a pass of its pool then (scheduling/receivers.py).
+node_ready = Signal()

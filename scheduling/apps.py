@@ -6,4 +6,6 @@ class SchedulingConfig(AppConfig):
     verbose_name = "Scheduling"
 
     def ready(self):
-        from . import receivers  # noqa: F401  (a cancel calls its pending preemption off)
+        # a cancel calls its pending preemption off; submits, ended leases and ready nodes
+        # ask for a pass of their pool
+        from . import receivers  # noqa: F401

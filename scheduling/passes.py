@@ -7,6 +7,11 @@ the jobs of a plan whose apply failed, the single path places them one by one
 (`single.one_by_one`). Each step is a module of `scheduling/pass_steps/`; docs/scheduler.md
 "The scheduling pass" tells the whole story.
 
+A pool's passes never overlap: each runs under the pool's lock, and a pass asked for while
+another holds it is run by that holder right after its own (`scheduling/coalesce.py`); beat's
+pass over every pool (`scheduling_pass`) and the pass of one pool an event asks for
+(`event_pass`) go through the same lock.
+
 One bad job never stops the pass: a job whose request cannot be planned is recorded on its own
 (`scheduling_error`); a plan whose apply fails rolls back as a whole and its jobs then go one by
 one, which isolates the bad one.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from django.conf import settings
 from django.utils import timezone
@@ -25,6 +31,7 @@ from leases import backend
 from pools.models import ComputePool
 from pools.reasons import Reason
 from scheduling import fairshare
+from scheduling.coalesce import EVENT_BUDGET_S, run_exclusive
 from scheduling.health import record_pass
 from scheduling.pass_steps import apply, plan, reserved, single
 from scheduling.pass_steps.outcomes import TENANT_WIDE, PassResult, note_tenants_at_quota
@@ -35,6 +42,7 @@ from scheduling.preemption import noticed_pools, preempt_for
 __all__ = [
     "PassResult",
     "batch_pass",
+    "event_pass",
     "pool_pass",
     "queued_jobs",
     "requeue_jobs_without_lease",
@@ -43,19 +51,72 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def scheduling_pass(*, now=None, pool_id=None, limit: int | None = None) -> PassResult:
-    now = now or timezone.now()
+def scheduling_pass(
+    *,
+    now=None,
+    pool_id=None,
+    limit: int | None = None,
+    hand_over: Callable[[int], None] | None = None,
+) -> PassResult:
+    """Every pool's pass (or `pool_id`'s) on one window, each under its pool's lock: a pool whose
+    lock another holds is left to it (it runs one more pass after its own). A holder asked for
+    another pass meanwhile runs it at once (on a window of its pool read afresh); asked again,
+    it calls `hand_over(pool_id)` (beat's task: an event pass) and goes on with the next pool."""
+    given_now, now = now, now or timezone.now()
     result = PassResult()
     at_quota = note_tenants_at_quota(now, pool_id=pool_id)
     limit = limit or settings.SCHEDULER_PASS_MAX_JOBS
     window: dict[int, list[int]] = defaultdict(list)
     for job_id, _, job_pool_id in queued_jobs(pool_id=pool_id, limit=limit, skip=at_quota, now=now):
         window[job_pool_id].append(job_id)
-    for job_pool_id, job_ids in window.items():
-        pool_pass(job_pool_id, job_ids, now, result)
     for job_pool_id in noticed_pools(pool_id) - window.keys():  # no queued job in its window
-        _preempt_for_waiting(job_pool_id, {}, result, now)  # its notices settled all the same
+        window[job_pool_id] = []  # its notices settled all the same
+
+    for job_pool_id, job_ids in window.items():
+
+        def one_pass(n: int, pool=job_pool_id, ids=job_ids) -> None:
+            if n == 0:  # on this window
+                _pool_round(pool, ids, now, result)
+            else:  # asked for while it ran: on the pool's window as it is now
+                _pool_round(pool, None, given_now or timezone.now(), result, limit)
+
+        run_exclusive(
+            job_pool_id,
+            one_pass,
+            pace_s=settings.SCHEDULER_EVENT_MIN_INTERVAL_S,
+            hand_over=hand_over,
+        )
     return result
+
+
+def event_pass(pool_id: int, hand_over: Callable[[int], None] | None = None) -> PassResult:
+    """The pass of one pool an event asked for (scheduling/tasks.py `pool_pass`), under the
+    pool's lock, paced: it starts `SCHEDULER_EVENT_MIN_INTERVAL_S` after the pool's previous
+    pass ended, and so does each further pass asked for while it runs."""
+    result = PassResult()
+    run_exclusive(
+        pool_id,
+        lambda n: _pool_round(pool_id, None, timezone.now(), result),
+        pace_s=settings.SCHEDULER_EVENT_MIN_INTERVAL_S,
+        pace_first=True,
+        budget_s=EVENT_BUDGET_S,
+        hand_over=hand_over,
+    )
+    return result
+
+
+def _pool_round(pool_id: int, job_ids, now, result: PassResult, limit: int | None = None):
+    """One pass of one pool, on `job_ids`, or (None) on a window of the pool read now; a pool
+    without queued jobs has its preemption notices settled."""
+    if job_ids is None:
+        at_quota = note_tenants_at_quota(now, pool_id=pool_id)
+        limit = limit or settings.SCHEDULER_PASS_MAX_JOBS
+        rows = queued_jobs(pool_id=pool_id, limit=limit, skip=at_quota, now=now)
+        job_ids = [job_id for job_id, _, _ in rows]
+    if job_ids:
+        pool_pass(pool_id, job_ids, now, result)
+    elif pool_id in noticed_pools(pool_id):
+        _preempt_for_waiting(pool_id, {}, result, now)
 
 
 def pool_pass(pool_id: int, job_ids: list[int], now, result: PassResult) -> None:

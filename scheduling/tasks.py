@@ -11,6 +11,7 @@ from jobs.choices import JobState
 from jobs.models import Job
 from pools.tasktime import parse_now
 from scheduling import backfill, drain, forecast, health, passes
+from scheduling.coalesce import PoolPasses
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,36 @@ PASS_TIME_LIMIT_S = 30 * settings.SCHEDULER_PASS_PERIOD_S
 
 @shared_task(name="scheduling.pass", time_limit=PASS_TIME_LIMIT_S)
 def scheduling_pass(now=None) -> dict:
-    result = passes.scheduling_pass(now=parse_now(now))
+    """Beat's pass over every pool, the safety net of the passes events ask for."""
+    result = passes.scheduling_pass(now=parse_now(now), hand_over=request_pass)
     return {"placed": result.placed, "pending": result.pending}
+
+
+@shared_task(name="scheduling.pool_pass", time_limit=PASS_TIME_LIMIT_S)
+def pool_pass(pool_id: int) -> dict:
+    """The pass of one pool an event asked for (`request_pass`)."""
+    PoolPasses(pool_id).unqueue()  # requests from now on are this pass's to miss: they send
+    result = passes.event_pass(pool_id, hand_over=request_pass)
+    return {"placed": result.placed, "pending": result.pending}
+
+
+def request_pass(pool_id: int) -> None:
+    """Ask for a pass of the pool (scheduling/receivers.py, once a submit, a lease's end or a
+    node's readiness committed): one `pool_pass` task, delayed until the pool's minimum
+    interval since its last pass has passed, unless one is already on its way (it has not
+    started, so it will read what this request's transaction wrote). Never raises: a failure
+    is logged, and beat's pass places the job."""
+    if not settings.SCHEDULER_EVENT_PASSES:
+        return
+    state = PoolPasses(pool_id)
+    delay = state.delay(settings.SCHEDULER_EVENT_MIN_INTERVAL_S)
+    if not state.queue(delay):
+        return
+    try:
+        pool_pass.apply_async(args=[pool_id], countdown=delay or None)
+    except Exception:
+        state.unqueue()
+        logger.exception("pool %s: could not ask for a pass", pool_id)
 
 
 @shared_task(name="scheduling.requeue_stranded_jobs")

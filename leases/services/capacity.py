@@ -29,6 +29,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql import Query
 
 from leases import backend
+from leases.signals import capacity_returned
 from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
 
@@ -299,8 +300,9 @@ def _values(part: GpuPart) -> SimpleNamespace:
 
 def return_capacity(lease) -> None:
     """Guarded decrements in the lock order (node, then its GPUs by id); a backfill holds
-    nothing on the ledger."""
+    nothing on the ledger. Either way `capacity_returned` tells the layers above."""
     if lease.backfill_of_id is not None:
+        capacity_returned.send(sender=type(lease), lease=lease)
         return
     cpu, mem, scratch = lease.cpu_millicores, lease.memory_mib, lease.scratch_mib
     updated = Node.objects.filter(
@@ -332,3 +334,4 @@ def return_capacity(lease) -> None:
             )
         if not updated:
             raise RuntimeError(f"ledger of GPU {alloc['gpu']} is below lease {lease.pk}")
+    capacity_returned.send(sender=type(lease), lease=lease)

@@ -9,6 +9,7 @@ from pools.models import ComputePool
 from pools.reasons import Reason
 from pools.statemachine import create_many, transition
 
+from .. import signals
 from ..capacity import allocatable_from_raw
 from ..choices import NODE_TRANSITIONS, NodeState
 from ..events import publish_node_event
@@ -120,18 +121,23 @@ def nodes_register_ready(*, pool: ComputePool, specs: list[dict], actor: Actor, 
 
 
 def node_transition(*, node: Node, to: str, actor: Actor, reason: str, **details) -> Node:
-    """The one way a node changes state; `details`: message, now, changes, data, check."""
-    return transition(
-        Node,
-        node.pk,
-        to=to,
-        allowed=NODE_TRANSITIONS,
-        event_model=NodeEvent,
-        actor=actor,
-        reason=reason,
-        on_commit=publish_node_event,
-        **details,
-    )
+    """The one way a node changes state; `details`: message, now, changes, data, check. A node
+    that became ready says so (`signals.node_ready`) in the same transaction."""
+    with transaction.atomic():
+        node = transition(
+            Node,
+            node.pk,
+            to=to,
+            allowed=NODE_TRANSITIONS,
+            event_model=NodeEvent,
+            actor=actor,
+            reason=reason,
+            on_commit=publish_node_event,
+            **details,
+        )
+        if to == NodeState.READY:
+            signals.node_ready.send(sender=Node, node=node)
+    return node
 
 
 def node_verify(
