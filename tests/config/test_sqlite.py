@@ -75,11 +75,12 @@ def submit(count, tag):
                    shape=shapes[i % len(shapes)])
 
 
-submit(60, "before")  # more than the demo's nodes hold: some stay queued
-# rows the sweeps must act on: a lease past its expiry, a drain whose deadline passes meanwhile
+# rows the sweeps must act on: a lease past its expiry (taken before the jobs, whose event
+# passes fill the tenant's quota at once), a drain whose deadline passes meanwhile
 past = timezone.now() - timedelta(minutes=10)
 lease = lease_reserve(pool=pool, tenant=tenant, request=cpu_request(), actor=actor,
                       duration=timedelta(minutes=1), now=past)
+submit(60, "before")  # more than the demo's nodes hold: some stay queued
 drained = pool.nodes.order_by("-pk").first()
 node_services.node_drain(node=drained, actor=actor, deadline=timezone.now() + timedelta(seconds=1))
 connection.close()
