@@ -5,11 +5,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from urllib.parse import urlparse
 
 import psycopg
 from django.conf import settings
 
 from config.builders import build_fleet, build_node, build_tenant, submit_job, submit_jobs
+from config.management.commands.bench_scheduler import DEFAULT_URL
 from jobs.models import Job
 from nodes.models import GpuDevice, Node, NodeEvent
 from scheduling.bench.scheduler import fleet_specs, job_specs, measure, write_floor
@@ -133,3 +137,56 @@ def test_the_command_prints_its_figures_and_drops_its_database():
         assert key in figures
     assert figures["overcommitted_nodes"] == 0 and "unplaced_by_reason" in figures
     assert _bench_databases() == before
+
+
+def test_the_command_passes_two_pools_at_once_and_drops_its_database():
+    before = _bench_databases()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "bench_scheduler", "--nodes", "20", "--jobs", "60",
+         "--pools", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=settings.BASE_DIR,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["pools"] == 2 and figures["pools_built"] == 3
+    for key in ("parallel_over_single", "lock_wait_samples", "jobs_without_one_lease"):
+        assert key in figures
+    single, parallel = figures["single"], figures["parallel"]
+    assert [p["pool"] for p in single["pools"]] == ["bench-0"]
+    assert [p["pool"] for p in parallel["pools"]] == ["bench-1", "bench-2"]
+    for pool in single["pools"] + parallel["pools"]:
+        assert pool["placed"] > 0 and pool["passes"] == 1 and pool["seconds"] > 0
+    for group in (single, parallel):
+        assert group["placed"] == sum(p["placed"] for p in group["pools"])
+        assert group["wall_s"] > 0 and group["lock_sampling"]["samples"] > 0
+    assert figures["overcommitted_nodes"] == 0 and figures["jobs_without_one_lease"] == 0
+    assert _bench_databases() == before
+
+
+def test_the_lock_sampler_sees_a_lock_wait():
+    """What the parallel passes report as 0 lock waits is seen when there is one: a session
+    waiting for an advisory lock another holds (on the PostgreSQL server the command uses)."""
+    from scheduling.bench.parallel import LockSampler
+
+    url = urlparse(os.environ.get("DATABASE_URL") or "")
+    if url.scheme not in ("postgres", "postgresql"):
+        url = urlparse(DEFAULT_URL)
+    params = {"host": url.hostname, "port": url.port or 5432, "user": url.username,
+              "password": url.password, "dbname": "postgres"}  # fmt: skip
+    sampler = LockSampler(every_s=0.005, params=params)
+    with psycopg.connect(autocommit=True, **sampler.params) as holder:
+        holder.execute("SELECT pg_advisory_lock(42)")
+        with psycopg.connect(autocommit=True, **sampler.params) as waiter:
+            thread = threading.Thread(target=waiter.execute, args=["SELECT pg_advisory_lock(42)"])
+            thread.start()
+            sampler.start()
+            time.sleep(0.2)
+            seen = sampler.stop()
+            holder.execute("SELECT pg_advisory_unlock(42)")
+            thread.join()
+    assert seen["samples_with_lock_wait"] > 0
+    assert "advisory ExclusiveLock" in seen["lock_types"]
