@@ -13,21 +13,7 @@ from worker_agent.agent import Agent, Config
 from worker_agent.runtime.process import ProcessRuntime
 
 from .conftest import make_owner
-
-
-def assignment(job, command):
-    return {
-        "job": job,
-        "attempt": 1,
-        "lease": job * 10,
-        "fencing_token": "55",
-        "state": "leased",
-        "image": "",
-        "command": command,
-        "runtime": "process",
-        "stop_grace_s": 1,
-        "limits": {"cpu_millicores": 1000, "memory_mib": 256, "pids": 4096},
-    }
+from .test_agent import assignment
 
 
 def wait_for(condition, timeout=20.0, step=0.01):
