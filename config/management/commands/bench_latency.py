@@ -352,23 +352,17 @@ def _remove_containers(control_plane: str) -> None:
         client.close()
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=10
+    ).stdout.strip()
+
+
 def _commit() -> str:
     """The tree measured: HEAD's short hash, `+changes` when tracked files differ from it."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=settings.BASE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=settings.BASE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return ""
     return head + ("+changes" if dirty else "")
