@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "leases",
     "jobs",
     "scheduling",
+    "observability",
 ]
 
 MIDDLEWARE = [
