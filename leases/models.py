@@ -72,7 +72,8 @@ class Lease(models.Model):
     placement = models.JSONField(default=dict, help_text="Granted values and score breakdown")
     policy_version = models.PositiveIntegerField(null=True, blank=True)
     fencing_token = models.BigIntegerField(default=new_fencing_token)
-    expires_at = models.DateTimeField(db_index=True)
+    # indexed by (state, expires_at) below, which every query on it filters by state too
+    expires_at = models.DateTimeField()
     committed_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     # When the node's agent made its final report under this lease (the job's end, a
@@ -89,8 +90,14 @@ class Lease(models.Model):
     tolerance_s = models.PositiveIntegerField(default=0)
     # Backfill: short work running inside a reservation's hold before its window opens. Such a
     # lease holds nothing on the node ledger itself; it borrows from `backfill_of`.
+    # indexed below over the few leases that name one: a scheduling pass writes none
     backfill_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="backfills"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="backfills",
+        db_index=False,
     )
     uncertain_since = models.DateTimeField(null=True, blank=True)
     # Measured consumption reported by the node's agent (held ≠ consumed).
@@ -106,8 +113,15 @@ class Lease(models.Model):
     usage_samples = models.PositiveIntegerField(default=0)
     # Where the running job answers: {"host": "10.0.0.5", "ports": {"8080": 32768}}.
     route = models.JSONField(default=dict, blank=True)
+    # indexed below over the leases a person made (a user's deletion sets it to NULL): the
+    # scheduler's leases name nobody
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -121,9 +135,22 @@ class Lease(models.Model):
                 name="lease_idempotency_key_unique_per_tenant",
             )
         ]
+        # Every lease a scheduling pass writes takes an entry in each index that covers it: the
+        # two foreign keys that are mostly NULL are indexed over the rows that name one only
+        # (they serve `= id` and `IN (ids)`, the deletion cascades included)
         indexes = [
             models.Index(fields=["state", "expires_at"]),
             models.Index(fields=["pool", "state"]),
+            models.Index(
+                fields=["backfill_of"],
+                condition=models.Q(backfill_of__isnull=False),
+                name="lease_backfill_of_partial",
+            ),
+            models.Index(
+                fields=["created_by"],
+                condition=models.Q(created_by__isnull=False),
+                name="lease_created_by_partial",
+            ),
         ]
 
     def __str__(self):
