@@ -2,7 +2,8 @@
 # Make sure the real services the test suite talks to are up, in this order:
 #   PostgreSQL, Redis, a Docker engine, a registry on 127.0.0.1:5000, the busybox
 #   test image in that registry, gVisor (runsc) registered with the engine, and Chromium
-#   for the browser tests.
+#   for the browser tests, and Prometheus (promtool for the alert rules, a server that
+#   scrapes /metrics in the observability tests).
 #
 # Idempotent and quick when everything already runs: each step first checks, and only
 # installs (Debian packages, as root) or starts what is missing. One line per service.
@@ -450,6 +451,20 @@ ensure_chromium() {
     fi
 }
 
+# --- 8. Prometheus: promtool checks the shipped alert rules, a real server scrapes /metrics ---
+
+ensure_prometheus() {
+    if [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; then
+        say prometheus "present: $(/usr/bin/prometheus --version 2>&1 | head -n 1)"
+        return
+    fi
+    if apt_install prometheus && [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; then
+        say prometheus "installed Debian's prometheus (with promtool)"
+    else
+        missing prometheus "/usr/bin/prometheus or promtool missing and cannot install them"
+    fi
+}
+
 # `--for-run` (make run): only what running jobs needs — the Docker engine, the loopback registry,
 # the test image and gVisor. Best effort: make run falls back to SQLite, the embedded Redis and, without
 # Docker, the process runtime, so nothing here is fatal there.
@@ -469,6 +484,7 @@ ensure_registry
 ensure_test_image
 ensure_gvisor
 ensure_chromium
+ensure_prometheus
 
 if [ "$PROBLEMS" -gt 0 ]; then
     echo "services: $PROBLEMS missing (warnings above); continuing because CI is not true" >&2

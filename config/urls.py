@@ -3,11 +3,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from observability import views as metrics_views
+
 from . import views
 from .throttle import throttled_login
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    # Prometheus: operators, scrape tokens and METRICS_ALLOWED_CIDRS (observability/access.py)
+    path("metrics", metrics_views.metrics, name="metrics"),
     # Both sign-in forms count failures and lock out guessing (config/throttle.py).
     path("admin/login/", throttled_login(admin.site.login)),
     path("admin/", admin.site.urls),

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from django.db.models import Count, F, Q, Sum
 
-from nodes.choices import NodeState
+from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from placement import evaluate, make_context
 from pools.models import CreditAccount, Quota, ResourceShape
@@ -153,10 +153,18 @@ def tenant_accounting(tenant, pool=None) -> dict:
     }
 
 
+# A node's amounts, and its flags (a flagged node's allocatable counts under the flag).
+AMOUNTS = ("allocatable", "schedulable", "reserved", "used", "free", "fragmented")
+FLAGS = ("draining", "unhealthy", "unreachable")
+CAPACITY_MEASURES = AMOUNTS + FLAGS
+
+
 def pool_capacity(pool) -> dict:
-    """Per node and for the pool: allocatable, reserved, used, free, fragmented, draining,
-    unhealthy. Fragmented = free capacity on a schedulable node where no catalogue shape of the
-    pool fits any more (free, but in pieces no queued shape can use)."""
+    """Per node and for the pool: allocatable, schedulable, reserved, used, free, fragmented,
+    draining, unhealthy, unreachable. Schedulable = the allocatable of nodes new work can go to:
+    ready (neither draining nor quarantined) and reachable; free counts only on those.
+    Fragmented = free capacity on a schedulable node where no catalogue shape of the pool fits
+    any more (free, but in pieces no queued shape can use)."""
     shapes = [snap.core_request(s.as_request()) for s in ResourceShape.objects.filter(pool=pool)]
     view = snap.all_nodes_snapshot(pool.pk)
     policy = snap.pool_policy(pool)
@@ -173,11 +181,13 @@ def pool_capacity(pool) -> dict:
             gpu_milli=Sum("used_gpu_milli"),
         )
     }
+    unreachable = set(
+        Node.objects.filter(pool=pool, reachability=Reachability.UNREACHABLE).values_list(
+            "name", flat=True
+        )
+    )
     dims = ("cpu_millicores", "memory_mib", "scratch_mib", "gpu_milli")
-    totals = {
-        k: dict.fromkeys(dims, 0)
-        for k in ("allocatable", "reserved", "used", "free", "fragmented", "draining", "unhealthy")
-    }
+    totals = {k: dict.fromkeys(dims, 0) for k in CAPACITY_MEASURES}
     nodes = []
     for node in view.nodes:
         node_id = view.node_ids[node.name]
@@ -203,7 +213,9 @@ def pool_capacity(pool) -> dict:
             "gpu_milli": u.get("gpu_milli") or 0,
         }
         unhealthy = node.state == NodeState.QUARANTINED or any(not g.healthy for g in node.gpus)
-        schedulable = node.state == NodeState.READY
+        reachable = node.name not in unreachable
+        # new work can go here: ready (so neither draining nor quarantined) and heard from
+        schedulable = node.state == NodeState.READY and reachable
         fragmented = dict.fromkeys(dims, 0)
         if schedulable and shapes and any(free.values()):
             fits = any(isinstance(evaluate(shape, node, ctx), tuple) for shape in shapes)
@@ -213,18 +225,20 @@ def pool_capacity(pool) -> dict:
             "node": node.name,
             "state": node.state,
             "allocatable": allocatable,
+            "schedulable": allocatable if schedulable else dict.fromkeys(dims, 0),
             "reserved": reserved,
             "used": used_row,
             "free": free if schedulable else dict.fromkeys(dims, 0),
             "fragmented": fragmented,
             "draining": node.state == NodeState.DRAINING,
             "unhealthy": unhealthy,
+            "unreachable": not reachable,
         }
         nodes.append(row)
-        for key in ("allocatable", "reserved", "used", "free", "fragmented"):
+        for key in AMOUNTS:
             for dim in dims:
                 totals[key][dim] += row[key][dim]
-        for flag in ("draining", "unhealthy"):
+        for flag in FLAGS:
             if row[flag]:
                 for dim in dims:
                     totals[flag][dim] += allocatable[dim]

@@ -64,6 +64,12 @@ class TokenScope(models.TextChoices):
     OUTPUTS_READ = "outputs:read", "Retrieve job outputs"
     WRITE = "write", "Write (submit, lease, cancel)"
     OPERATE = "operate", "Operate nodes (operators only)"
+    # a Prometheus scrape token: GET /metrics and nothing else (operators only)
+    METRICS_READ = "metrics:read", "Scrape /metrics (operators only)"
+
+
+# Scopes only operators may hold.
+OPERATOR_SCOPES = frozenset({TokenScope.OPERATE, TokenScope.METRICS_READ})
 
 
 class SupportGrantState(models.TextChoices):

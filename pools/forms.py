@@ -21,4 +21,7 @@ class ApiTokenForm(forms.Form):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         if is_operator(user):  # only operators may hold operate (the service checks it too)
-            self.fields["scopes"].choices += [(TokenScope.OPERATE, "operate (nodes)")]
+            self.fields["scopes"].choices += [
+                (TokenScope.OPERATE, "operate (nodes)"),
+                (TokenScope.METRICS_READ, "metrics:read (a Prometheus scrape token)"),
+            ]

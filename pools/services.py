@@ -16,6 +16,7 @@ from placement import DEFAULT_POLICY
 from . import encryption, validation
 from .actors import Actor
 from .choices import (
+    OPERATOR_SCOPES,
     SUPPORT_GRANT_TRANSITIONS,
     PlatformRole,
     SupportGrantState,
@@ -175,8 +176,9 @@ def api_token_issue(
         errors["scopes"] = "Give at least one scope."
     elif unknown:
         errors["scopes"] = f"Unknown scopes: {', '.join(sorted(unknown))}."
-    elif TokenScope.OPERATE in scopes and not is_operator(user):
-        errors["scopes"] = "Only operators may hold the operate scope."
+    elif OPERATOR_SCOPES.intersection(scopes) and not is_operator(user):
+        held = ", ".join(sorted(OPERATOR_SCOPES.intersection(scopes)))
+        errors["scopes"] = f"Only operators may hold the {held} scope."
     elif beyond_parent:
         errors["scopes"] = (
             f"The token you are using lacks {', '.join(sorted(beyond_parent))}; "

@@ -13,13 +13,12 @@ from jobs.choices import JobState
 from jobs.models import Job
 from leases.choices import HOLDING
 from leases.models import Lease
-from leases.selectors import pool_capacity
+from leases.selectors import AMOUNTS, CAPACITY_MEASURES, FLAGS, pool_capacity
 from nodes.models import Node
 from placement.queue import RESOURCES, dominant_share
 from pools.models import Tenant
 from scheduling import fairshare
 
-MEASURES = ("allocatable", "reserved", "used", "free", "fragmented", "draining", "unhealthy")
 DIMENSIONS = ("cpu_millicores", "memory_mib", "scratch_mib", "gpu_milli")
 CPU_ONLY = "CPU only"
 
@@ -35,14 +34,16 @@ def shape_class(gpus) -> str:
 
 
 def _zero() -> dict:
-    return {m: dict.fromkeys(DIMENSIONS, 0) for m in MEASURES} | {"nodes": 0}
+    return {m: dict.fromkeys(DIMENSIONS, 0) for m in CAPACITY_MEASURES} | {"nodes": 0}
 
 
 def capacity_breakdown(actor, pools) -> dict:
     """The ledger's capacity (`leases.selectors.pool_capacity`, per node) summed by pool, by
-    shape class and by failure domain (region/zone): {"pool": {name: totals}, "class": …,
-    "zone": …}, each totals {measure: {dimension: amount}, "nodes": n}."""
-    groups = {"pool": defaultdict(_zero), "class": defaultdict(_zero), "zone": defaultdict(_zero)}
+    shape class, by failure domain (region/zone), and by all three at once ("cell", keyed by
+    (pool, class, zone): what the `computepool_capacity` metric exposes): {"pool": {name:
+    totals}, "class": …, "zone": …, "cell": …}, each totals {measure: {dimension: amount},
+    "nodes": n}."""
+    groups = {by: defaultdict(_zero) for by in ("pool", "class", "zone", "cell")}
     for pool in pools:
         where = {
             node.name: node
@@ -57,13 +58,14 @@ def capacity_breakdown(actor, pools) -> dict:
                 continue
             zone = "/".join(p for p in (node.region, node.zone) if p) or "no zone"
             keys = {"pool": pool.slug, "class": shape_class(node.gpus.all()), "zone": zone}
+            keys["cell"] = (keys["pool"], keys["class"], zone)
             for by, key in keys.items():
                 totals = groups[by][key]
                 totals["nodes"] += 1
-                for measure in ("allocatable", "reserved", "used", "free", "fragmented"):
+                for measure in AMOUNTS:
                     for dim in DIMENSIONS:
                         totals[measure][dim] += row[measure][dim]
-                for flag in ("draining", "unhealthy"):
+                for flag in FLAGS:
                     if row[flag]:
                         for dim in DIMENSIONS:
                             totals[flag][dim] += row["allocatable"][dim]

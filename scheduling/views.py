@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 
 from jobs.models import Job
 from leases.models import Lease
+from leases.selectors import CAPACITY_MEASURES
 from nodes.models import Node
 from pools.actors import Actor
 from pools.models import ComputePool
@@ -77,6 +78,8 @@ def capacity(request, actor):
     breakdown = selectors.capacity_breakdown(actor, pools)
     groups = []
     for by, rows in breakdown.items():
+        if by == "cell":  # pool × class × zone: the metric's grouping, not drawn here
+            continue
         widest = max((t["allocatable"][dim] for t in rows.values()), default=0)
         groups.append(
             {
@@ -86,7 +89,7 @@ def capacity(request, actor):
                     {
                         "key": key,
                         "nodes": totals["nodes"],
-                        "v": {m: totals[m][dim] for m in selectors.MEASURES},
+                        "v": {m: totals[m][dim] for m in CAPACITY_MEASURES},
                         "bar": _capacity_bar(totals, dim, widest),
                         "used_w": totals["used"][dim] / widest * charts.WIDTH if widest else 0,
                     }

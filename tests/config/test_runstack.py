@@ -191,10 +191,22 @@ def test_the_agent_never_inherits_the_control_planes_secrets():
     }
 
 
-def test_make_run_reaches_the_loopback_registry_over_http_unless_told_otherwise(monkeypatch):
+def test_make_run_reaches_the_loopback_registry_over_http_unless_told_otherwise(
+    monkeypatch, tmp_path
+):
     monkeypatch.delenv("REGISTRY_INSECURE_HOSTS", raising=False)
-    env = stack_environment("redis://127.0.0.1:7/0")
+    env = stack_environment("redis://127.0.0.1:7/0", tmp_path / "metrics")
     assert env["REGISTRY_INSECURE_HOSTS"] == "127.0.0.1:5000,localhost:5000"
     assert env["REDIS_URL"] == "redis://127.0.0.1:7/0"
     monkeypatch.setenv("REGISTRY_INSECURE_HOSTS", "registry.lan:5000")
-    assert stack_environment("redis://x")["REGISTRY_INSECURE_HOSTS"] == "registry.lan:5000"
+    env = stack_environment("redis://x", tmp_path / "metrics")
+    assert env["REGISTRY_INSECURE_HOSTS"] == "registry.lan:5000"
+
+
+def test_the_stack_s_processes_share_a_fresh_metrics_directory(tmp_path):
+    left_over = tmp_path / "metrics" / "histogram_4242.db"
+    left_over.parent.mkdir()
+    left_over.write_bytes(b"from a previous run")
+    env = stack_environment("redis://x", tmp_path / "metrics")
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "metrics")
+    assert (tmp_path / "metrics").is_dir() and not left_over.exists()

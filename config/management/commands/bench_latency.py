@@ -160,7 +160,7 @@ class Stack:
         self.redis_url, self.redis_release = claim_redis_database(settings.REDIS_URL, self.tag)
         port = _free_port()
         api = f"http://127.0.0.1:{port}"
-        env = stack_environment(self.redis_url) | {
+        env = stack_environment(self.redis_url, self.dir / "metrics") | {
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DATABASE_URL": database_url(settings.DATABASES["default"]),
             "CHANNEL_LAYER_PREFIX": f"bench-latency-{self.tag}",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,11 +69,16 @@ def start_embedded_redis() -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
-def stack_environment(redis_url: str) -> dict:
+def stack_environment(redis_url: str, metrics_dir: Path) -> dict:
     """The server's and the worker's environment: this one, with the loopback registry reached
-    over plain http unless REGISTRY_INSECURE_HOSTS is set (the production default: none)."""
+    over plain http unless REGISTRY_INSECURE_HOSTS is set (the production default: none), and
+    the processes' own metrics in `metrics_dir` (emptied here), where /metrics reads them all
+    (prometheus-client's multiprocess mode, docs/observability.md)."""
     loopback = {"REGISTRY_INSECURE_HOSTS": ",".join(settings.LOOPBACK_REGISTRY_HOSTS)}
-    return loopback | os.environ | {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    own = {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    return loopback | os.environ | own | {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
 
 
 def web_command(host: str, port: int) -> list[str]:
@@ -277,7 +283,7 @@ class Command(BaseCommand):
         if not _redis_answers(redis_url):
             redis_url = start_embedded_redis()
             redis_mode = f"embedded Redis-protocol server at {redis_url} (no Redis at REDIS_URL)"
-        env = stack_environment(redis_url)
+        env = stack_environment(redis_url, settings.BASE_DIR / "var" / "metrics")
         commands = {
             "web": web_command(host, port),
             "worker+beat": worker_command(settings.BASE_DIR / "var" / "beat-schedule"),
