@@ -1,9 +1,15 @@
 """The Celery app. The beat schedule lives here, in code, so it is reviewed like code."""
 
 import os
+import re
 
-from celery import Celery
+import structlog
+from celery import Celery, signals
 from django.conf import settings
+
+from config.logging import configure_from_settings
+from config.request_id import REQUEST_ID
+from pools import logcontext
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -57,3 +63,56 @@ app.conf.beat_schedule = {
         "schedule": 15.0,
     },
 }
+
+
+# Log lines (docs/observability.md, "Logs"). The worker's lines go through settings.LOGGING's
+# formatter like the web server's: a `setup_logging` receiver means Celery leaves logging alone
+# (no hijacked root logger, no colours, no redirected stdout) and settings.LOGGING is applied
+# again, at the worker's --loglevel. A task carries the request id (and the trace id) of the
+# request that enqueued it in its message headers; while it runs they are bound again, with the
+# task's id and name, and reset when it ends.
+LOG_HEADERS = {
+    "request_id": (logcontext.request_id, REQUEST_ID),
+    "trace_id": (logcontext.trace_id, re.compile(r"[0-9a-f]{32}")),
+}
+
+
+@signals.setup_logging.connect
+def _setup_logging(loglevel=None, **_):
+    configure_from_settings(loglevel)
+
+
+@signals.before_task_publish.connect
+def _carry_log_context(headers=None, **_):
+    if headers is None:
+        return
+    for name, (var, _pattern) in LOG_HEADERS.items():
+        value = var.get()
+        if value:
+            headers.setdefault(name, value)
+
+
+@signals.task_prerun.connect
+def _bind_log_context(task_id=None, task=None, **_):
+    if task is None:
+        return
+    request = task.request
+    tokens = []
+    for name, (var, pattern) in LOG_HEADERS.items():
+        value = getattr(request, name, None)  # a header of the message; an eager task has none
+        if isinstance(value, str) and pattern.fullmatch(value):
+            tokens.append((var, var.set(value)))
+    bound = structlog.contextvars.bind_contextvars(task_id=task_id, task_name=task.name)
+    request._log_context_tokens = (tokens, bound)
+
+
+@signals.task_postrun.connect
+def _reset_log_context(task=None, **_):
+    saved = getattr(getattr(task, "request", None), "_log_context_tokens", None)
+    if saved is None:
+        return
+    tokens, bound = saved
+    structlog.contextvars.reset_contextvars(**bound)
+    for var, token in reversed(tokens):
+        var.reset(token)
+    del task.request._log_context_tokens

@@ -9,6 +9,7 @@ every few seconds keeps its connection for hours. Bodies: config/timeouts.py.
 """
 
 import os
+from logging import getLogger
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -21,6 +22,9 @@ keep_alive_timeout = django_settings.HTTP_HEADER_TIMEOUT_S
 websocket_ping_interval = 20.0
 # never a read timeout: it would also cut a download or an idle websocket, which send nothing
 read_timeout = None
-accesslog = "-"
+# its lines through the loggers, so settings.LOGGING's formatter renders them like every other
+# line (JSON lines or the console's; config/logging.py)
+accesslog = getLogger("hypercorn.access")
+errorlog = getLogger("hypercorn.error")
 
-del django_settings  # hypercorn takes every name of this module for a setting
+del django_settings, getLogger  # hypercorn takes every name of this module for a setting

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import environ
 
+from config.logging import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env(
@@ -68,6 +70,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.request_id.RequestIdMiddleware",  # first: every line below has the request id
     "django.middleware.security.SecurityMiddleware",
     "config.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -301,10 +304,8 @@ ENCRYPTION_KEYS = env.dict("ENCRYPTION_KEYS", default={})
 if not ENCRYPTION_KEYS and ENCRYPTION_KEYS_FILE.is_file():
     ENCRYPTION_KEYS = env.parse_value(ENCRYPTION_KEYS_FILE.read_text().strip(), dict)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+# Log lines (config/logging.py, docs/observability.md "Logs"): every one through one formatter,
+# JSON lines (`json`) or lines for people (`console`); default: console with DEBUG (`make run`),
+# JSON otherwise.
+LOG_FORMAT = env.str("LOG_FORMAT", default="") or ("console" if DEBUG else "json")
+LOGGING = logging_config(LOG_FORMAT)

@@ -1,11 +1,11 @@
 """`python -m worker_agent --api URL --state-dir DIR [--enroll-token-file FILE]`.
 
 Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN_FILE, _STATE_DIR,
-_WORK_DIR, _RUNTIME, _PAUSE_IMAGE, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL); a flag
-wins over its variable. The enrollment token itself is read from that file or from
-WORKER_AGENT_ENROLL_TOKEN, never from the command line (which every user of the host can read in
-the process list). One agent at a time holds a state dir (a lock in it): a second one there
-exits. SIGTERM and SIGINT end the loops; containers keep running for the next agent to
+_WORK_DIR, _RUNTIME, _PAUSE_IMAGE, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL,
+_LOG_FORMAT); a flag wins over its variable. The enrollment token itself is read from that file
+or from WORKER_AGENT_ENROLL_TOKEN, never from the command line (which every user of the host can
+read in the process list). One agent at a time holds a state dir (a lock in it): a second one
+there exits. SIGTERM and SIGINT end the loops; containers keep running for the next agent to
 reconcile.
 """
 
@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from worker_agent import __version__
+from worker_agent import __version__, logs
 from worker_agent.agent import Agent, AgentError, Config
 from worker_agent.client import ApiUnreachable
 from worker_agent.schema import InventoryInvalid
@@ -69,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
         help="long-poll for pushed assignments between polls (default: on)",
     )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-format",
+        default=env("LOG_FORMAT", "auto"),
+        choices=logs.FORMATS,
+        help="json: JSON lines; console: for people; auto: console on a terminal, else json",
+    )
     p.add_argument("--version", action="version", version=__version__)
     return p
 
@@ -82,10 +88,7 @@ def enrollment_token(path: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(args.log_level, args.log_format)  # worker_agent/logs.py
     missing = [
         flag for flag, value in (("--api", args.api), ("--state-dir", args.state_dir)) if not value
     ]

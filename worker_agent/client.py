@@ -16,6 +16,7 @@ from urllib3.fields import RequestField
 from urllib3.filepost import choose_boundary
 
 from worker_agent import __version__
+from worker_agent.logs import mount_request_ids, with_request_id
 from worker_agent.state import AgentState
 from worker_agent.tarstream import ChunkReader
 
@@ -75,8 +76,10 @@ class ApiClient:
         if session is None:
             session = self._local.session = requests.Session()
             session.headers["User-Agent"] = f"compute-pool-worker-agent/{__version__}"
+            mount_request_ids(session)  # X-Request-ID on every call (worker_agent/logs.py)
         return session
 
+    @with_request_id  # one id per call, its retries included, on its log lines too
     def request(
         self, method: str, path: str, *, auth: bool = True, retries: int | None = None, **kwargs
     ):
