@@ -25,6 +25,7 @@ from .choices import JobState
 from .models import Job, JobOutput
 from .networks import assignment_inputs, pool_network
 from .services import job_finish
+from .trace import job_traceparent
 
 S = JobState
 # The states in which a job has work on its node: the agent runs (or stops) what is listed.
@@ -179,6 +180,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             "gpu_isolation": _lease_gpu_isolation(lease),
         },
         "checkpoint_requested": job.state == S.CHECKPOINTING,
+        # the job's trace context: the agent sends it back on the job's reports and uploads
+        "traceparent": job_traceparent(job),
     }
 
 

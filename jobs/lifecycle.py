@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Count, Max, Min, Sum
 from django.utils import timezone
 
 from leases.choices import HOLDING, LeaseState
@@ -31,7 +32,7 @@ from pools.statemachine import TransitionRefused
 
 from .choices import TERMINAL, JobState
 from .events import publish_job_event
-from .models import Job, JobEvent
+from .models import Job, JobEvent, JobOutput
 from .services import job_finish, job_release_leases, job_transition
 
 S = JobState
@@ -52,6 +53,8 @@ STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed"
 # The agent's last report of a run: the job's end, its checkpoint, or (for a cancelled job
 # whose lease is stopping) the confirmation that its container has stopped.
 END_STEPS = ("succeeded", "failed", "checkpointed", "stopped")
+# The ends of a run after which the agent uploaded its log and outputs (`results_uploaded`)
+RESULT_STEPS = ("succeeded", "failed", "checkpointed")
 # Why the agent skipped a member of /outputs (worker_agent/outputs.py SKIP_REASONS)
 OUTPUT_SKIP_REASONS = (
     "symlink",
@@ -140,6 +143,7 @@ def job_report(
     pull_seconds: float | None = None,
     outputs_skipped: list | None = None,
     outputs_skipped_total: int | None = None,
+    upload_seconds: float | None = None,
     now=None,
 ) -> Job:
     """One step the agent reports. Raises TransitionRefused (409) when the token is stale or
@@ -151,6 +155,8 @@ def job_report(
         lease = fenced_lease(job, node, fencing_token)
         if outputs_skipped and step in END_STEPS and job.state not in TERMINAL:
             _outputs_skipped(job, actor, outputs_skipped, outputs_skipped_total, now)
+        if step in RESULT_STEPS and job.state not in TERMINAL and lease.state in HOLDING:
+            _results_uploaded(job, actor, upload_seconds, now)
         if step in END_STEPS:  # written with the report's own changes, or not at all
             lease_record_final_report(lease=lease, now=now)
         if lease.state == LeaseState.STOPPING:
@@ -283,6 +289,41 @@ def _outputs_skipped(job: Job, actor: Actor, skipped: list, total: int | None, n
     transaction.on_commit(lambda: publish_job_event(job, event))
 
 
+def _results_uploaded(job: Job, actor: Actor, upload_seconds: float | None, now) -> None:
+    """The attempt's results are in (docs/observability.md "Traces"): a `results_uploaded`
+    event, written with the final report, at the time the upload began — the container's exit,
+    `upload_seconds` before the report — or, from an agent that does not say, the attempt's
+    first stored output; none when neither is known. Never before the job's previous event."""
+    outputs = JobOutput.objects.filter(job=job, attempt=job.attempts).aggregate(
+        files=Count("id"), bytes=Sum("size"), first=Min("created_at")
+    )
+    if upload_seconds is not None:
+        began = now - timedelta(seconds=upload_seconds)
+    elif outputs["first"] is not None:
+        began = min(outputs["first"], now)
+    else:
+        return
+    previous = job.events.aggregate(at=Max("at"))["at"]
+    began = max(began, previous) if previous is not None else began
+    seconds = (now - began).total_seconds()
+    event = JobEvent.record(
+        job,
+        actor=actor,
+        from_state=job.state,
+        to_state=job.state,
+        reason=Reason.RESULTS_UPLOADED,
+        message=f"{outputs['files']} output(s) uploaded with the log in {seconds:.1f} s",
+        at=began,
+        data={
+            "attempt": job.attempts,
+            "files": outputs["files"],
+            "bytes": outputs["bytes"] or 0,
+            "upload_seconds": round(seconds, 3),
+        },
+    )
+    transaction.on_commit(lambda: publish_job_event(job, event))
+
+
 def _pulling(job: Job, actor: Actor, reason, message, pull_seconds, now) -> Job:
     """An event on the job, no state change (`image_pulled` with the measured pull time)."""
     if job.state not in (S.LEASED, S.STARTING):
@@ -389,4 +430,45 @@ def job_lost(*, job: Job, actor: Actor, message: str = "", now=None, check=None)
             check=check,
         )
         job_release_leases(job=job, actor=actor, message="job lost", now=now)
+    return job
+
+
+def job_capacity_vanished(*, job: Job, actor: Actor, message: str, data=None, now=None) -> Job:
+    """Its node's reported capacity shrank under it (jobs/receivers.py): the lease the job holds
+    there ends with `capacity_vanished`, and the job (docs/observability.md "Traces"):
+    - placed but not started (leased): back to the queue, as a lease that expired before start;
+    - started (starting, running, checkpointing): the attempt failed with `capacity_vanished`:
+      queued again when its retry policy retries `capacity_vanished` and attempts are left,
+      otherwise failed. Its container is stopped by the agent once the lease is gone."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.state not in (S.LEASED, S.STARTING, S.RUNNING, S.CHECKPOINTING):
+            return job
+        if job.state == S.LEASED or retry_allowed(job, Reason.CAPACITY_VANISHED):
+            changes = {"pending_reason": {}}
+            if job.state != S.LEASED:
+                backoff = int((job.retry_policy or {}).get("backoff_s") or 0)
+                changes["not_before"] = now + timedelta(seconds=backoff)
+            job = job_transition(
+                job=job,
+                to=S.QUEUED,
+                actor=actor,
+                reason=Reason.CAPACITY_VANISHED,
+                message=message,
+                now=now,
+                changes=changes,
+                data={**(data or {}), "failure": Reason.CAPACITY_VANISHED, "attempt": job.attempts},
+            )
+        else:
+            job = job_transition(
+                job=job,
+                to=S.FAILED,
+                actor=actor,
+                reason=Reason.CAPACITY_VANISHED,
+                message=message,
+                now=now,
+                data={**(data or {}), "attempt": job.attempts},
+            )
+        job_release_leases(job=job, actor=actor, message=f"capacity vanished: {message}", now=now)
     return job

@@ -1,3 +1,4 @@
+import secrets
 import uuid
 
 from django.conf import settings
@@ -12,6 +13,11 @@ from .choices import TERMINAL, AntiAffinityScope, JobState
 
 def default_network_policy():
     return {"mode": "none", "egress_allow": []}
+
+
+def new_trace_id() -> str:
+    """A random W3C trace id (32 lowercase hex, never all zeros)."""
+    return secrets.token_hex(16)
 
 
 def default_retry_policy():
@@ -109,6 +115,11 @@ class Job(models.Model):
     # POST /jobs with `Idempotency-Key`: a retry with the same key and body gets this job back
     idempotency_key = models.CharField(max_length=100, blank=True, default="")
     idempotency_digest = models.CharField(max_length=64, blank=True, default="")
+
+    # One trace per job (docs/observability.md "Traces"): a W3C trace id, the client's own
+    # when its submit carried a valid `traceparent` (then its span is the parent, else "")
+    trace_id = models.CharField(max_length=32, default=new_trace_id)
+    parent_span_id = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at", "-id"]

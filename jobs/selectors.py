@@ -2,8 +2,10 @@ from django.db.models import OuterRef, Subquery
 
 from leases.models import Lease
 from leases.services import explain_request
+from nodes.models import GpuDevice
 from pools.images import ImageRef
 
+from . import trace
 from .choices import JobState
 from .models import Job
 
@@ -83,3 +85,40 @@ def job_explanation(job: Job, *, now: bool = True) -> dict:
     lease = job.leases.order_by("-created_at", "-id").first()
     answer["placement"] = None if lease is None else {"lease": lease.pk, **lease.placement}
     return answer
+
+
+TRACE_EVENTS_MAX = 5000
+
+
+def job_trace_spans(job: Job) -> list[trace.Span]:
+    """The job's spans (jobs/trace.py) from its stored events; the devices of its leases for the
+    operators' attributes."""
+    events = list(
+        job.events.order_by("at", "id").only(
+            "id", "at", "from_state", "to_state", "reason", "data"
+        )[:TRACE_EVENTS_MAX]
+    )
+    devices = {}
+    leases = list(Lease.objects.filter(job=job).values_list("pk", "gpu_allocations"))
+    gpu_ids = {a.get("gpu") for _, allocations in leases for a in allocations or ()}
+    if gpu_ids:
+        devices = dict(GpuDevice.objects.filter(pk__in=gpu_ids).values_list("pk", "uuid"))
+    lease_gpus = {
+        pk: {"gpus": [devices.get(a.get("gpu"), a.get("gpu")) for a in allocations or ()]}
+        for pk, allocations in leases
+    }
+    return trace.job_spans(job, events, lease_gpus)
+
+
+def job_trace(job: Job, actor) -> dict:
+    """`GET /jobs/{id}/trace`: the spans in order; operators also see where each step ran
+    (node, devices, lease, policy version)."""
+    infrastructure = actor.is_operator
+    return {
+        "job": job.pk,
+        "trace_id": job.trace_id,
+        "traceparent": trace.job_traceparent(job),
+        "spans": [
+            trace.span_dict(span, infrastructure=infrastructure) for span in job_trace_spans(job)
+        ],
+    }

@@ -23,7 +23,7 @@ from pools.statemachine import Refusal, TransitionRefused, check_allowed, create
 from .choices import JOB_TRANSITIONS, TERMINAL, AntiAffinityScope, JobState
 from .events import publish_job_event
 from .models import Job, JobEvent
-from .signals import job_cancelled, jobs_submitted
+from .signals import job_cancelled, job_ended, jobs_submitted
 
 
 class QueueFull(Refusal):
@@ -101,6 +101,7 @@ def job_submit(
     reservation: int | None = None,
     idempotency_key: str = "",
     idempotency_digest: str = "",
+    trace: tuple[str, str] | None = None,
 ) -> Job:
     """A queued job. `image` is what the agent will run (a digest reference once the image
     is resolved), `image_requested` what the client sent (default: `image`). The data-plane
@@ -108,7 +109,10 @@ def job_submit(
 
     With `idempotency_key`, a second submit of the tenant with the same key returns the first
     job (nothing new is queued) when it asked the same (`idempotency_digest`), and is refused
-    422 `idempotency_key_reused` otherwise — also when two such submits race."""
+    422 `idempotency_key_reused` otherwise — also when two such submits race.
+
+    `trace`: (trace id, parent span id) of the client's `traceparent` (jobs/trace.py): the
+    job joins that trace; None: it starts a new one of its own."""
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
     if idempotency_key and (earlier := _keyed_job(tenant, idempotency_key, idempotency_digest)):
@@ -182,6 +186,7 @@ def job_submit(
                 reservation=reservation,
                 idempotency_key=idempotency_key,
                 idempotency_digest=idempotency_digest,
+                **({"trace_id": trace[0], "parent_span_id": trace[1]} if trace else {}),
                 **({"network_policy": network_policy} if network_policy is not None else {}),
                 **({"retry_policy": retry_policy} if retry_policy is not None else {}),
             )
@@ -298,8 +303,9 @@ def _keyed_job(tenant: Tenant, key: str, digest: str) -> Job | None:
 
 
 def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -> Job:
-    """The one way a job changes state; `details`: message, now, changes, data, check."""
-    return transition(
+    """The one way a job changes state; `details`: message, now, changes, data, check. A job
+    that ends sends `job_ended` once that commits."""
+    job = transition(
         Job,
         job.pk,
         to=to,
@@ -310,6 +316,10 @@ def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -
         on_commit=publish_job_event,
         **details,
     )
+    if to in TERMINAL:
+        job_id = job.pk
+        transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, state=to))
+    return job
 
 
 def jobs_placed_many(placed, *, actor: Actor, now) -> JobEvent | None:

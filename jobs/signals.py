@@ -15,3 +15,8 @@ job_cancelled = Signal()
 # jobs_submit_many after its write (inside the caller's transaction, if any). The control loop
 # asks for a pass of that pool once it commits (scheduling/receivers.py).
 jobs_submitted = Signal()
+
+# A job reached a terminal state (succeeded, failed, cancelled, lost): job_id, state. Sent once
+# the transaction that ended it commits (jobs.services.job_transition), never inside it: the
+# observability app exports the job's trace then (observability/receivers.py).
+job_ended = Signal()

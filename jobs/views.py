@@ -277,11 +277,42 @@ def _usage_rows(job, lease) -> list[dict]:
     return out
 
 
+def trace_rows(job, actor, now=None) -> dict:
+    """The job's trace (jobs/trace.py) as the console draws it: per span its offset and width in
+    percent of the whole run, its duration; operators also see where it ran. A span still open
+    runs to now."""
+    spans = selectors.job_trace_spans(job)
+    now = now or timezone.now()
+    if not spans:
+        return {"rows": [], "total_s": 0}
+    start = spans[0].start
+    end = max((span.end or now) for span in spans)
+    total = max((end - start).total_seconds(), 1e-3)
+    rows = []
+    for span in spans:
+        span_end = span.end or now
+        seconds = max(0.0, (span_end - span.start).total_seconds())
+        offset = 100 * (span.start - start).total_seconds() / total
+        rows.append(
+            {
+                "span": span,
+                "label": span.name.replace("_", " "),
+                "seconds": seconds,
+                "open": span.end is None,
+                "offset": round(min(100.0, max(0.0, offset)), 2),
+                "width": round(max(0.4, min(100.0 - offset, 100 * seconds / total)), 2),
+                "infrastructure": span.infrastructure if actor.is_operator else None,
+            }
+        )
+    return {"rows": rows, "total_s": total, "trace_id": job.trace_id}
+
+
 def _job_context(request, job) -> dict:
     lease = job.leases.select_related("node").order_by("-created_at", "-id").first()
     # an operator sees the job's metadata; its logs and outputs only under a support grant
     readable = tenant_data_readable(_actor(request), job.tenant_id)
     return {
+        "trace": trace_rows(job, _actor(request)),
         "job": job,
         "lease": lease,
         "usage": _usage_rows(job, lease),

@@ -26,3 +26,10 @@ node_returned = Signal()
 # called off): node. Its capacity is schedulable once the transaction commits; the control loop
 # asks for a pass of its pool then (scheduling/receivers.py).
 node_ready = Signal()
+
+# The node's reported capacity shrank under what its leases hold (nodes.services.inventory:
+# the reconciliation): node, shortfall ({"cpu_millicores"|"memory_mib"|"scratch_mib": how much
+# more its leases hold than it now has}), gpus (ids of its devices that vanished), actor, now.
+# The jobs app ends the attempts that lost their capacity (`capacity_vanished`, jobs/
+# receivers.py); the node's allocatable is then lowered to what its leases still hold.
+capacity_vanished = Signal()

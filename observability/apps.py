@@ -6,3 +6,11 @@ class ObservabilityConfig(AppConfig):
 
     name = "observability"
     verbose_name = "Observability"
+
+    def ready(self):
+        # one trace per job: exported when the job ends (observability/tracing.py)
+        from jobs.signals import job_ended
+
+        from .tracing import on_job_ended
+
+        job_ended.connect(on_job_ended, dispatch_uid="observability.export_job_trace")

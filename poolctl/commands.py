@@ -119,7 +119,9 @@ def submit(client: Client, args) -> int:
     if missing:
         raise UsageError(f"missing {', '.join(missing)}: give them as flags or in a manifest")
     body["tenant"] = default_tenant(client, body.get("tenant"))
-    job = client.post("jobs", body)
+    # a caller's own trace (OpenTelemetry's TRACEPARENT environment carrier): the job joins it
+    traceparent = os.environ.get("TRACEPARENT", "").strip()
+    job = client.post("jobs", body, headers={"traceparent": traceparent} if traceparent else None)
     if args.quiet:
         print(job["id"])
         return 0

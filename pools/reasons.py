@@ -46,7 +46,7 @@ class Reason(models.TextChoices):
     SUBMITTED = "submitted", "Submitted"
     PLACED = "placed", "Placed by the scheduler"
     PLAN_CONFLICT = "plan_conflict", "Its planned node was taken by another writer; next pass"
-    CAPACITY_VANISHED = "capacity_vanished", "Capacity vanished before start"
+    CAPACITY_VANISHED = "capacity_vanished", "The node's capacity shrank under the job"
     IMAGE_INVALID = "image_invalid", "Image invalid: unreadable, missing or wrong architecture"
     IMAGE_NOT_ALLOWED = "image_not_allowed", "Image not from an allowed registry of the pool"
     IMAGE_SIGNATURE_INVALID = "image_signature_invalid", "Image not signed by a trusted key"
@@ -80,6 +80,7 @@ class Reason(models.TextChoices):
     RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
     ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
     OUTPUTS_SKIPPED = "outputs_skipped", "Files the job left were not uploaded (links, FIFOs …)"
+    RESULTS_UPLOADED = "results_uploaded", "The agent uploaded the attempt's log and outputs"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"

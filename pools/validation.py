@@ -49,6 +49,7 @@ RETRY_REASONS = (
     "image_pull_failed",
     "runtime_error",
     "runtime_unavailable",
+    "capacity_vanished",  # its node's reported capacity shrank under it (jobs/receivers.py)
     "backfill_window_closed",  # a backfill that could not checkpoint, reclaimed at the window
 )
 OUTPUT_DESTINATION_MAX_CHARS = 300

@@ -23,6 +23,7 @@ from worker_agent.tarstream import ChunkReader
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = {502, 503, 504}
+TRACES_KEPT = 10_000  # jobs whose trace context the client remembers
 
 
 class ApiError(Exception):
@@ -69,6 +70,8 @@ class ApiClient:
         self.backoff, self.backoff_max = backoff, backoff_max
         self.stop = stop or threading.Event()
         self._local = threading.local()  # a Session per thread: Sessions are not thread-safe
+        # job → its `traceparent` (from its assignment), sent on the job's reports and uploads
+        self._traces: dict[int, str] = {}
 
     @property
     def session(self) -> requests.Session:
@@ -91,8 +94,9 @@ class ApiClient:
         retries = self.retries if retries is None else retries
         reread = False
         attempt = 0
+        extra = dict(kwargs.pop("headers", None) or {})  # sent again on every retry
         while True:
-            headers = dict(kwargs.pop("headers", None) or {})
+            headers = dict(extra)
             secret = self.state.credential() if auth else None
             if secret:
                 headers["Authorization"] = f"Bearer {secret}"
@@ -182,12 +186,31 @@ class ApiClient:
         )
         return isinstance(answer, dict) and answer.get("changed") is True
 
+    def trace_job(self, job: int, traceparent: str) -> None:
+        """The trace context of `job` (its assignment's `traceparent`): every report and upload
+        of the job carries it as the `traceparent` header, so the control plane's log lines of
+        those requests carry the job's trace id."""
+        if not traceparent:
+            return
+        self._traces.pop(int(job), None)
+        self._traces[int(job)] = traceparent
+        while len(self._traces) > TRACES_KEPT:  # the oldest jobs' go first
+            self._traces.pop(next(iter(self._traces)))
+
+    def _trace_headers(self, job: int) -> dict:
+        traceparent = self._traces.get(int(job))
+        return {"traceparent": traceparent} if traceparent else {}
+
     def report(self, job: int, body: dict) -> dict:
-        return self.request("POST", f"agent/jobs/{int(job)}/report", json=body)
+        return self.request(
+            "POST", f"agent/jobs/{int(job)}/report", json=body, headers=self._trace_headers(job)
+        )
 
     def logs(self, job: int, fencing_token: str, text: str) -> dict:
         body = {"fencing_token": fencing_token, "text": text}
-        return self.request("POST", f"agent/jobs/{int(job)}/logs", json=body)
+        return self.request(
+            "POST", f"agent/jobs/{int(job)}/logs", json=body, headers=self._trace_headers(job)
+        )
 
     def output(self, job: int, fencing_token: str, name: str, size: int, opener) -> dict:
         """One output streamed as the multipart upload `fencing_token` + `files`: `opener()`
@@ -198,7 +221,7 @@ class ApiClient:
             "POST",
             f"agent/jobs/{int(job)}/outputs",
             data=body,
-            headers={"Content-Type": body.content_type},
+            headers={"Content-Type": body.content_type, **self._trace_headers(job)},
             timeout=max(self.timeout, 300),
         )
 
@@ -213,6 +236,7 @@ class ApiClient:
             if attempt:
                 self.stop.wait(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
             headers = {"Authorization": f"Bearer {self.state.credential()}"}
+            headers |= self._trace_headers(job)
             try:
                 response = self.session.get(
                     f"{self.base}/{path}", headers=headers, stream=True, timeout=self.timeout

@@ -112,6 +112,8 @@ class Runner(threading.Thread):
     ):
         super().__init__(daemon=True, name=f"job-{assignment.job}")
         self.assignment, self.client, self.runtime = assignment, client, runtime
+        if client is not None:
+            client.trace_job(assignment.job, assignment.traceparent)
         self.workdir, self.address, self.found, self.poll_s = workdir, address, found, poll_s
         # the job left the assignments, or its lease is stopping (it was cancelled): stop and
         # remove, then confirm with `stopped` (the control plane holds the capacity until then)
@@ -360,25 +362,33 @@ class Runner(threading.Thread):
         if ended is None:
             self.runtime.stop(handle, 1)
             ended = self.runtime.wait(handle)
+        exited = time.monotonic()
         if self._follower is not None:
             self._follower.join(5)
         self._flush_logs()
         skipped = self._upload_outputs(handle)
         code = ended.exit_code if ended is not None else None
         message = f"checkpoint written; the job exited with {code}"
-        self._report(Step.CHECKPOINTED, message=message, **skipped)
+        upload_seconds = round(time.monotonic() - exited, 3)
+        self._report(Step.CHECKPOINTED, message=message, upload_seconds=upload_seconds, **skipped)
         self.phase = Phase.ENDED
         self.runtime.remove(handle)
         self._clean_workdir()
 
     def _finish(self, handle, ended: Ended) -> None:
+        exited = time.monotonic()
         if self._follower is not None:
             self._follower.join(5)
         self._flush_logs()
         skipped = self._upload_outputs(handle)
         self.outcome = ended
         self._report(
-            ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message, **skipped
+            ended.step,
+            ended.reason,
+            exit_code=ended.exit_code,
+            message=ended.message,
+            upload_seconds=round(time.monotonic() - exited, 3),  # the result upload's span
+            **skipped,
         )
         self.phase = Phase.ENDED
         self.runtime.remove(handle)

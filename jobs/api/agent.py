@@ -2,6 +2,8 @@
 steps it reports, the logs and outputs it uploads. Beside nodes' agent endpoints and the drain
 callback on the same /api/v1/agent/ prefix; each acts only on jobs placed on the asking node."""
 
+import logging
+
 from django.core.exceptions import ValidationError
 from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
@@ -11,15 +13,19 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from jobs import artifacts, assignments, lifecycle
+from jobs.api.views import TraceContextMixin
 from jobs.models import Job
+from jobs.trace import parse_traceparent
 from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
 from nodes.errors import NodeScopeRefused
-from pools import validation
+from pools import logcontext, validation
 from pools.actors import Actor
 from pools.api.parsers import TextJSONParser
 from pools.api.permissions import IsNode
 from pools.reasons import Reason
+
+logger = logging.getLogger(__name__)
 
 FENCING_TOKEN = r"^[0-9]{1,19}$"
 PORTS_MAX = 16
@@ -75,6 +81,10 @@ class ReportSerializer(serializers.Serializer):
     outputs_skipped_total = serializers.IntegerField(
         min_value=0, max_value=2**31 - 1, required=False, allow_null=True, default=None
     )
+    # seconds from the container's exit to this report: the log and outputs uploaded meanwhile
+    upload_seconds = serializers.FloatField(
+        min_value=0, max_value=86400, required=False, allow_null=True, default=None
+    )
 
     def validate(self, data):
         if data["step"] == "failed":
@@ -88,6 +98,8 @@ class ReportSerializer(serializers.Serializer):
             raise serializers.ValidationError({"reason": "Only a failure or a pull has one."})
         if data["outputs_skipped"] and data["step"] not in lifecycle.END_STEPS:
             raise serializers.ValidationError({"outputs_skipped": "Only the end of an attempt."})
+        if data["upload_seconds"] is not None and data["step"] not in lifecycle.END_STEPS:
+            raise serializers.ValidationError({"upload_seconds": "Only the end of an attempt."})
         if data["step"] == "succeeded" and data["exit_code"] not in (None, 0):
             raise serializers.ValidationError({"exit_code": "A success exits with 0."})
         return data
@@ -109,11 +121,25 @@ class OutputsSerializer(serializers.Serializer):
     )
 
 
-class AgentJobsViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
+class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewSet):
     """Acts on jobs placed on the asking node and nothing else."""
 
     permission_classes = [IsNode]
     serializer_class = ReportSerializer
+
+    def initial(self, request, *args, **kwargs):
+        """A request about one job binds the job's own trace id for the request's log lines,
+        once the node is authenticated and the job found placed on it. The agent sends its
+        assignment's `traceparent` back; a header that names another trace is never trusted
+        (config/request_id.py may have bound it for the request): the job's own replaces it."""
+        super().initial(request, *args, **kwargs)
+        job_id = kwargs.get("job_id")
+        if job_id and str(job_id).isdigit():
+            trace_id = self.placed_job(job_id).trace_id
+            logcontext.trace_id.set(trace_id)
+            context = parse_traceparent(request.headers.get("traceparent"))
+            if context is not None and context[0] != trace_id:
+                logger.info("job %s: a traceparent of another trace was ignored", job_id)
 
     def actor(self) -> Actor:
         return Actor.from_request(self.request)

@@ -86,6 +86,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_reason",
             "pending_checked_at",
             "forecast",
+            "trace_id",
         ]
 
     # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the

@@ -16,7 +16,9 @@ from jobs.api.serializers import (
     JobSerializer,
     JobSubmitSerializer,
 )
+from jobs.trace import parse_traceparent
 from leases.api.serializers import idempotency_key
+from pools import logcontext
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
@@ -44,7 +46,20 @@ class SupportGrantRequired(PermissionDenied):
     default_code = "support_grant_required"
 
 
-class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class TraceContextMixin:
+    """A view that binds `pools.logcontext.trace_id` for the request it serves (a request about
+    one job): whatever it bound is unbound when the request is done, so a server thread's next
+    request does not inherit it."""
+
+    def dispatch(self, request, *args, **kwargs):
+        token = logcontext.trace_id.set(logcontext.trace_id.get())
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            logcontext.trace_id.reset(token)
+
+
+class JobViewSet(TraceContextMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsPerson]
     # submit and explain only: per token (TokenThrottle), per tenant (see placement_tenant)
     throttle_classes = [TokenThrottle, PlacementThrottle]
@@ -81,7 +96,9 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def create(self, request, *args, **kwargs):
         """Submit a job. With an `Idempotency-Key` header, a retry with the same key and the
         same body gets the first job back (201, nothing new queued); the same key with another
-        body is 422 `idempotency_key_reused`."""
+        body is 422 `idempotency_key_reused`. A valid W3C `traceparent` header makes the job
+        join the client's trace (its span the parent); an invalid or absent one starts a new
+        trace (docs/observability.md "Traces")."""
         key = idempotency_key(request)
         serializer = JobSubmitSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
@@ -90,7 +107,9 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             digest = orjson.dumps(request.data, option=orjson.OPT_SORT_KEYS)
             data |= {"idempotency_key": key, "idempotency_digest": sha256(digest).hexdigest()}
         # a shape that never fits raises NeverFits: the same 422 body as POST /compute-leases
+        data["trace"] = parse_traceparent(request.headers.get("traceparent"))
         job = services.job_submit(actor=Actor.from_request(request), **data)
+        logcontext.trace_id.set(job.trace_id)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=JobSerializer)
@@ -119,6 +138,16 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             query = urlencode({"after": events[limit - 1].pk, "limit": limit})
             response["Link"] = f'<{request.build_absolute_uri(request.path)}?{query}>; rel="next"'
         return response
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def trace(self, request, pk=None):
+        """The job's trace: its spans in order, derived from its events (submit, scheduling,
+        node admission, image pull, container start, running, result upload, the end; per
+        attempt). Operators also see each span's infrastructure attributes."""
+        job = self.get_object()
+        logcontext.trace_id.set(job.trace_id)
+        return Response(selectors.job_trace(job, Actor.from_request(request)))
 
     @extend_schema(responses=dict)
     @action(detail=True, methods=["get"])

@@ -20,6 +20,7 @@ from ..inventory import (
     normalize_inventory,
 )
 from ..models import GpuDevice, Node, NodeEvent
+from ..signals import capacity_vanished
 from .base import node_event
 from .health import gpu_mark_unsuitable
 from .lifecycle import node_quarantine
@@ -70,11 +71,13 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
             memory_mib=reported["memory_mib"],
             scratch_mib=reported["scratch_mib"],
         )
-        capped = []
+        capped, shortfall, reported_allocatable = [], {}, dict(allocatable)
         for dimension in ("cpu_millicores", "memory_mib", "scratch_mib"):
             reserved = getattr(node, f"{dimension}_reserved")
             if allocatable[f"{dimension}_allocatable"] < reserved:
-                # the ledger never goes below what live leases hold; it shrinks as they end
+                # the ledger never goes below what live leases hold: the jobs that lost their
+                # capacity end (capacity_vanished, below), then it shrinks to what is left
+                shortfall[dimension] = reserved - allocatable[f"{dimension}_allocatable"]
                 allocatable[f"{dimension}_allocatable"] = reserved
                 capped.append(dimension)
         node.cpu_millicores_raw = reported["cpu_millicores"]
@@ -97,8 +100,10 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
             ]
         )
         new_gpus = {g["uuid"]: g for g in reported["gpus"]}
+        vanished = []
         for gpu in node.gpus.all():
             if gpu.uuid not in new_gpus:
+                vanished.append(gpu.pk)
                 gpu_mark_unsuitable(
                     gpu=gpu,
                     health=GpuHealth.MISSING,
@@ -123,6 +128,8 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
         node_event(
             node, actor=actor, reason=Reason.INVENTORY_DRIFT, message=text, now=now, data=data
         )
+        if shortfall or vanished:
+            _capacity_vanished(node, shortfall, vanished, reported_allocatable, actor, now)
         untrusted = pool.trust_level == TrustLevel.MARKETPLACE
         if (large or untrusted) and node.state != NodeState.QUARANTINED:
             node_quarantine(
@@ -134,6 +141,25 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
                 now=now,
             )
     return diffs
+
+
+def _capacity_vanished(node, shortfall, gpus, reported_allocatable, actor, now) -> None:
+    """The node has less than its leases hold, or lost devices they hold: the jobs above end the
+    attempts that lost their capacity (nodes.signals.capacity_vanished), then the node's
+    allocatable comes down to what it reported, never below what its live leases still hold."""
+    capacity_vanished.send(
+        sender=Node, node=node, shortfall=shortfall, gpus=gpus, actor=actor, now=now
+    )
+    if not shortfall:
+        return
+    fields = [f"{dimension}_reserved" for dimension in shortfall]
+    held = Node.objects.filter(pk=node.pk).values(*fields).get()
+    Node.objects.filter(pk=node.pk).update(
+        **{
+            f"{d}_allocatable": max(reported_allocatable[f"{d}_allocatable"], held[f"{d}_reserved"])
+            for d in shortfall
+        }
+    )
 
 
 def inventory_reconcile_sweep(*, now=None) -> dict[int, list[dict]]:

@@ -53,6 +53,7 @@ def test_a_job_runs_by_digest_and_its_output_is_downloaded(stack):
         "image_pulled",
         "startup_began",
         "container_started",
+        "results_uploaded",
         "exited_zero",
     ]
     outputs = stack.api("GET", f"jobs/{job['id']}/outputs").json()

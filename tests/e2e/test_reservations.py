@@ -134,6 +134,7 @@ def test_a_job_named_into_a_reservation_runs_inside_its_window_on_that_lease(sta
             "image_pulled",
             "startup_began",
             "container_started",
+            "results_uploaded",
             "exited_zero",
         ], reasons
         placed = history[1]

@@ -68,13 +68,21 @@ def test_any_drift_in_a_marketplace_pool_quarantines(enroll, market_pool):
     assert "untrusted" in last_event(node).message
 
 
-def test_drift_never_drops_allocatable_below_what_leases_hold(ready_node, make_job, now):
+def test_drift_under_a_running_job_ends_it_then_allocatable_comes_down(
+    ready_node, make_job, now
+):
+    """The job that lost its capacity ends (`capacity_vanished`: its retry policy does not
+    retry it, so it fails; tests/observability/test_trace_api.py has the rest), its lease
+    with it; then the ledger holds what the node reported, never below what leases hold."""
     node = ready_node.node
-    make_job(node, cpu=20000)
+    job, _ = make_job(node, cpu=20000)
     services.node_inventory_report(node=node, inventory=report(node, cpu_millicores=8000), now=now)
     services.node_inventory_reconcile(node=node, actor=SYSTEM, now=now)
     node.refresh_from_db()
-    assert node.cpu_millicores_allocatable == 20000 == node.cpu_millicores_reserved
+    job.refresh_from_db()
+    assert job.state == "failed" and job.events.latest("id").reason == Reason.CAPACITY_VANISHED
+    assert node.cpu_millicores_reserved == 0
+    assert 0 < node.cpu_millicores_allocatable < 8000
     assert node.state == S.QUARANTINED  # −87 % is large
     drift = NodeEvent.objects.filter(node=node, reason=Reason.INVENTORY_DRIFT).first()
     assert drift.data["capped_by_reserved"] == ["cpu_millicores"]

@@ -21,6 +21,7 @@ class ControlPlane:
     def __init__(self):
         self.assignments: list[dict] = []
         self.requests: list[tuple[str, str, object]] = []
+        self.headers: list[tuple[str, dict]] = []  # (path, headers) of each request, in order
         self.refuse_steps: set[str] = set()  # steps answered 409 fencing_token_mismatch
         self.credential = "cpn_test"
         # who this control plane is, and the node it enrolls: each test's agent owns its own
@@ -112,6 +113,7 @@ class ControlPlane:
                 route, _, query = path.partition("?")
                 with plane.lock:
                     plane.requests.append((self.command, path, body))
+                    plane.headers.append((path, dict(self.headers)))
                 if route == "agent/assignments/wait":  # before `statuses`: the loop's own
                     if self.headers.get("Authorization") != f"Bearer {plane.credential}":
                         return self._answer(401, {"detail": "Node credential refused."})

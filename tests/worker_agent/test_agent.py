@@ -105,6 +105,30 @@ def test_an_assignment_runs_and_its_outputs_and_workloads_are_reported(agent, co
     assert [s for s, _ in control_plane.steps(11)].count("starting") == 1
 
 
+def test_the_jobs_trace_context_travels_on_every_report_and_upload(agent, control_plane):
+    """The assignment's `traceparent` comes back as a header on each request about the job
+    (reports, logs, outputs), the final report with how long the upload took."""
+    agent.start()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    script = 'echo hi; echo hello > "$OUTPUTS_DIR/greeting.txt"'
+    control_plane.assignments = [assignment(12, ["sh", "-c", script], traceparent=traceparent)]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(12)[-1:] == [("succeeded", "")])
+    about_job = [
+        (path, headers)
+        for path, headers in control_plane.headers
+        if path.startswith("agent/jobs/12/")
+    ]
+    kinds = {path.rsplit("/", 1)[-1] for path, _ in about_job}
+    assert {"report", "logs", "outputs"} <= kinds
+    assert all(headers.get("traceparent") == traceparent for _, headers in about_job)
+    # requests about no job carry none
+    others = [h for path, h in control_plane.headers if not path.startswith("agent/jobs/")]
+    assert others and not any("traceparent" in h for h in others)
+    final = control_plane.sent("agent/jobs/12/report")[-1]
+    assert final["step"] == "succeeded" and 0 <= final["upload_seconds"] < 10
+
+
 def test_a_job_that_leaves_the_assignments_is_stopped(agent, control_plane):
     agent.start()
     control_plane.assignments = [assignment(12, ["sleep", "60"])]

@@ -185,6 +185,8 @@ class Assignment:
     # The checkpoint of an earlier attempt to unpack into $CHECKPOINT_DIR before start:
     # {"url", "sha256"} (docs/data-plane.md, "Checkpoints"), or None.
     restore: dict | None = None
+    # the job's W3C trace context, sent back on every report and upload of the job
+    traceparent: str = ""
 
     @classmethod
     def parse(cls, data: dict) -> Assignment:
@@ -216,6 +218,7 @@ class Assignment:
             limits=Limits.parse(data.get("limits")),
             checkpoint_requested=bool(data.get("checkpoint_requested")),
             restore=_restore(data.get("restore")),
+            traceparent=str(data.get("traceparent") or "")[:512],
         )
 
     @property
