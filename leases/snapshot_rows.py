@@ -102,9 +102,9 @@ def read(
     return rows, gpus_by_node
 
 
-_GPU_JSON = ", ".join(
-    f"'{f}', g.\"{f}\"" for f in GPU_FIELDS if f not in ("node_id", "share_tenant_id")
-)
+# each GPU as row_to_json of its GPU_FIELDS columns: a fifth cheaper in PostgreSQL than
+# json_build_object of the same keys and values (5,000 nodes, 13,764 GPUs: 95 ms against 120)
+_GPU_COLUMNS = ", ".join(f'g."{f}"' for f in GPU_FIELDS)
 # the work on a node that placement reads: its jobs' labels (anti-affinity) and what leases
 # pinned to a NUMA node hold there; only leases that carry either
 _WORK = (
@@ -127,9 +127,8 @@ _ENDS = (
 # {work}, {ends}, {reachable}: the fragments above, or stand-ins for what is not read
 _SELECT = (
     "SELECT " + ", ".join(f'n."{f}"' for f in NODE_FIELDS) + ", "
-    "CAST((SELECT COALESCE(json_agg(json_build_object(" + _GPU_JSON + ", "
-    "'node_id', g.node_id, 'share_tenant_id', g.share_tenant_id) ORDER BY g.\"index\"), "
-    f"'[]'::json) FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) AS text), "
+    "CAST((SELECT COALESCE(json_agg(x ORDER BY x.\"index\"), '[]'::json) FROM (SELECT "
+    f"{_GPU_COLUMNS} FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) x) AS text), "
     "{work}, {ends} "
     f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND n.state = ANY(%(states)s) "
     "{reachable}ORDER BY n.name"
