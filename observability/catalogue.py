@@ -137,6 +137,7 @@ GAUGES = {
     "tenant_dominant_share": "A tenant's dominant share of the pool's capacity, held now.",
     "tenant_fair_share": "A tenant's entitlement: its weight over the weights of the tenants "
     "present in the pool.",
+    "tenant_pending_jobs": "A tenant's queued jobs in the pool.",
     "capacity": "Capacity by pool, shape class, zone and resource, of each kind: allocatable, "
     "schedulable (ready, reachable, neither draining nor quarantined), reserved, used, free, "
     "fragmented, draining, unhealthy, unreachable.",

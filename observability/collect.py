@@ -117,19 +117,25 @@ def share_gauges():
     page's figures); tenants past METRICS_TENANT_LABELS are summed as `other`."""
     named = tenant_labels()
     slugs = {slug: named(pk) for pk, slug in _tenant_slugs().items()}
-    held = _gauge("tenant_dominant_share", ("pool", "tenant"))
-    entitled = _gauge("tenant_fair_share", ("pool", "tenant"))
+    gauges = [
+        (_gauge(name, ("pool", "tenant")), field)
+        for name, field in (
+            ("tenant_dominant_share", "share"),
+            ("tenant_fair_share", "entitlement"),
+            ("tenant_pending_jobs", "waiting_total"),
+        )
+    ]
     for pool in ComputePool.objects.order_by("slug"):
-        sums = defaultdict(lambda: [0.0, 0.0])
+        sums = defaultdict(lambda: [0.0] * len(gauges))
         for row in selectors.fairness(pool):
             label = slugs.get(row["tenant"], "other")
-            sums[label][0] += row["share"]
-            sums[label][1] += row["entitlement"]
-        for label, (share, entitlement) in sorted(sums.items()):
-            held.add_metric([pool.slug, label], share)
-            entitled.add_metric([pool.slug, label], entitlement)
-    yield held
-    yield entitled
+            for i, (_, field) in enumerate(gauges):
+                sums[label][i] += row[field]
+        for label, values in sorted(sums.items()):
+            for (gauge, _), value in zip(gauges, values, strict=True):
+                gauge.add_metric([pool.slug, label], value)
+    for gauge, _ in gauges:
+        yield gauge
 
 
 def _tenant_slugs() -> dict[int, str]:
