@@ -48,9 +48,11 @@ def test_a_job_that_ends_exports_its_stored_spans(
 ):
     job = submit_job(pool, tenant)
     endpoint = f"http://127.0.0.1:{collector.server_port}"
-    with override_settings(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint):
-        with django_capture_on_commit_callbacks(execute=True):
-            job_cancel(job=job, actor=Actor.for_user(member))
+    with (
+        override_settings(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        job_cancel(job=job, actor=Actor.for_user(member))
     ((path, request),) = collector.received
     assert path == "/v1/traces"
     spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
@@ -72,9 +74,11 @@ def test_without_an_endpoint_nothing_is_exported(
     collector, pool, tenant, member, django_capture_on_commit_callbacks
 ):
     job = submit_job(pool, tenant)
-    with override_settings(OTEL_EXPORTER_OTLP_ENDPOINT=""):
-        with django_capture_on_commit_callbacks(execute=True):
-            job_cancel(job=job, actor=Actor.for_user(member))
+    with (
+        override_settings(OTEL_EXPORTER_OTLP_ENDPOINT=""),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        job_cancel(job=job, actor=Actor.for_user(member))
     assert collector.received == []
     assert tracing.export_job(job.pk, endpoint="") == 0
 
