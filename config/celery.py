@@ -58,6 +58,12 @@ app.conf.beat_schedule = {
     "jobs-expire-artifacts": {"task": "jobs.expire_artifacts", "schedule": 86400.0},
     # tenants' credit accounts charged for their leases since the last charge (leases/tasks.py)
     "leases-charge-credits": {"task": "leases.charge_credits", "schedule": 300.0},
+    # the event log folded into the metrics' counters and histograms (observability/fold.py)
+    "observability-fold": {
+        "task": "observability.fold",
+        "schedule": settings.METRICS_FOLD_PERIOD_S,
+        "options": {"expires": settings.METRICS_FOLD_PERIOD_S},
+    },
     "reservations-unclaimed": {
         "task": "leases.release_unclaimed_reservations",
         "schedule": 15.0,

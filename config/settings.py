@@ -71,6 +71,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "config.request_id.RequestIdMiddleware",  # first: every line below has the request id
+    # a request's time includes every other middleware's (observability/process.py)
+    "observability.process.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.middleware.RejectNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -287,6 +289,16 @@ SCHEDULER_EVENT_MIN_INTERVAL_S = env.float("SCHEDULER_EVENT_MIN_INTERVAL_S", def
 # Scheduler health (scheduling/health.py): pass records and capacity samples are kept this many
 # hours for the operators' charts, then pruned.
 SCHEDULER_HEALTH_WINDOW_HOURS = env.int("SCHEDULER_HEALTH_WINDOW_HOURS", default=24)
+# Metrics (docs/observability.md): GET /metrics answers tokens with the metrics:read scope,
+# operators, and clients whose address is in METRICS_ALLOWED_CIDRS (a scraper on the host or
+# the cluster network). Behind a load balancer, list its addresses in TRUSTED_PROXY_CIDRS: a
+# request from one of them is from the last address of X-Forwarded-For that is not a proxy.
+METRICS_ALLOWED_CIDRS = env.list("METRICS_ALLOWED_CIDRS", default=[])
+TRUSTED_PROXY_CIDRS = env.list("TRUSTED_PROXY_CIDRS", default=[])
+# The first this many tenants (the oldest) label their own series; the rest are `other`.
+METRICS_TENANT_LABELS = env.int("METRICS_TENANT_LABELS", default=50)
+# How often the event log is folded into counters and histograms (observability/fold.py).
+METRICS_FOLD_PERIOD_S = env.float("METRICS_FOLD_PERIOD_S", default=5.0)
 # Lease creation per tenant, and lease creation, job submit and explain per token (a session:
 # per person), shared by every server process through Redis in batches of permits
 # (pools/api/throttles.py SharedPermits; docs/security.md, Throttles); "" turns one off.

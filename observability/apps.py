@@ -8,9 +8,12 @@ class ObservabilityConfig(AppConfig):
     verbose_name = "Observability"
 
     def ready(self):
+        # each process's own metrics: the request timing middleware's histogram, and the
+        # Celery signals that time tasks
         # one trace per job: exported when the job ends (observability/tracing.py)
         from jobs.signals import job_ended
 
+        from . import process  # noqa: F401
         from .tracing import on_job_ended
 
         job_ended.connect(on_job_ended, dispatch_uid="observability.export_job_trace")
