@@ -8,9 +8,9 @@ class ObservabilityConfig(AppConfig):
     verbose_name = "Observability"
 
     def ready(self):
-        # each process's own metrics: the request timing middleware's histogram, and the
-        # Celery signals that time tasks
-        # one trace per job: exported when the job ends (observability/tracing.py)
+        # `process`: each process's own metrics (the request timing middleware's histogram, the
+        # Celery signals that time tasks); one trace per job, exported when the job ends
+        # (observability/tracing.py)
         from jobs.signals import job_ended
 
         from . import process  # noqa: F401
