@@ -53,7 +53,11 @@ class Lease(models.Model):
         "pools.ComputePool", on_delete=models.PROTECT, related_name="leases", db_index=False
     )
     tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="leases")
-    node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="leases")
+    # indexed by (node, state) below: the snapshot reads each node's holding leases by both,
+    # and an index on the node alone left the planner free to combine it with another one
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.PROTECT, related_name="leases", db_index=False
+    )
     job = models.ForeignKey(
         "jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="leases"
     )
@@ -141,6 +145,7 @@ class Lease(models.Model):
         indexes = [
             models.Index(fields=["state", "expires_at"]),
             models.Index(fields=["pool", "state"]),
+            models.Index(fields=["node", "state"], name="lease_node_state"),
             models.Index(
                 fields=["backfill_of"],
                 condition=models.Q(backfill_of__isnull=False),
