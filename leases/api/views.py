@@ -10,6 +10,7 @@ import threading
 import time
 from datetime import timedelta
 
+import orjson
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -66,16 +67,26 @@ def forget_validated_bodies(**kwargs) -> None:
         _create_cache.clear()
 
 
+def _body_key(user_id, data: dict) -> tuple | None:
+    """The cache key of a body: its canonical JSON (sorted keys). orjson takes a tenth of
+    json.dumps's time, but writes NaN and ±Infinity as null; a body whose JSON has a null (or
+    one of those) takes json.dumps's key instead, so two different bodies never share one."""
+    try:
+        text = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+        if b"null" not in text:
+            return (user_id, text)
+        return (user_id, json.dumps(data, sort_keys=True, separators=(",", ":")))
+    except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError: not cached
+        return None
+
+
 def validated_create_body(request) -> dict:
     """LeaseCreateSerializer's validated data for this request (cached as described above)."""
     data, user = request.data, request.user
     key = None
     ttl = getattr(settings, "LEASE_CREATE_CACHE_SECONDS", CREATE_CACHE_SECONDS)
     if ttl > 0 and isinstance(data, dict) and user.pk is not None:
-        try:
-            key = (user.pk, json.dumps(data, sort_keys=True, separators=(",", ":")))
-        except (TypeError, ValueError):
-            key = None
+        key = _body_key(user.pk, data)
     now = _clock()
     if key is not None:
         hit = _create_cache.get(key)

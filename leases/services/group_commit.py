@@ -145,6 +145,7 @@ def _plan(batch: list[Pending]) -> list[ledger.Row]:
     for pending in batch:
         by_pool.setdefault(pending.pool.pk, []).append(pending)
     rows = []
+    shared: dict[tuple, ledger.Shared] = {}  # the batch's one write: one per pool and actor
     for pool_id, mine in by_pool.items():
         # the work on the nodes is read only when a request of the pool needs it
         work = any(snap.needs_work(p.req, p.policy) for p in mine)
@@ -157,7 +158,7 @@ def _plan(batch: list[Pending]) -> list[ledger.Row]:
             outcomes, nodes = batch_plan([p.req for p in pendings], nodes, policy, ctx)
             for pending, outcome in zip(pendings, outcomes, strict=True):
                 if outcome.placement is not None:
-                    rows.append(_row(pending, outcome.placement, view, by_name))
+                    rows.append(_row(pending, outcome.placement, view, by_name, shared))
     return rows
 
 
@@ -169,13 +170,19 @@ def _by_policy(pendings: list[Pending]) -> list[tuple[object, list[Pending]]]:
     return list(groups.values())
 
 
-def _row(pending: Pending, placement, view, by_name) -> ledger.Row:
+def _row(pending: Pending, placement, view, by_name, shared: dict) -> ledger.Row:
     node_id = view.node_ids[placement.node]
-    shared = ledger.Shared(
-        pool=pending.pool, actor=pending.actor, now=pending.now, expires_at=pending.expires_at
-    )
-    return ledger.lease_row(
-        shared,
+    actor = pending.actor
+    key = (pending.pool.pk, actor.kind, actor.label, actor.user_id)
+    common = shared.get(key)
+    if common is None:
+        # the columns every lease of the batch shares (the model's defaults, who, the event's
+        # state and reason), built once per batch instead of once per lease
+        common = shared[key] = ledger.Shared(
+            pool=pending.pool, actor=actor, now=pending.now, expires_at=pending.expires_at
+        )
+    row = ledger.lease_row(
+        common,
         tenant_id=pending.tenant.pk,
         request=pending.request,
         placement=placement,
@@ -184,3 +191,9 @@ def _row(pending: Pending, placement, view, by_name) -> ledger.Row:
         job_id=pending.job.pk if pending.job is not None else None,
         key=pending,
     )
+    # each lease keeps its own request's times (what `Shared` takes from `now`/`expires_at`)
+    row.lease.update(
+        state_changed_at=pending.now, created_at=pending.now, expires_at=pending.expires_at
+    )
+    row.event["at"] = pending.now
+    return row

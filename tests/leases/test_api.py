@@ -331,6 +331,73 @@ def test_group_commit_batches_concurrent_reserves_without_overcommit():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_group_commit_keeps_each_reserves_own_times_and_actor():
+    """A batch builds the columns its leases share once per actor, but each lease keeps its own
+    request's times (created, state changed, expiry) and its event its own time and actor."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from leases import services
+    from leases.models import LeaseEvent
+    from leases.services import ledger
+    from pools.actors import Actor
+
+    pool = build_pool("own-times", exact_capacity=True)
+    tenant = build_tenant("o", name="O")
+    build_node(pool, "o1", cpu=64000, memory=65536)
+    base = timezone.now().replace(microsecond=0)
+    asks = [
+        (base + timedelta(seconds=i), timedelta(minutes=1 + i), Actor.system(f"caller-{i % 2}"))
+        for i in range(8)
+    ]
+    sizes, granted, errors = [], {}, []
+
+    def slow_first_write(rows):
+        sizes.append(len(rows))
+        if len(sizes) == 1:
+            time.sleep(0.3)  # the others queue up behind the first leader
+
+    barrier = threading.Barrier(len(asks))
+
+    def client(i):
+        now, duration, actor = asks[i]
+        try:
+            barrier.wait()
+            granted[i] = services.lease_reserve(
+                pool=pool,
+                tenant=tenant,
+                request=cpu_request(100, 64),
+                actor=actor,
+                duration=duration,
+                now=now,
+            )
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(asks))]
+    with ledger.race_hook(ledger.BEFORE_WRITES, slow_first_write):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert errors == [] and len(granted) == len(asks)
+    assert max(sizes) > 1  # some of them were combined
+    for i, returned in granted.items():
+        now, duration, actor = asks[i]
+        lease = Lease.objects.get(pk=returned.pk)
+        for seen in (returned, lease):
+            assert seen.created_at == now and seen.state_changed_at == now
+            assert seen.expires_at == now + duration
+        event = LeaseEvent.objects.get(lease=lease, reason="reserved")
+        assert event.at == now and event.actor_label == actor.label
+    assert ledger_problems(pool) == []
+
+
+@pytest.mark.django_db(transaction=True)
 def test_group_commit_conflict_is_replanned():
     """A batch planned on a snapshot gone stale: another writer takes the node it chose before
     its guarded write (the ledger's race hook), which matches nothing; the request is
