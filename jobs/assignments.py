@@ -148,6 +148,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
         "attempt": job.attempts,
         "lease": lease.pk,
         "fencing_token": str(lease.fencing_token),
+        # the agent measures how long the attempt waited to be taken up from this
+        "leased_at": lease.created_at.isoformat(),
         "name": job.name,
         "tenant": job.tenant.slug,
         "state": job.state,

@@ -18,6 +18,7 @@ from pathlib import Path
 from worker_agent import __version__
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host, cpu_features
+from worker_agent.metrics import AgentMetrics
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
 from worker_agent.runtime.base import Assignment, RuntimeUnconfigured
@@ -52,6 +53,9 @@ class Config:
     poll_s: float = 2.0
     heartbeat_interval_s: float = 15.0
     push: bool = True  # long-poll for pushed changes between polls (polls go on regardless)
+    # the agent's own /metrics on metrics_address:metrics_port (worker_agent/metrics.py); 0: off
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
 
 
 def default_node_name() -> str:
@@ -131,9 +135,13 @@ class Agent:
         self.finished: set[tuple[int, int]] = set()  # ended here; never started again
         self.rotate_requested = False
         self.probes_started: set[int] = set()  # probes run (or running) by this agent
+        self.metrics = AgentMetrics(workloads=lambda: len(self.runners))
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
+        if self.config.metrics_port:
+            port = self.metrics.serve(self.config.metrics_port, self.config.metrics_address)
+            log.info("metrics on http://%s:%s/metrics", self.config.metrics_address, port)
         self.start()
         if self.config.push:
             self.push_thread = threading.Thread(
@@ -211,6 +219,7 @@ class Agent:
         for runner in self.runners.values():
             runner.join(10)
         self.host.close()
+        self.metrics.close()
         log.info("agent stopped; %d workload(s) left to the next agent", len(self.runners))
 
     # ------------------------------------------------------------------ identity
@@ -280,6 +289,7 @@ class Agent:
             "features": cpu_features(),  # a migrated VM may have gained or lost some
         }
         answer = self.client.heartbeat(body) or {}
+        self.metrics.heartbeat_taken()
         if answer.get("heartbeat_interval_s"):
             self.heartbeat_interval = float(answer["heartbeat_interval_s"])
         if answer.get("rotate_credential"):
@@ -397,7 +407,10 @@ class Agent:
             address=self.address,
             found=found,
             gpu_usage=self.host.gpu_usage,
+            metrics=self.metrics,
         )
+        if found is None:  # a new attempt, not one a previous agent left running
+            self.metrics.taken_up(assignment.leased_at)
         self.runners[assignment.key] = runner
         runner.start()
 

@@ -68,6 +68,17 @@ def parser() -> argparse.ArgumentParser:
         default=env("PUSH", "1").lower() not in ("0", "false", "no"),
         help="long-poll for pushed assignments between polls (default: on)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("METRICS_PORT", "0")),
+        help="serve the agent's own /metrics on this port (default 0: off)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=env("METRICS_ADDRESS", "127.0.0.1"),
+        help="the address /metrics listens on (default: loopback only)",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument(
         "--log-format",
@@ -110,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         address=args.address,
         poll_s=args.poll_s,
         push=args.push,
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
     )
     held = AgentState(args.state_dir)
     try:

@@ -36,6 +36,7 @@ from pathlib import Path
 from worker_agent import addresses, inputs
 from worker_agent import checkpoint as checkpoints
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
+from worker_agent.metrics import AgentMetrics
 from worker_agent.outputs import Outputs, read_budget
 from worker_agent.runtime import disks
 from worker_agent.runtime.base import (
@@ -109,12 +110,14 @@ class Runner(threading.Thread):
         found: Found | None = None,
         poll_s: float = 1.0,
         gpu_usage=None,
+        metrics: AgentMetrics | None = None,
     ):
         super().__init__(daemon=True, name=f"job-{assignment.job}")
         self.assignment, self.client, self.runtime = assignment, client, runtime
         if client is not None:
             client.trace_job(assignment.job, assignment.traceparent)
         self.workdir, self.address, self.found, self.poll_s = workdir, address, found, poll_s
+        self.metrics = metrics
         # the job left the assignments, or its lease is stopping (it was cancelled): stop and
         # remove, then confirm with `stopped` (the control plane holds the capacity until then)
         self.cancelled = threading.Event()
@@ -211,12 +214,15 @@ class Runner(threading.Thread):
         deadline = time.monotonic() + a.startup_timeout_s
         self._report(Step.PULLING, "image_pulling")
         pull_seconds = self._before(deadline, "image pull", lambda: self.runtime.pull(a))
+        if self.metrics is not None:
+            self.metrics.image_pull.observe(pull_seconds)
         self._report(Step.PULLING, "image_pulled", pull_seconds=round(pull_seconds, 3))
         if self.cancelled.is_set():
             return
         self.phase = Phase.STARTING
         self._report(Step.STARTING)
         self._prepare_dirs()
+        starting = time.monotonic()
         handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
         try:
             if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
@@ -227,6 +233,8 @@ class Runner(threading.Thread):
                 )
                 log.info("job %s: %d checkpoint files restored", a.job, restored)
             self.runtime.start(handle, timeout=max(0.0, deadline - time.monotonic()))
+            if self.metrics is not None:  # create and start, the inputs' fetch and restore in
+                self.metrics.container_start.observe(time.monotonic() - starting)
             self._follower = self.runtime.logs(handle)
         except BaseException:
             self.runtime.remove(handle)

@@ -242,3 +242,10 @@ def test_allowed_networks_scrape_and_a_balancer_s_forwarded_address_counts(clien
     # not from the balancer: the header is not read at all
     direct = client.get("/metrics", REMOTE_ADDR="203.0.113.7", HTTP_X_FORWARDED_FOR="10.1.9.9")
     assert direct.status_code == 403
+
+
+def test_an_assignment_says_when_its_lease_was_made(agent, node_api, tenant):
+    """The agent's assignment lag (worker_agent/metrics.py) is measured from this."""
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    [entry] = node_api.get("/api/v1/agent/assignments").json()
+    assert entry["leased_at"] == lease.created_at.isoformat()
