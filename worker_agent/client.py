@@ -16,7 +16,7 @@ from urllib3.fields import RequestField
 from urllib3.filepost import choose_boundary
 
 from worker_agent import __version__
-from worker_agent.logs import mount_request_ids, with_request_id
+from worker_agent.logs import mount_request_ids, valid_traceparent, with_request_id
 from worker_agent.state import AgentState
 from worker_agent.tarstream import ChunkReader
 
@@ -189,8 +189,12 @@ class ApiClient:
     def trace_job(self, job: int, traceparent: str) -> None:
         """The trace context of `job` (its assignment's `traceparent`): every report and upload
         of the job carries it as the `traceparent` header, so the control plane's log lines of
-        those requests carry the job's trace id."""
+        those requests carry the job's trace id. An invalid one (valid_traceparent: not a
+        string, malformed, a newline `requests` would refuse) is not kept: the job's requests
+        then carry none."""
+        traceparent = valid_traceparent(traceparent)
         if not traceparent:
+            self._traces.pop(int(job), None)
             return
         self._traces.pop(int(job), None)
         self._traces[int(job)] = traceparent

@@ -36,15 +36,21 @@ FIRST_KEYS = ("timestamp", "level", "logger", "event")
 request_id: ContextVar[str] = ContextVar("worker_agent_request_id", default="")
 
 
-def trace_id_of(traceparent) -> str:
-    """The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), else ""; anything
-    else (not a string, malformed, an all-zero id) is ignored."""
+def valid_traceparent(traceparent) -> str:
+    """`traceparent` when it is a valid W3C one (`00-<32 hex>-<16 hex>-<2 hex>`, lowercase, ids
+    not all zeros, nothing around it), else "": anything else (not a string, malformed, a
+    newline that `requests` would refuse as a header) is never sent nor logged."""
     if not isinstance(traceparent, str):
         return ""
-    found = TRACEPARENT.fullmatch(traceparent.strip())
+    found = TRACEPARENT.fullmatch(traceparent)
     if found is None or found.group(1) == "0" * 32 or found.group(2) == "0" * 16:
         return ""
-    return found.group(1)
+    return traceparent
+
+
+def trace_id_of(traceparent) -> str:
+    """The trace id of a valid W3C `traceparent` (valid_traceparent), else ""."""
+    return valid_traceparent(traceparent)[3:35]
 
 
 def add_job_context(_logger, _method, event_dict: dict) -> dict:

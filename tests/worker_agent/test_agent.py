@@ -129,6 +129,50 @@ def test_the_jobs_trace_context_travels_on_every_report_and_upload(agent, contro
     assert final["step"] == "succeeded" and 0 <= final["upload_seconds"] < 10
 
 
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n",  # requests: InvalidHeader
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX-Evil: 1",
+        42,  # not a string: never sent as "42"
+        ["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"],
+        "00-" + "0" * 32 + "-b7ad6b7169203331-01",  # all-zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01",  # all-zero span id
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # uppercase
+        "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # another version
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-more",
+    ],
+)
+def test_a_bad_traceparent_is_never_sent_and_the_job_still_runs(agent, control_plane, traceparent):
+    """An assignment's `traceparent` that is not a valid W3C one (a newline made `requests`
+    raise InvalidHeader and killed the runner thread; a non-string went out as text) is
+    dropped: the job runs to its end and none of its requests carries a `traceparent`."""
+    agent.start()
+    script = 'echo hi; echo hello > "$OUTPUTS_DIR/greeting.txt"'
+    control_plane.assignments = [assignment(13, ["sh", "-c", script], traceparent=traceparent)]
+    agent.sync()
+    wait_for(lambda: control_plane.steps(13)[-1:] == [("succeeded", "")])
+    assert control_plane.outputs(13) == {"greeting.txt": b"hello\n"}
+    about_job = [(p, h) for p, h in control_plane.headers if p.startswith("agent/jobs/13/")]
+    assert {"report", "logs", "outputs"} <= {path.rsplit("/", 1)[-1] for path, _ in about_job}
+    assert not any("traceparent" in {k.lower() for k in h} for _, h in about_job)
+    assert not any("X-Evil" in h for _, h in control_plane.headers)
+
+
+def test_the_client_sends_only_a_valid_traceparent(tmp_path):
+    from worker_agent.client import ApiClient
+    from worker_agent.state import AgentState
+
+    client = ApiClient("http://127.0.0.1:9", AgentState(tmp_path / "state"))
+    valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    client.trace_job(7, valid)
+    assert client._trace_headers(7) == {"traceparent": valid}
+    client.trace_job(7, valid + "\n")  # a later bad one forgets the good one, never sends it
+    assert client._trace_headers(7) == {}
+    client.trace_job(8, 123)
+    assert client._trace_headers(8) == {}
+
+
 def test_a_job_that_leaves_the_assignments_is_stopped(agent, control_plane):
     agent.start()
     control_plane.assignments = [assignment(12, ["sleep", "60"])]

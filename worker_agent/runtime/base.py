@@ -7,7 +7,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
+
+from worker_agent.logs import valid_traceparent
 
 DIGEST_MARK = "@sha256:"
 # label prefix: computepool.job, .lease, .attempt, .node (its name, for people), .node_id and
@@ -187,6 +190,9 @@ class Assignment:
     restore: dict | None = None
     # the job's W3C trace context, sent back on every report and upload of the job
     traceparent: str = ""
+    # when the control plane made the attempt's lease (seconds since the epoch, its clock):
+    # the agent's assignment lag is measured from it
+    leased_at: float | None = None
 
     @classmethod
     def parse(cls, data: dict) -> Assignment:
@@ -218,7 +224,8 @@ class Assignment:
             limits=Limits.parse(data.get("limits")),
             checkpoint_requested=bool(data.get("checkpoint_requested")),
             restore=_restore(data.get("restore")),
-            traceparent=str(data.get("traceparent") or "")[:512],
+            traceparent=valid_traceparent(data.get("traceparent")),
+            leased_at=_epoch(data.get("leased_at")),
         )
 
     @property
@@ -237,6 +244,14 @@ class Assignment:
         """Plain env, and NAME_FILE for each secret: the path of the file in `secrets_dir`
         that holds its value (worker_agent/secrets.py; values are never in the environment)."""
         return {**self.env, **{f"{name}_FILE": f"{secrets_dir}/{name}" for name in self.secrets}}
+
+
+def _epoch(value) -> float | None:
+    """An ISO 8601 time as seconds since the epoch; None when missing or unreadable."""
+    try:
+        return datetime.fromisoformat(str(value)).timestamp() if value else None
+    except ValueError:
+        return None
 
 
 def _restore(data) -> dict | None:
