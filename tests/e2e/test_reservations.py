@@ -226,7 +226,12 @@ def test_a_backfilled_job_outlives_the_lease_ttl_and_is_reclaimed_before_the_win
         history = events(stack, job_id)
         asked = next(e for e in history if e["to_state"] == "checkpointing")
         assert asked["reason"] == "backfill_window_closed"
-        assert [e["reason"] for e in history][-2:] == ["backfill_window_closed", "checkpoint_done"]
+        # the checkpoint is the attempt's result: uploaded (results_uploaded), then reported
+        assert [e["reason"] for e in history][-3:] == [
+            "backfill_window_closed",
+            "results_uploaded",
+            "checkpoint_done",
+        ]
         lease.refresh_from_db()
         assert lease.state == LeaseState.RELEASED and lease.ended_at < start
         outputs = {o["name"] for o in stack.api("GET", f"jobs/{job_id}/outputs").json()}
