@@ -2,15 +2,27 @@
 histograms exactly once, the gauges read at scrape time, who may scrape, bounded labels."""
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from config.builders import build_node, build_tenant, submit_job, submit_jobs
+from config.builders import (
+    SYSTEM,
+    build_node,
+    build_tenant,
+    cpu_request,
+    submit_job,
+    submit_jobs,
+)
 from jobs.models import JobEvent
+from leases.models import Lease
+from leases.services import lease_commit, lease_release, lease_reserve
+from leases.tasks import expire_leases
 from nodes.choices import Reachability
 from nodes.models import Node
 from observability.fold import fold
@@ -23,6 +35,7 @@ from tests.clients import bearer_client, client_for
 from tests.jobs.test_agent_api import RETRY_TWICE, place, report, run
 
 pytestmark = pytest.mark.django_db
+MIN = timedelta(minutes=1)
 
 
 def scrape(client) -> dict[tuple[str, tuple], float]:
@@ -249,3 +262,36 @@ def test_an_assignment_says_when_its_lease_was_made(agent, node_api, tenant):
     job, lease = place(submit_job(agent.node.pool, tenant))
     [entry] = node_api.get("/api/v1/agent/assignments").json()
     assert entry["leased_at"] == lease.created_at.isoformat()
+
+
+def test_lease_expiries_and_an_ended_lease_s_pressure(lpool, ltenant, lnode, loperator):
+    now = timezone.now()
+    request = cpu_request()
+    expiring = lease_reserve(
+        pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, now=now, duration=MIN
+    )
+    assert expire_leases(now=now + 2 * MIN) == 1
+    used = lease_reserve(
+        pool=lpool, tenant=ltenant, request=request, actor=SYSTEM, now=now, duration=10 * MIN
+    )
+    lease_commit(lease=used, fencing_token=used.fencing_token, actor=SYSTEM, now=now)
+    # what the agent's heartbeats left on it: half its CPU on average, 90 % of its memory at peak
+    Lease.objects.filter(pk=used.pk).update(
+        usage_samples=3,
+        usage_average={"cpu_millicores": used.cpu_millicores / 2},
+        usage_peak={"memory_mib": used.memory_mib * 0.9},
+    )
+    lease_release(lease=used, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT, now=now)
+    fold()
+    samples = scrape(client_for(loperator))
+    pool = lpool.slug
+    assert expiring.pk != used.pk
+    assert value(samples, "computepool_lease_expirations_total", pool=pool, from_state="reserved")
+    cpu = {"pool": pool, "resource": "cpu"}
+    assert value(samples, "computepool_job_resource_pressure_ratio_count", **cpu) == 1
+    assert value(samples, "computepool_job_resource_pressure_ratio_sum", **cpu) == 0.5
+    memory = {"pool": pool, "resource": "memory"}
+    assert (
+        value(samples, "computepool_job_resource_pressure_ratio_bucket", le="0.75", **memory) == 0
+    )
+    assert value(samples, "computepool_job_resource_pressure_ratio_bucket", le="0.9", **memory) == 1
