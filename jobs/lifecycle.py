@@ -433,17 +433,23 @@ def job_lost(*, job: Job, actor: Actor, message: str = "", now=None, check=None)
     return job
 
 
-def job_capacity_vanished(*, job: Job, actor: Actor, message: str, data=None, now=None) -> Job:
+def job_capacity_vanished(
+    *, job: Job, actor: Actor, message: str, data=None, now=None, lease=None
+) -> Job:
     """Its node's reported capacity shrank under it (jobs/receivers.py): the lease the job holds
     there ends with `capacity_vanished`, and the job (docs/observability.md "Traces"):
     - placed but not started (leased): back to the queue, as a lease that expired before start;
     - started (starting, running, checkpointing): the attempt failed with `capacity_vanished`:
       queued again when its retry policy retries `capacity_vanished` and attempts are left,
-      otherwise failed. Its container is stopped by the agent once the lease is gone."""
+      otherwise failed. Its container is stopped by the agent once the lease is gone.
+    `lease`: the lease that lost its capacity; the job is left alone unless that lease still
+    holds (decided without locks, the job may have ended or moved since)."""
     now = now or timezone.now()
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.state not in (S.LEASED, S.STARTING, S.RUNNING, S.CHECKPOINTING):
+            return job
+        if lease is not None and not job.leases.filter(pk=lease.pk, state__in=HOLDING).exists():
             return job
         if job.state == S.LEASED or retry_allowed(job, Reason.CAPACITY_VANISHED):
             changes = {"pending_reason": {}}

@@ -4,8 +4,11 @@ whose reported capacity shrank under its placed or running jobs (nodes/signals.p
 
 from __future__ import annotations
 
+from django.db import transaction
+
 from leases.choices import HOLDING
 from leases.models import Lease
+from nodes.services import node_allocatable_lower
 from pools.actors import Actor
 
 from .choices import ACTIVE
@@ -37,22 +40,43 @@ def vanished_under(leases, shortfall: dict, gpus) -> list:
     return chosen
 
 
-def on_capacity_vanished(sender, *, node, shortfall: dict, gpus, actor: Actor, now, **_):
-    leases = list(
-        Lease.objects.filter(node=node, state__in=HOLDING, job__state__in=ACTIVE)
+def on_capacity_vanished(
+    sender, *, node, shortfall: dict, gpus, actor: Actor, now, allocatable=None, inventory=None, **_
+):
+    """Sent once the node's row lock is released (nodes.services.inventory): the victims are
+    decided from the node's holding leases as they are now, then each job ends in its own
+    transaction in the usual lock order (job → lease → node), the node's allocatable lowered
+    toward the report in the same commit (never below what its leases then hold). A victim
+    that ended or moved meanwhile is left alone: the sender asks again while still short."""
+    # one query, one snapshot: what the node's leases hold now (its ledger), and its jobs' ones
+    holding = list(
+        Lease.objects.filter(node=node, state__in=HOLDING)
         .select_related("job")
         .order_by("-created_at", "-id")
     )
+    if allocatable:
+        # short by what they hold now: a job that ended since the sender looked freed its part
+        shortfall = {
+            dimension: short
+            for field, value in allocatable.items()
+            if (dimension := field.removesuffix("_allocatable")) in DIMENSIONS
+            and (short := sum(getattr(lease, dimension) for lease in holding) - value) > 0
+        }
+    leases = [lease for lease in holding if lease.job_id and lease.job.state in ACTIVE]
     for lease in vanished_under(leases, shortfall, gpus):
         lost = [a.get("gpu") for a in lease.gpu_allocations or () if a.get("gpu") in set(gpus)]
         what = ", ".join(
             [f"{d} short by {v}" for d, v in shortfall.items() if v > 0]
             + ([f"{len(lost)} of its GPUs gone"] if lost else [])
         )
-        job_capacity_vanished(
-            job=lease.job,
-            actor=actor,
-            message=f"node {node.name} reported less capacity than it holds ({what})",
-            data={"node": node.name, "lease": lease.pk, "shortfall": shortfall, "gpus": lost},
-            now=now,
-        )
+        with transaction.atomic():
+            job_capacity_vanished(
+                job=lease.job,
+                actor=actor,
+                message=f"node {node.name} reported less capacity than it holds ({what})",
+                data={"node": node.name, "lease": lease.pk, "shortfall": shortfall, "gpus": lost},
+                now=now,
+                lease=lease,
+            )
+            if allocatable:
+                node_allocatable_lower(node=node, allocatable=allocatable, inventory=inventory)

@@ -29,7 +29,12 @@ node_ready = Signal()
 
 # The node's reported capacity shrank under what its leases hold (nodes.services.inventory:
 # the reconciliation): node, shortfall ({"cpu_millicores"|"memory_mib"|"scratch_mib": how much
-# more its leases hold than it now has}), gpus (ids of its devices that vanished), actor, now.
-# The jobs app ends the attempts that lost their capacity (`capacity_vanished`, jobs/
-# receivers.py); the node's allocatable is then lowered to what its leases still hold.
+# more its leases hold than it now has}), gpus (ids of its devices that vanished), allocatable
+# ({"<dimension>_allocatable": what the node reported} of the short dimensions), inventory (the
+# registered inventory it was computed for), actor, now. Unlike the others it is sent AFTER the
+# reconciliation committed, outside the node's row lock: the allocatable is capped at what the
+# leases hold meanwhile. The jobs app ends the attempts that lost their capacity
+# (`capacity_vanished`, jobs/receivers.py), each in its own transaction in the usual lock order
+# (job → lease → node), lowering the allocatable (node_allocatable_lower) in the same commit;
+# the sender then lowers it to what its leases still hold, and asks again while still short.
 capacity_vanished = Signal()

@@ -45,7 +45,12 @@ from .heartbeats import (
     node_image_pull_record,
     node_mark_unreachable,
 )
-from .inventory import inventory_reconcile_sweep, node_inventory_reconcile, node_inventory_report
+from .inventory import (
+    inventory_reconcile_sweep,
+    node_allocatable_lower,
+    node_inventory_reconcile,
+    node_inventory_report,
+)
 from .lifecycle import (
     node_mark_ready,
     node_quarantine,
@@ -71,6 +76,7 @@ __all__ = [
     "gpu_recover",
     "identity_fingerprint",
     "inventory_reconcile_sweep",
+    "node_allocatable_lower",
     "node_credential_issue",
     "node_credential_reissue",
     "node_credential_rotate",

@@ -1,13 +1,18 @@
 """Inventory: the agent reports what the node has now; the reconciliation sweep compares it
 with the registered inventory and adjusts capacity (or quarantines) on drift."""
 
+import logging
+from dataclasses import dataclass
+
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from pools.actors import Actor
 from pools.choices import TrustLevel
 from pools.reasons import Reason
+from pools.statemachine import record_sweep_failure
 from pools.sweeps import sweep
 
 from ..capacity import allocatable_from_raw
@@ -25,6 +30,8 @@ from .base import node_event
 from .health import gpu_mark_unsuitable
 from .lifecycle import node_quarantine
 
+log = logging.getLogger(__name__)
+
 
 def node_inventory_report(*, node: Node, inventory: dict, now=None) -> Node:
     """Store what the node reports now; the reconciliation sweep compares it with the claims."""
@@ -36,19 +43,51 @@ def node_inventory_report(*, node: Node, inventory: dict, now=None) -> Node:
     return node
 
 
+# Rounds of ending jobs under a shrunk node before its allocatable is left at what its leases
+# hold (a job placed on the capacity in the instant between two rounds, say): the next drift
+# reconciles again.
+SHRINK_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """A node's registered capacity that came out below what its leases hold, or devices that
+    vanished under them: what `_shrink_under_leases` ends and lowers once the node's row lock is
+    released."""
+
+    node: int
+    allocatable: dict  # {"<dimension>_allocatable": the reported value} of the short dimensions
+    shortfall: dict  # {dimension: how much more its leases hold than it now has}
+    gpus: tuple  # ids of its devices that vanished
+    inventory: dict  # the registered inventory it was computed for
+
+
 def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict]:
     """Compare the latest report with the registered inventory; adjust capacity on drift.
 
     Drift records an inventory_drift event and makes the report the registered inventory
     (raw and allocatable recomputed; a vanished GPU is marked missing and unschedulable). Large
     drift, or any drift in a marketplace pool, also quarantines the node.
-    """
+
+    A shrink under the node's leases (less than they hold, or their devices gone) caps the
+    allocatable at what they hold under the node's row lock; the jobs that lost their capacity
+    end after that lock is released (`capacity_vanished`), each in its own transaction taking
+    the usual order (job → lease → node) and lowering the allocatable toward the report in the
+    same commit. So call it outside a transaction: never with the node's row locked."""
     now = now or timezone.now()
+    diffs, shrink = _reconcile(node, actor, now)
+    if shrink is not None:
+        _shrink_under_leases(shrink, actor, now)
+    return diffs
+
+
+def _reconcile(node: Node, actor: Actor, now) -> tuple[list[dict], Shrink | None]:
+    """The reconciliation under the node's row lock: (the differences, what to shrink after)."""
     with transaction.atomic():
         node = Node.objects.select_for_update().select_related("pool").get(pk=node.pk)
         reported = node.reported_inventory
         if reported is None or node.state == NodeState.RETIRED:
-            return []
+            return [], None
         diffs, large = inventory_drift(node.inventory, reported)
         node.inventory_reconciled_at = now
         if not diffs:
@@ -63,7 +102,7 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
                         gpu["compute_capability"] = learned[gpu["uuid"]]
                 saved.append("inventory")
             node.save(update_fields=saved)
-            return []
+            return [], None
         pool = node.pool
         allocatable = allocatable_from_raw(
             pool,
@@ -128,8 +167,17 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
         node_event(
             node, actor=actor, reason=Reason.INVENTORY_DRIFT, message=text, now=now, data=data
         )
+        shrink = None
         if shortfall or vanished:
-            _capacity_vanished(node, shortfall, vanished, reported_allocatable, actor, now)
+            shrink = Shrink(
+                node=node.pk,
+                allocatable={
+                    f"{d}_allocatable": reported_allocatable[f"{d}_allocatable"] for d in shortfall
+                },
+                shortfall=shortfall,
+                gpus=tuple(vanished),
+                inventory=reported,
+            )
         untrusted = pool.trust_level == TrustLevel.MARKETPLACE
         if (large or untrusted) and node.state != NodeState.QUARANTINED:
             node_quarantine(
@@ -140,25 +188,70 @@ def node_inventory_reconcile(*, node: Node, actor: Actor, now=None) -> list[dict
                 data=data,
                 now=now,
             )
-    return diffs
+    return diffs, shrink
 
 
-def _capacity_vanished(node, shortfall, gpus, reported_allocatable, actor, now) -> None:
-    """The node has less than its leases hold, or lost devices they hold: the jobs above end the
-    attempts that lost their capacity (nodes.signals.capacity_vanished), then the node's
-    allocatable comes down to what it reported, never below what its live leases still hold."""
-    capacity_vanished.send(
-        sender=Node, node=node, shortfall=shortfall, gpus=gpus, actor=actor, now=now
+def node_allocatable_lower(*, node: Node, allocatable: dict, inventory: dict) -> bool:
+    """Lower the node's allocatable toward `allocatable` ({"<dimension>_allocatable": value}),
+    never below what its holding leases reserve (the same UPDATE reads them: the check
+    constraints hold at every commit), and only while `inventory` is still its registered one
+    (a newer reconciliation owns the node's capacity). Locks the node's row: in a transaction
+    that locks a job or a lease, call it after them (job → lease → node)."""
+    if not allocatable:
+        return False
+    return bool(
+        Node.objects.filter(pk=node.pk, inventory=inventory).update(
+            **{
+                field: Greatest(
+                    Value(value, output_field=Node._meta.get_field(field)),
+                    F(field.replace("_allocatable", "_reserved")),
+                )
+                for field, value in allocatable.items()
+            }
+        )
     )
-    if not shortfall:
-        return
-    fields = [f"{dimension}_reserved" for dimension in shortfall]
-    held = Node.objects.filter(pk=node.pk).values(*fields).get()
-    Node.objects.filter(pk=node.pk).update(
-        **{
-            f"{d}_allocatable": max(reported_allocatable[f"{d}_allocatable"], held[f"{d}_reserved"])
-            for d in shortfall
-        }
+
+
+def _shrink_under_leases(shrink: Shrink, actor: Actor, now) -> None:
+    """The node has less than its leases hold, or lost devices they hold (its row lock is no
+    longer held): the jobs above end the attempts that lost their capacity, each in its own
+    transaction (nodes.signals.capacity_vanished), then the node's allocatable comes down to
+    what it reported, never below what its live leases still hold. Short still (a job ended
+    otherwise meanwhile while another was placed), the jobs above are asked again."""
+    shortfall, gpus = shrink.shortfall, list(shrink.gpus)
+    for _ in range(SHRINK_ROUNDS):
+        node = Node.objects.get(pk=shrink.node)
+        capacity_vanished.send(
+            sender=Node,
+            node=node,
+            shortfall=shortfall,
+            gpus=gpus,
+            allocatable=shrink.allocatable,
+            inventory=shrink.inventory,
+            actor=actor,
+            now=now,
+        )
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=shrink.node)
+            if node.inventory != shrink.inventory:
+                return  # reconciled again since: that reconciliation owns the capacity
+            node_allocatable_lower(
+                node=node, allocatable=shrink.allocatable, inventory=shrink.inventory
+            )
+            node.refresh_from_db()
+            shortfall = {
+                field.removesuffix("_allocatable"): held - value
+                for field, value in shrink.allocatable.items()
+                if (held := getattr(node, field.replace("_allocatable", "_reserved"))) > value
+            }
+        if not shortfall:
+            return
+        gpus = []  # the devices' jobs were asked in the first round
+    log.warning(
+        "node %s: its leases still hold %s more than it reported after %d rounds",
+        shrink.node,
+        shortfall,
+        SHRINK_ROUNDS,
     )
 
 
@@ -176,9 +269,17 @@ def inventory_reconcile_sweep(*, now=None) -> dict[int, list[dict]]:
     )
     results = sweep(
         pending,
-        lambda node: node_inventory_reconcile(node=node, actor=actor, now=now),
+        lambda node: _reconcile(node, actor, now),
         event_model=NodeEvent,
         actor=actor,
         now=now,
     )
-    return {pk: diffs for pk, diffs in results.items() if diffs}
+    # after the sweep's row locks are released (node_inventory_reconcile)
+    for pk, (_, shrink) in results.items():
+        if shrink is None:
+            continue
+        try:
+            _shrink_under_leases(shrink, actor, now)
+        except Exception as error:
+            record_sweep_failure(Node, pk, event_model=NodeEvent, actor=actor, error=error, now=now)
+    return {pk: diffs for pk, (diffs, _) in results.items() if diffs}
