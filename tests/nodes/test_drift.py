@@ -68,9 +68,7 @@ def test_any_drift_in_a_marketplace_pool_quarantines(enroll, market_pool):
     assert "untrusted" in last_event(node).message
 
 
-def test_drift_under_a_running_job_ends_it_then_allocatable_comes_down(
-    ready_node, make_job, now
-):
+def test_drift_under_a_running_job_ends_it_then_allocatable_comes_down(ready_node, make_job, now):
     """The job that lost its capacity ends (`capacity_vanished`: its retry policy does not
     retry it, so it fails; tests/observability/test_trace_api.py has the rest), its lease
     with it; then the ledger holds what the node reported, never below what leases hold."""

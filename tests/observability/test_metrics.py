@@ -259,7 +259,7 @@ def test_allowed_networks_scrape_and_a_balancer_s_forwarded_address_counts(clien
 
 def test_an_assignment_says_when_its_lease_was_made(agent, node_api, tenant):
     """The agent's assignment lag (worker_agent/metrics.py) is measured from this."""
-    job, lease = place(submit_job(agent.node.pool, tenant))
+    _, lease = place(submit_job(agent.node.pool, tenant))
     [entry] = node_api.get("/api/v1/agent/assignments").json()
     assert entry["leased_at"] == lease.created_at.isoformat()
 
