@@ -2,6 +2,7 @@
 or HTML error pages under /api/."""
 
 from django.http import HttpResponseBadRequest, JsonResponse
+from django.contrib.messages.middleware import MessageMiddleware
 from django.middleware import common
 
 from pools.api.errors import error_body
@@ -65,3 +66,12 @@ class CommonMiddleware(common.CommonMiddleware):
         ):
             return api_error(404, "not_found", "No API route matches this path.")
         return response
+
+
+class ConsoleMessageMiddleware(MessageMiddleware):
+    """Django's flash messages for the console only: the API never shows one, so its requests
+    do not build a message store (the lease API's CPU per grant, docs/benchmarks.md)."""
+
+    def process_request(self, request):
+        if not is_api(request):
+            super().process_request(request)  # (its process_response skips a request without)

@@ -79,7 +79,7 @@ MIDDLEWARE = [
     "config.middleware.CommonMiddleware",  # Django's, without redirects under /api/
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "config.middleware.ConsoleMessageMiddleware",  # Django's, not under /api/
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
