@@ -135,9 +135,11 @@ def _startup_step(event: dict, attempt: list[dict], pool: str, tally: Tally) -> 
 
 def _attempt_ended(event: dict, earlier: list[dict], pool: str, tally: Tally) -> None:
     reason, to_state = event["reason"], event["to_state"]
-    failure = (event["data"] or {}).get("failure") if reason == Reason.RETRY_SCHEDULED else None
+    failure = (event["data"] or {}).get("failure") if to_state == JobState.QUEUED else None
     tally.inc(m.EXITS, {"pool": pool, "reason": failure or reason})
-    if reason == Reason.RETRY_SCHEDULED:
+    # queued again by its retry policy after a started attempt failed (`retry_scheduled`, or a
+    # `capacity_vanished` under a started job); a lease lost before start is no retry
+    if failure and event["from_state"] != JobState.LEASED:
         tally.inc(m.RETRIES, {"pool": pool})
     if reason == Reason.PREEMPTED:
         tally.inc(m.PREEMPTIONS, {"pool": pool})
