@@ -71,6 +71,9 @@ class CapacitySample(models.Model):
     pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
     at = models.DateTimeField()
     totals = models.JSONField(default=dict, blank=True)
+    # each node's part, for its page's usage graph: {name: {"reserved": [cpu m, MiB, GPU ‰],
+    # "used": [...], "allocatable": [...]}}
+    nodes = models.JSONField(default=dict, blank=True)
     error = models.CharField(max_length=500, blank=True)
 
     class Meta:
@@ -78,6 +81,34 @@ class CapacitySample(models.Model):
 
     def __str__(self):
         return f"capacity of pool {self.pool_id} at {self.at:%H:%M:%S}"
+
+
+class HealthRollup(models.Model):
+    """One pool's hour, rolled up from its capacity samples and pass records
+    (`health.roll_up`), kept `HEALTH_ROLLUP_DAYS` (30) while the raw rows keep
+    SCHEDULER_HEALTH_WINDOW_HOURS: the 7-day charts read these. `capacity`: per dimension the
+    mean and peak of requested and measured as a percent of schedulable, and the mean
+    schedulable; `passes`: count, mean and max seconds, placed, considered, conflicts, errors.
+    `error` says why the hour could not be rolled up (the other pools and hours went on)."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only
+
+    pool = models.ForeignKey("pools.ComputePool", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    capacity = models.JSONField(default=dict, blank=True)
+    passes = models.JSONField(default=dict, blank=True)
+    samples = models.PositiveIntegerField(default=0)
+    error = models.CharField(max_length=500, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "hour"], name="one_rollup_per_pool_hour")
+        ]
+
+    def __str__(self):
+        return f"health of pool {self.pool_id} in the hour {self.hour:%Y-%m-%d %H:00}"
 
 
 class PreemptionNotice(models.Model):
