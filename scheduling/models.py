@@ -74,6 +74,9 @@ class CapacitySample(models.Model):
     # each node's part, for its page's usage graph: {name: {"reserved": [cpu m, MiB, GPU ‰],
     # "used": [...], "allocatable": [...]}}
     nodes = models.JSONField(default=dict, blank=True)
+    # the pool's queued jobs then, by pending reason code: the queue depth chart and the
+    # idle-with-backlog condition over time (scheduling/conditions.py)
+    queued = models.JSONField(default=dict, blank=True)
     error = models.CharField(max_length=500, blank=True)
 
     class Meta:
