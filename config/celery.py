@@ -47,6 +47,8 @@ app.conf.beat_schedule = {
     "scheduling-forecast": {"task": "scheduling.forecast_refresh", "schedule": 30.0},
     # pool capacity sampled for the operators' utilisation charts (scheduling/health.py)
     "scheduling-sample-capacity": {"task": "scheduling.sample_capacity", "schedule": 60.0},
+    # … and rolled up by the hour (with the pass records) for the 7-day charts
+    "scheduling-roll-up-health": {"task": "scheduling.roll_up_health", "schedule": 300.0},
     "pools-purge-api-tokens": {"task": "pools.purge_api_tokens", "schedule": 3600.0},
     # operators' support grants past their expiry: the event (reads refuse them at once)
     "pools-expire-support-grants": {"task": "pools.expire_support_grants", "schedule": 60.0},

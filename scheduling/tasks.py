@@ -103,3 +103,11 @@ def sample_capacity() -> int:
     """Each pool's capacity sampled for the operators' utilisation charts (one pool's failure
     is recorded on its sample and the others go on)."""
     return health.sample_capacity()
+
+
+@shared_task(name="scheduling.roll_up_health")
+def roll_up_health() -> int:
+    """Each pool's hours of capacity samples and pass records folded into hourly rollups for
+    the 7-day charts (kept 30 days; one pool-hour's failure is recorded on its row and the
+    others go on)."""
+    return health.roll_up()
