@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 import yaml
 
-# Pending reasons that capacity cannot cure: such a backlog beside idle capacity is the policy
-# working, not the scheduler failing.
-POLICY_WAITS = "quota_exceeded|credit_exhausted|reservation_window_not_open|gang_incomplete"
+from scheduling.conditions import IDLE_WITH_BACKLOG, OLDEST_PENDING, duration
 
 
 @dataclass(frozen=True)
@@ -34,14 +32,10 @@ class Alert:
 
 
 ALERTS = (
-    Alert(
-        "ComputePoolIdleCapacityWithBacklog",
-        '(sum by (pool) (computepool_capacity{kind="free", resource="cpu_millicores"})\n'
-        '  / sum by (pool) (computepool_capacity{kind="schedulable", '
-        'resource="cpu_millicores"}) > 0.5)\n'
-        "and on (pool)\n"
-        f'(sum by (pool) (computepool_pending_jobs{{reason!~"{POLICY_WAITS}"}}) > 0)',
-        "10m",
+    Alert(  # the condition defined once in scheduling/conditions.py (the queue pages' too)
+        IDLE_WITH_BACKLOG.name,
+        IDLE_WITH_BACKLOG.promql(),
+        duration(IDLE_WITH_BACKLOG.for_s),
         "warning",
         "Pool {{ $labels.pool }} has idle capacity while jobs wait",
         "More than half of the pool's schedulable CPU is free and jobs have waited for 10 "
@@ -49,11 +43,9 @@ ALERTS = (
         "(a shape no node fits, a stuck pass, a node that looks ready but is not).",
     ),
     Alert(
-        "ComputePoolOldestPendingPastMaxWait",
-        "max by (pool, priority_class) (computepool_oldest_pending_seconds)\n"
-        "> on (priority_class) group_left ()\n"
-        "computepool_priority_class_max_wait_seconds",
-        "1m",
+        OLDEST_PENDING.name,
+        OLDEST_PENDING.promql(),
+        duration(OLDEST_PENDING.for_s),
         "warning",
         "A {{ $labels.priority_class }} job in pool {{ $labels.pool }} waits past its class's "
         "maximum wait",

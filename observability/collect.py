@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import orjson
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -22,20 +22,15 @@ from prometheus_client.core import (
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY
 
-from jobs.choices import JobState
-from jobs.models import Job
 from leases.selectors import CAPACITY_MEASURES
 from nodes.models import Node
 from pools.actors import Actor
-from pools.models import ComputePool, PriorityClass, Tenant
-from scheduling import selectors
+from pools.models import ComputePool, Tenant
+from scheduling import conditions, selectors
 
 from . import catalogue as m
 from .fold import tenant_labels
 from .models import MetricSeries
-
-NOT_YET_CONSIDERED = "not_yet_considered"
-NO_CLASS = "none"
 
 
 def exposition() -> bytes:
@@ -88,23 +83,20 @@ def _key(labels: dict, metric: m.Folded) -> tuple[str, ...]:
 
 
 def queue_gauges():
+    """The queue's figures, read by scheduling/conditions.py: the same reads the queue pages'
+    health conditions evaluate."""
     now = timezone.now()
     pools = dict(ComputePool.objects.values_list("pk", "slug"))
-    queued = Job.objects.filter(state=JobState.QUEUED).order_by()
     pending = _gauge("pending_jobs", ("pool", "reason"))
-    for row in queued.values("pool_id", "pending_reason__code").annotate(n=Count("id")):
-        reason = row["pending_reason__code"] or NOT_YET_CONSIDERED
-        pending.add_metric([pools[row["pool_id"]], reason], row["n"])
+    for (pool_id, reason), n in conditions.pending_counts().items():
+        pending.add_metric([pools[pool_id], reason], n)
     yield pending
     oldest = _gauge("oldest_pending_seconds", ("pool", "priority_class"))
-    rows = queued.values("pool_id", "priority_class__name").annotate(since=Min("state_changed_at"))
-    for row in rows:
-        age = max(0.0, (now - row["since"]).total_seconds())
-        oldest.add_metric([pools[row["pool_id"]], row["priority_class__name"] or NO_CLASS], age)
+    for (pool_id, priority_class), age in conditions.oldest_pending(now).items():
+        oldest.add_metric([pools[pool_id], priority_class], age)
     yield oldest
     max_wait = _gauge("priority_class_max_wait_seconds", ("priority_class",))
-    classes = PriorityClass.objects.filter(max_wait_s__isnull=False).order_by("name")
-    for name, seconds in classes.values_list("name", "max_wait_s"):
+    for name, seconds in conditions.class_max_waits().items():
         max_wait.add_metric([name], seconds)
     yield max_wait
     budget = _gauge("scheduling_pass_budget_seconds", ())
