@@ -24,6 +24,7 @@ def test_beat_schedule_names_registered_tasks():
         "scheduling.checkpoint_deadline_sweep",
         "scheduling.forecast_refresh",
         "scheduling.sample_capacity",
+        "scheduling.roll_up_health",
         "scheduling.reclaim_backfills",
     }
     assert names <= set(app.tasks)
