@@ -93,6 +93,8 @@ class Reason(models.TextChoices):
     SUPPORT_GRANTED = "support_granted", "A tenant admin granted an operator support access"
     SUPPORT_REVOKED = "support_revoked", "A tenant admin revoked a support grant"
     SUPPORT_EXPIRED = "support_expired", "A support grant reached its expiry"
+    # tenants: membership (a refusal, not an event)
+    LAST_ADMIN = "last_admin", "The tenant's last admin cannot be removed or demoted"
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
     NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
     NO_READY_NODE = "no_ready_node", "It fits only on nodes that are not ready: it blocks no one"

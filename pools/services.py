@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,8 +42,10 @@ from .models import (
 )
 from .reasons import Reason
 from .roles import has_platform_role, is_operator
-from .statemachine import transition
+from .statemachine import TransitionRefused, transition
 from .sweeps import sweep
+
+logger = logging.getLogger(__name__)
 
 # The models each admin role edits in the Django admin: shape admins define the catalogue,
 # policy admins the scheduling policy (quotas, credit, priorities, registries, versions).
@@ -77,6 +80,63 @@ def member_add(*, tenant: Tenant, username: str, role: str) -> Membership | None
     if user is None or has_platform_role(user, *PlatformRole.values):
         return None
     return membership_set(user=user, tenant=tenant, role=role)
+
+
+def _last_admin_refusal(membership: Membership, doing: str) -> TransitionRefused | None:
+    """A tenant keeps at least one admin: `doing` (remove, demote) its last one is refused."""
+    if membership.role != TenantRole.ADMIN:
+        return None
+    admins = Membership.objects.filter(tenant_id=membership.tenant_id, role=TenantRole.ADMIN)
+    # the tenant's admin rows locked, so two admins demoting each other cannot both succeed
+    if len(admins.select_for_update().values_list("pk", flat=True)) > 1:
+        return None
+    return TransitionRefused(
+        Reason.LAST_ADMIN,
+        f"{membership.user.get_username()} is the last admin of {membership.tenant.slug}: "
+        f"add another admin before you {doing} them.",
+    )
+
+
+@transaction.atomic
+def member_role_change(*, membership: Membership, role: str, actor: Actor) -> Membership:
+    """A tenant admin changes a member's role; demoting the tenant's last admin is refused
+    (409 `last_admin`). Memberships keep no events: the change is logged."""
+    if role == membership.role:
+        return membership
+    if role != TenantRole.ADMIN and (refusal := _last_admin_refusal(membership, "demote")):
+        raise refusal
+    before, membership.role = membership.role, role
+    membership.save(update_fields=["role"])
+    logger.info(
+        "member role changed",
+        extra={
+            "tenant": membership.tenant.slug,
+            "member": membership.user.get_username(),
+            "from_role": before,
+            "to_role": role,
+            "by": actor.label,
+        },
+    )
+    return membership
+
+
+@transaction.atomic
+def member_remove(*, membership: Membership, actor: Actor) -> None:
+    """A tenant admin removes a member; removing the tenant's last admin is refused (409
+    `last_admin`). The person keeps their account, tokens and jobs; they no longer see the
+    tenant's work nor act for it."""
+    if refusal := _last_admin_refusal(membership, "remove"):
+        raise refusal
+    membership.delete()
+    logger.info(
+        "member removed",
+        extra={
+            "tenant": membership.tenant.slug,
+            "member": membership.user.get_username(),
+            "role": membership.role,
+            "by": actor.label,
+        },
+    )
 
 
 def platform_role_grant(*, user, role: str) -> None:

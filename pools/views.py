@@ -8,12 +8,17 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from . import selectors, services
 from .actors import Actor
-from .api.serializers import MembershipSerializer, SupportGrantCreateSerializer
+from .api.serializers import (
+    MemberRoleSerializer,
+    MembershipSerializer,
+    SupportGrantCreateSerializer,
+)
 from .choices import SupportGrantState, TenantRole
 from .forms import ApiTokenForm
 from .models import Membership, SupportGrant
@@ -24,11 +29,11 @@ MEMBERS_PAGE_SIZE = 50
 
 @login_required
 def tokens_page(request):
-    secret = None
+    secret, created = None, None
     form = ApiTokenForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         try:
-            _, secret = services.api_token_issue(
+            created, secret = services.api_token_issue(
                 user=request.user,
                 name=form.cleaned_data["name"],
                 scopes=form.cleaned_data["scopes"],
@@ -40,6 +45,7 @@ def tokens_page(request):
     context = {
         "form": form,
         "secret": secret,
+        "created": created,
         "tokens": selectors.tokens_visible_to(Actor.from_request(request)),
     }
     return render(request, "console/tokens.html", context)
@@ -50,6 +56,8 @@ def tokens_page(request):
 def token_revoke(request, pk):
     token = get_object_or_404(selectors.tokens_visible_to(Actor.from_request(request)), pk=pk)
     services.api_token_revoke(token=token)
+    if not request.htmx:  # the confirmation's form, posted without htmx
+        return redirect("console-tokens")
     return render(request, "console/_token_row.html", {"token": token})
 
 
@@ -73,6 +81,10 @@ def members_page(request):
             )
             return redirect(f"{request.path}?added=1")
         errors = {field: " ".join(map(str, messages)) for field, messages in body.errors.items()}
+    return _members(request, admin_of, errors=errors, values=request.POST)
+
+
+def _members(request, admin_of, *, errors=None, values=None, refusal=None, status=200):
     memberships = (
         Membership.objects.filter(tenant__in=admin_of)
         .select_related("user", "tenant")
@@ -84,11 +96,55 @@ def members_page(request):
         "page": page,
         "memberships": page.object_list,
         "roles": TenantRole.choices,
-        "errors": errors,
-        "values": request.POST,
+        "errors": errors or {},
+        "values": values or {},
+        "refusal": refusal,
         "added": request.GET.get("added") == "1",
+        "done": request.GET.get("done", ""),
     }
-    return render(request, "console/members.html", context)
+    return render(request, "console/members.html", context, status=status)
+
+
+def _administered_membership(actor, admin_of: list, pk: int) -> Membership:
+    """A membership of a tenant this person administers; any other is a 404."""
+    return get_object_or_404(
+        Membership.objects.filter(tenant__in=admin_of).select_related("user", "tenant"), pk=pk
+    )
+
+
+@login_required
+@require_POST
+def member_role(request, pk):
+    """A tenant admin changes a member's role; the last admin is never demoted (409)."""
+    actor = Actor.from_request(request)
+    admin_of = _administered(actor)
+    membership = _administered_membership(actor, admin_of, pk)
+    body = MemberRoleSerializer(data={"role": request.POST.get("role", "")})
+    if not body.is_valid():
+        errors = {f"role-{pk}": " ".join(map(str, body.errors["role"]))}
+        return _members(request, admin_of, errors=errors, status=400)
+    try:
+        services.member_role_change(
+            membership=membership, role=body.validated_data["role"], actor=actor
+        )
+    except Refusal as exc:
+        return _members(request, admin_of, refusal=exc, status=409)
+    return redirect(f"{reverse('console-members')}?done=role")
+
+
+@login_required
+@require_POST
+def member_remove(request, pk):
+    """A tenant admin removes a member (after the page's confirmation step); the last admin is
+    never removed (409)."""
+    actor = Actor.from_request(request)
+    admin_of = _administered(actor)
+    membership = _administered_membership(actor, admin_of, pk)
+    try:
+        services.member_remove(membership=membership, actor=actor)
+    except Refusal as exc:
+        return _members(request, admin_of, refusal=exc, status=409)
+    return redirect(f"{reverse('console-members')}?done=removed")
 
 
 def _administered(actor) -> list:

@@ -236,6 +236,12 @@ class QuotaSerializer(serializers.Serializer):
     balance = serializers.DecimalField(max_digits=18, decimal_places=4, allow_null=True)
 
 
+class MemberRoleSerializer(KnownFieldsOnly, serializers.Serializer):
+    """`PATCH /tenants/{slug}/members/{username}`: the member's new role."""
+
+    role = serializers.ChoiceField(choices=TenantRole.choices)
+
+
 class SupportGrantCreateSerializer(KnownFieldsOnly, serializers.Serializer):
     operator = serializers.CharField(max_length=150, help_text="The operator's username")
     reason = serializers.CharField(

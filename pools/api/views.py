@@ -13,6 +13,7 @@ from pools.actors import Actor
 from pools.api.permissions import IsPerson, IsPolicyAdminOrReadOnly
 from pools.api.serializers import (
     ApiTokenSerializer,
+    MemberRoleSerializer,
     MembershipSerializer,
     PolicyVersionSerializer,
     PoolSerializer,
@@ -23,7 +24,7 @@ from pools.api.serializers import (
     TenantSerializer,
 )
 from pools.choices import PlatformRole
-from pools.models import ApiToken, TenantSecret
+from pools.models import ApiToken, Membership, TenantSecret
 
 MEMBER_ADD_ANSWER = (
     "Added with this role if the username names an active person who may join a tenant "
@@ -81,6 +82,33 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
             return Response({"detail": MEMBER_ADD_ANSWER}, status=status.HTTP_202_ACCEPTED)
         memberships = tenant.memberships.select_related("user").order_by("user__username")
         return Response(MembershipSerializer(memberships, many=True).data)
+
+    @extend_schema(request=MemberRoleSerializer, responses={200: MembershipSerializer, 204: None})
+    @action(
+        detail=True, methods=["patch", "delete"], url_path=r"members/(?P<username>[\w.@+-]{1,150})"
+    )
+    def member(self, request, slug=None, username=None):
+        """A tenant admin changes a member's role (PATCH {"role"}) or removes them (DELETE);
+        someone who is not a member of this tenant is a 404, and the tenant's last admin can be
+        neither removed nor demoted (409 `last_admin`)."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        if not actor.is_tenant_admin(tenant.pk):
+            raise PermissionDenied(ADMINS_ONLY.format("manage its members"))
+        membership = get_object_or_404(
+            Membership.objects.select_related("user", "tenant"),
+            tenant=tenant,
+            user__username=username,
+        )
+        if request.method == "DELETE":
+            services.member_remove(membership=membership, actor=actor)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        body = MemberRoleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        membership = services.member_role_change(
+            membership=membership, role=body.validated_data["role"], actor=actor
+        )
+        return Response({"user": membership.user.get_username(), "role": membership.role})
 
     @extend_schema(request=TenantSecretSerializer, responses=TenantSecretSerializer(many=True))
     @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list

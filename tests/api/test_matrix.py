@@ -96,6 +96,19 @@ ROWS = [
         {"user": "newcomer", "role": "member"},
     ),
     Row(
+        "PATCH",
+        "tenants/{slug}/members/{username}",
+        "tenants/vision/members/member",
+        "401 404 403 200 403 403 403 404 403 403 403 401 401",
+        {"role": "admin"},
+    ),
+    Row(
+        "DELETE",
+        "tenants/{slug}/members/{username}",
+        "tenants/vision/members/member",
+        "401 404 403 204 403 403 403 404 403 403 403 401 401",
+    ),
+    Row(
         "GET",
         "tenants/{slug}/secrets",
         "tenants/vision/secrets",

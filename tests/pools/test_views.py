@@ -32,7 +32,23 @@ def test_create_use_and_revoke_a_token(live_server):
 
         page.reload()
         expect(page.locator("#new-secret")).to_have_count(0)  # shown once only
-        row.locator("button:has-text('Revoke')").click()
+
+        # revoking asks first; the revoked token's secret, still on screen, leaves it
+        page.fill("input[name=name]", "phone")
+        page.click("button:has-text('Create token')")
+        expect(page.locator("#new-secret")).to_have_count(1)
+        phone = page.locator("tr[data-token='phone']")
+        phone.locator("summary:has-text('Revoke')").click()
+        confirm = phone.locator("button:has-text('Yes, revoke phone')")
+        expect(confirm).to_be_visible()
+        assert ApiToken.objects.get(name="phone").revoked_at is None  # nothing happens yet
+        confirm.click()
+        expect(phone).to_contain_text("revoked")
+        expect(page.locator("#new-secret")).to_have_count(0)
+        assert ApiToken.objects.get(name="phone").revoked_at is not None
+
+        row.locator("summary:has-text('Revoke')").click()
+        row.locator("button:has-text('Yes, revoke laptop')").click()
         expect(row).to_contain_text("revoked")
         assert ApiToken.objects.get(name="laptop").revoked_at is not None
         assert api.get("/api/v1/me").status_code == 401
