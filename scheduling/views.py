@@ -20,7 +20,7 @@ from nodes.models import Node
 from pools.actors import Actor
 from pools.models import ComputePool
 
-from . import charts, health, selectors
+from . import charts, health, queue_selectors, selectors
 
 DIMENSION_LABELS = {
     "gpu_milli": "GPU (milli-GPU)",
@@ -64,18 +64,78 @@ def ops_index(request, actor):
     return redirect("ops-capacity")
 
 
+def _range(request):
+    """The chart range of ?range= (15m, 1h, 6h, 24h, 7d; or the first pages' ?hours=1|24);
+    None when it is none of them (→ 400)."""
+    value = request.GET.get("range") or request.GET.get("hours") or health.DEFAULT_RANGE
+    try:
+        return health.as_range(value)
+    except KeyError:
+        return None
+
+
+RANGE_ERROR = "range must be one of " + ", ".join(health.RANGES)
+REFRESH_S = 30  # the charts' polling
+
+
+def _default_dim(pools_totals) -> str:
+    """The resource the fleet has: GPUs where it has any, else CPU."""
+    gpus = sum(t["allocatable"]["gpu_milli"] for t in pools_totals)
+    return "gpu_milli" if gpus else "cpu_millicores"
+
+
+def _utilisation_chart(pool, dim, rng) -> dict | None:
+    use = health.utilisation(pool, rng)
+    series = use["dimensions"].get(dim)
+    chart, summary = None, ""
+    if series:
+        chart = charts.timeseries(
+            series["points"],
+            [("requested", "Requested", "requested"), ("measured", "Measured", "measured")],
+            unit="%",
+            floor=100,
+        )
+        f = charts.fmt
+        summary = (
+            f"requested peak {f(series['requested_peak'], '%')}, "
+            f"average {f(series['requested_average'], '%')}; "
+            f"measured peak {f(series['measured_peak'], '%')}, "
+            f"average {f(series['measured_average'], '%')}"
+        )
+    return {
+        "pool": pool,
+        "use": use,
+        "chart": chart,
+        "summary": summary,
+        "id": f"trend-{pool.pk}",
+        "title": f"{DIMENSION_LABELS[dim]} utilisation of {pool.slug}",
+    }
+
+
 @operator_page
 def capacity(request, actor):
-    dim = _choice(request, "dim", DIMENSION_LABELS, "gpu_milli")
-    hours = _choice(request, "hours", health.WINDOWS, 1)
-    if dim is None or hours is None:
-        return HttpResponseBadRequest(
-            f"dim must be one of {', '.join(DIMENSION_LABELS)}; hours one of 1, 24",
-            content_type="text/plain",
-        )
-    hours = int(hours)
+    rng = _range(request)
+    if rng is None:
+        return HttpResponseBadRequest(RANGE_ERROR, content_type="text/plain")
     pools = list(ComputePool.objects.visible_to(actor).order_by("slug"))
     breakdown = selectors.capacity_breakdown(actor, pools)
+    dim = _choice(request, "dim", DIMENSION_LABELS, _default_dim(breakdown["pool"].values()))
+    if dim is None:
+        return HttpResponseBadRequest(
+            f"dim must be one of {', '.join(DIMENSION_LABELS)}", content_type="text/plain"
+        )
+    trends = [_utilisation_chart(pool, dim, rng) for pool in pools]
+    context = {
+        "dim": dim,
+        "dim_label": DIMENSION_LABELS[dim],
+        "dimensions": DIMENSION_LABELS,
+        "range": rng,
+        "ranges": health.RANGES.values(),
+        "trends": trends,
+        "refresh_s": REFRESH_S,
+    }
+    if request.htmx and request.GET.get("part") == "trends":
+        return render(request, "ops/_capacity_trends.html", context)
     groups = []
     for by, rows in breakdown.items():
         if by == "cell":  # pool × class × zone: the metric's grouping, not drawn here
@@ -85,67 +145,74 @@ def capacity(request, actor):
             {
                 "by": by,
                 "label": GROUP_LABELS[by],
-                "rows": [
-                    {
-                        "key": key,
-                        "nodes": totals["nodes"],
-                        "v": {m: totals[m][dim] for m in CAPACITY_MEASURES},
-                        "bar": _capacity_bar(totals, dim, widest),
-                        "used_w": totals["used"][dim] / widest * charts.WIDTH if widest else 0,
-                    }
-                    for key, totals in rows.items()
-                ],
+                "rows": [_capacity_row(key, totals, dim, widest) for key, totals in rows.items()],
             }
         )
-    trends = []
-    for pool in pools:
-        use = health.utilisation(pool, hours)
-        use["pool"] = pool
-        use["charts"] = [
-            {
-                "dim": DIMENSION_LABELS[d],
-                **series,
-                "requested_line": charts.line(series["requested"], top=100),
-                "measured_line": charts.line(series["measured"], top=100),
-            }
-            for d, series in use["dimensions"].items()
-        ]
-        trends.append(use)
-    context = {
-        "groups": groups,
-        "dim": dim,
-        "dim_label": DIMENSION_LABELS[dim],
-        "dimensions": DIMENSION_LABELS,
-        "hours": hours,
-        "trends": trends,
-    }
+    context["groups"] = groups
     return render(request, "ops/capacity.html", context)
 
 
+def _capacity_row(key, totals: dict, dim: str, widest: float) -> dict:
+    v = {m: totals[m][dim] for m in CAPACITY_MEASURES}
+    schedulable = v["schedulable"]
+    v["unavailable"] = v["allocatable"] - schedulable
+    v["requested"] = schedulable - v["free"]  # held on schedulable nodes
+    return {
+        "key": key,
+        "nodes": totals["nodes"],
+        "v": v,
+        "requested_pct": 100 * v["requested"] / schedulable if schedulable else None,
+        "bar": _capacity_bar(totals, dim, widest),
+        "used_w": min(v["used"], widest) / widest * charts.WIDTH if widest else 0,
+    }
+
+
 def _capacity_bar(totals: dict, dim: str, widest: float) -> list:
-    """Allocatable split into reserved, free, fragmented (free but too small for any shape)
-    and unavailable (draining, quarantined, unhealthy, not yet ready), scaled to the widest
-    group so bars compare."""
-    allocatable = totals["allocatable"][dim]
-    reserved, free = totals["reserved"][dim], totals["free"][dim]
-    fragmented = totals["fragmented"][dim]
+    """Allocatable split into reserved (on schedulable nodes), free, fragmented (free but too
+    small for any shape) and unavailable (grey: not schedulable — not ready, draining,
+    quarantined or unreachable — whatever it holds), scaled to the widest group so bars
+    compare."""
+    allocatable, schedulable = totals["allocatable"][dim], totals["schedulable"][dim]
+    free, fragmented = totals["free"][dim], totals["fragmented"][dim]
     parts = [
-        ("reserved", "seg-reserved", reserved),
+        ("reserved", "seg-reserved", schedulable - free),
         ("free", "seg-free", free - fragmented),
         ("fragmented", "seg-fragmented", fragmented),
-        ("unavailable", "seg-unavailable", allocatable - reserved - free),
+        ("unavailable", "seg-unavailable", allocatable - schedulable),
     ]
     return charts.stacked(parts, widest)
 
 
 @operator_page
 def queue(request, actor):
+    """The pool's queue in the scheduler's order, its health conditions, its depth over the
+    last hour, and each tenant's fair-share standing."""
     pool, pools = _pool(request, actor)
     rows = selectors.fairness(pool) if pool else []
     for row in rows:
         row["share_bar"] = charts.stacked([("held", "seg-reserved", min(row["share"], 1.0))], 1.0)
         row["entitled_x"] = row["entitlement"] * charts.WIDTH
-    return render(request, "ops/queue.html", {"pool": pool, "pools": pools, "rows": rows})
+    context = {"pool": pool, "pools": pools, "rows": rows}
+    if pool is not None:
+        depth = queue_selectors.queue_depth(pool, 1)
+        context |= {
+            "queue": queue_selectors.pool_queue(pool),
+            "health": queue_selectors.pool_conditions(pool, actor),
+            "depth": depth,
+            "depth_line": charts.line([d["queued"] for d in depth]),
+        }
+    return render(request, "ops/queue.html", context)
+
+
+@login_required
+@require_GET
+def tenant_queue(request):
+    """A tenant's view of a pool's queue: its own queued jobs in the scheduler's order, other
+    tenants' work only as a count per priority class."""
+    actor = Actor.from_request(request)
+    pool, pools = _pool(request, actor)
+    view = queue_selectors.tenant_queue(pool, actor) if pool is not None else None
+    return render(request, "console/queue.html", {"pool": pool, "pools": pools, "q": view})
 
 
 @operator_page
@@ -172,35 +239,59 @@ def job_decision(request, actor, pk: int):
     return render(request, "ops/decision.html", {"job": job, "d": None})
 
 
+HEALTH_PANELS = (  # title, unit, the pass series' key (or the expiries')
+    ("Pass duration (max)", "s", "max_s"),
+    ("Pass duration (mean)", "s", "mean_s"),
+    ("Passes", "", "passes"),
+    ("Placements per pass", "", "per_pass"),
+    ("Plan conflicts", "", "conflicts"),
+    ("Scheduling errors", "", "errors"),
+    ("Lease expiries", "", "expired"),
+)
+
+
 @operator_page
 def scheduler_health(request, actor):
-    hours = _choice(request, "hours", health.WINDOWS, 1)
-    if hours is None:
-        return HttpResponseBadRequest("hours must be 1 or 24", content_type="text/plain")
-    hours = int(hours)
+    rng = _range(request)
+    if rng is None:
+        return HttpResponseBadRequest(RANGE_ERROR, content_type="text/plain")
     pool, pools = _pool(request, actor)
     panels = []
     if pool is not None:
-        passes = health.pass_series(pool, hours)
-        expiries = health.expiry_series(pool, hours)
-        for title, unit, values in (
-            ("Pass duration (max)", "s", [p["max_s"] or 0 for p in passes]),
-            ("Pass duration (mean)", "s", [p["mean_s"] or 0 for p in passes]),
-            ("Placements per pass", "", [p["per_pass"] for p in passes]),
-            ("Plan conflicts", "", [p["conflicts"] or 0 for p in passes]),
-            ("Scheduling errors", "", [p["errors"] or 0 for p in passes]),
-            ("Lease expiries", "", [e["expired"] for e in expiries]),
-        ):
-            panels.append({"title": title, "unit": unit, **charts.line(values)})
+        passes = health.pass_series(pool, rng)
+        expiries = health.expiry_series(pool, rng)
+        for p, e in zip(passes, expiries, strict=True):
+            p["expired"] = e["expired"]
+        for i, (title, unit, key) in enumerate(HEALTH_PANELS):
+            values = [p[key] or 0 for p in passes]
+            chart = charts.timeseries(
+                [{"at": p["at"], "value": p[key] or 0} for p in passes],
+                [("value", title, "current")],
+                unit=unit,
+            )
+            summary = f"last {charts.fmt(values[-1], unit)}, peak {charts.fmt(max(values), unit)}"
+            panels.append(
+                {"id": f"h-chart-{i}", "title": title, "chart": chart, "summary": summary}
+            )
         total = {
             "passes": sum(p["passes"] for p in passes),
             "placed": sum(p["placed"] or 0 for p in passes),
             "expired": sum(e["expired"] for e in expiries),
-            "phases": health.phase_means(pool, hours),
+            "phases": health.phase_means(pool, rng),
         }
     else:
         total = {}
-    context = {"pool": pool, "pools": pools, "hours": hours, "panels": panels, "total": total}
+    context = {
+        "pool": pool,
+        "pools": pools,
+        "range": rng,
+        "ranges": health.RANGES.values(),
+        "panels": panels,
+        "total": total,
+        "refresh_s": REFRESH_S,
+    }
+    if request.htmx and request.GET.get("part") == "charts":
+        return render(request, "ops/_health_charts.html", context)
     return render(request, "ops/health.html", context)
 
 

@@ -73,28 +73,73 @@ def cells(body: str, key: str) -> list[str]:
 
 def test_capacity_by_pool_shape_class_and_zone(world, ops):
     body = ops.get("/console/ops/capacity?dim=cpu_millicores").content.decode()
-    # nodes, allocatable, reserved, used, free, fragmented, draining, unhealthy
-    assert cells(body, "ops") == ["2", "16000", "12000", "0", "4000", "0", "0", "0"]
-    assert cells(body, "z2") == ["1", "8000", "6000", "0", "2000", "0", "0", "0"]
-    assert cells(body, "CPU only")[:3] == ["1", "8000", "6000"]
+    # nodes, allocatable, schedulable, used, free, fragmented, draining, unhealthy, unreachable
+    # (reserved and unavailable are checked apart)
+    assert cells(body, "ops") == ["2", "16000", "16000", "0", "4000", "0", "0", "0", "0"]
+    assert "12000 <small>(75%)</small>" in body.split('data-group="ops"')[1]
+    assert cells(body, "z2") == ["1", "8000", "8000", "0", "2000", "0", "0", "0", "0"]
+    assert cells(body, "CPU only")[:3] == ["1", "8000", "8000"]
     gpu_class = "2 × NVIDIA H100 80GB HBM3, exclusive"
     assert cells(body, gpu_class)[:2] == ["1", "8000"]
-    gpus = ops.get("/console/ops/capacity").content.decode()  # GPUs by default
+    gpus = ops.get("/console/ops/capacity").content.decode()  # the fleet has GPUs: by default
     assert cells(gpus, gpu_class)[:2] == ["1", "2000"]
     assert 'class="seg-reserved"' in body and 'role="img"' in body
+
+
+def test_capacity_defaults_to_cpu_on_a_cpu_only_fleet(ops):
+    build_node(build_pool("cpus"), "c1", cpu=4000, memory=8192)
+    body = ops.get("/console/ops/capacity").content.decode()
+    assert '<option value="cpu_millicores" selected>' in body
+
+
+def test_unavailable_capacity_is_its_own_grey_column(world, ops):
+    from nodes.choices import Reachability
+    from nodes.models import Node
+
+    Node.objects.filter(pk=world["cpu"].pk).update(reachability=Reachability.UNREACHABLE)
+    body = ops.get("/console/ops/capacity?dim=cpu_millicores").content.decode()
+    row = cells(body, "ops")
+    # schedulable 8000 of 16000; the unreachable node's 8000 is unavailable, and never free
+    assert row[:3] == ["2", "16000", "8000"] and row[4] == "2000"
+    assert '<td data-label="Unavailable" class="unavailable">8000</td>' in body
+    assert row[-1] == "8000"  # unreachable
+    assert 'class="seg-unavailable"' in body
 
 
 def test_capacity_utilisation_over_time(world, ops):
     health.sample_capacity()
     body = ops.get("/console/ops/capacity?dim=cpu_millicores").content.decode()
-    assert "CPU (millicores)</strong>: requested peak 75.0%, average 75.0%" in body
+    assert "utilisation of ops</strong>: requested peak 75%, average 75%" in body
     assert "<polyline" in body
+    # axes with units and times, a labelled point per minute, a table fallback
+    assert '<text x="42" y="10.0" class="tick tick-y" text-anchor="end"' in body
+    assert ">100%</text>" in body and ">0%</text>" in body
+    minute = timezone.localtime(timezone.now()).strftime("%H:%M")
+    assert re.search(r'aria-label="\d{4}-\d\d-\d\d \d\d:\d\d: Requested 75%, Measured 0%"', body)
+    assert body.count('class="ts-point') == 60 and minute in body
+    assert "as a table</summary>" in body
+    # the ranges, each a link; auto-refreshed by htmx
+    for key in ("15m", "1h", "6h", "24h", "7d"):
+        assert f'href="?dim=cpu_millicores&amp;range={key}"' in body
+    assert 'hx-trigger="every 30s' in body
+    six = ops.get("/console/ops/capacity?dim=cpu_millicores&range=6h").content.decode()
+    assert six.count('class="ts-point') == 72 and 'data-range="6h" aria-current="true"' in six
+    part = ops.get(
+        "/console/ops/capacity?dim=cpu_millicores&range=15m&part=trends", HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert part.startswith("{#") is False and 'id="trends"' in part and "<h1>" not in part
+    assert part.count('class="ts-point') == 15
+    health.roll_up()
+    week = ops.get("/console/ops/capacity?dim=cpu_millicores&range=7d").content.decode()
+    assert week.count('class="ts-point') == 168 and "requested peak 75%" in week
 
 
 def test_capacity_bad_parameters_are_a_400(ops):
     assert ops.get("/console/ops/capacity?dim=bananas").status_code == 400
     assert ops.get("/console/ops/capacity?hours=7").status_code == 400
+    assert ops.get("/console/ops/capacity?range=2h").status_code == 400
     assert ops.get("/console/ops/health?hours=0").status_code == 400
+    assert ops.get("/console/ops/health?range=30d").status_code == 400
     assert ops.get("/console/ops/queue?pool=nowhere").status_code == 404
 
 
@@ -145,11 +190,19 @@ def test_scheduler_health_page(world, ops):
     body = ops.get("/console/ops/health?pool=ops").content.decode()
     assert "2 passes placed 7 jobs; 0 leases expired." in body
     assert "Batch plan, mean seconds" not in body  # no pass of the window was timed by phase
-    assert "Pass duration (max): last 0.40s" in body
-    assert "Placements per pass: last 3.50" in body
-    assert "Plan conflicts: last 2," in body
-    assert body.count("<polyline") == 6
+    assert "Pass duration (max)</strong>: last 0.4 s, peak 0.4 s" in body
+    assert "Placements per pass</strong>: last 3.5" in body
+    assert "Plan conflicts</strong>: last 2," in body
+    assert body.count("<polyline") == 7 and body.count('class="ts-point') == 7 * 60
+    assert ">0.5 s</text>" in body  # the y axis: a round top over the peak, in seconds
     assert ops.get("/console/ops/health?pool=ops&hours=24").status_code == 200
+    for key, points in (("15m", 15), ("6h", 72), ("24h", 96), ("7d", 168)):
+        page = ops.get(f"/console/ops/health?pool=ops&range={key}").content.decode()
+        assert page.count('class="ts-point') == 7 * points, key
+    part = ops.get(
+        "/console/ops/health?pool=ops&range=15m&part=charts", HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert 'id="health-charts"' in part and "<h1>" not in part
     phases = {"snapshot_s": 0.01, "plan_s": 0.1, "apply_s": 0.05}
     health.record_pass(pool_id=world["pool"].pk, started_at=now, duration_s=0.3, **phases)
     body = ops.get("/console/ops/health?pool=ops").content.decode()
