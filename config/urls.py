@@ -10,6 +10,7 @@ from .throttle import throttled_login
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     # Prometheus: operators, scrape tokens and METRICS_ALLOWED_CIDRS (observability/access.py)
     path("metrics", metrics_views.metrics, name="metrics"),
     # Both sign-in forms count failures and lock out guessing (config/throttle.py).
@@ -27,3 +28,7 @@ urlpatterns = [
     path("", include("leases.urls")),
     path("", include("scheduling.urls")),
 ]
+
+# The console's styled error pages; the API's JSON error body under /api/ (config/views.py).
+handler403 = "config.views.permission_denied"
+handler404 = "config.views.page_not_found"

@@ -1,11 +1,16 @@
-"""Project-level endpoints: health."""
+"""Project-level endpoints: health, the favicon, and the error pages (the console's styled
+403 and 404; the API's one JSON error body under /api/)."""
 
 import time
+from functools import cache
 
+from django.contrib.staticfiles import finders
 from django.db import connection
-from django.http import JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
+from django.views import defaults
 
 from . import tasks
+from .middleware import api_error, is_api
 
 
 def _database_ok() -> tuple[bool, str]:
@@ -53,3 +58,42 @@ def healthz(request):
         "celery": {"ok": celery_ok, "detail": celery_detail},
     }
     return JsonResponse(body, status=200 if healthy else 503)
+
+
+# --- the favicon and the error pages ------------------------------------------------------------
+
+FAVICON = "favicon.svg"
+
+
+@cache
+def _favicon() -> bytes:
+    path = finders.find(FAVICON)
+    if path is None:  # the file ships in static/: missing, it is a 404 like any other
+        raise Http404("No favicon.")
+    with open(path, "rb") as icon:
+        return icon.read()
+
+
+def favicon(request):
+    """/favicon.ico, which browsers ask for on their own: the console's SVG icon (base.html
+    links it from static/ too), cached for a day, instead of a 404 on every first visit."""
+    response = HttpResponse(_favicon(), content_type="image/svg+xml")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
+def _api_error(request, status: int, code: str, detail: str):
+    return api_error(status, code, detail) if is_api(request) else None
+
+
+def page_not_found(request, exception):
+    """The console's 404 page (templates/404.html: the site's header and navigation); under
+    /api/ the API's JSON error body."""
+    answer = _api_error(request, 404, "not_found", "No API route matches this path.")
+    return answer or defaults.page_not_found(request, exception)
+
+
+def permission_denied(request, exception):
+    """The console's 403 page (templates/403.html); under /api/ the API's JSON error body."""
+    answer = _api_error(request, 403, "permission_denied", "You may not do this.")
+    return answer or defaults.permission_denied(request, exception)
