@@ -117,6 +117,25 @@ def submit_body(post) -> tuple[dict, dict]:
                 continue
             retry[key] = int(value)
     body["retry_policy"] = retry
+    if post.get("require_numa") == "on":
+        body["require_numa"] = True
+    # a gang: all three fields or none (the serializer checks the values)
+    gang = {key: post.get(f"gang_{key}", "").strip() for key in ("name", "size", "topology")}
+    if gang["name"] or gang["size"]:
+        if not gang["size"].isdigit():
+            errors["gang_size"] = "A whole number: how many jobs the gang has."
+        else:
+            body["gang"] = {
+                "name": gang["name"],
+                "size": int(gang["size"]),
+                "topology": gang["topology"] or "none",
+            }
+    reservation = post.get("reservation", "").strip()
+    if reservation:
+        if reservation.isdigit():
+            body["reservation"] = int(reservation)
+        else:
+            errors["reservation"] = "A reservation's number."
     return body, errors
 
 
@@ -124,6 +143,7 @@ def field_errors(detail) -> dict[str, str]:
     """The serializer's errors as {form field: message}: an inline shape's fields by their own
     names, a network or retry policy at its first field, the rest under "form"."""
     where = {
+        "gang": "gang_name",
         "network_policy": "network_mode",
         "retry_policy": "retry_max_attempts",
         "non_field_errors": "form",

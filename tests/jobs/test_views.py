@@ -100,7 +100,7 @@ def test_dashboard_counts_my_jobs_by_state_with_quota_bars(browser, pool, tenant
     # one queued, one leased: counts as text, beside the state's name
     assert '<span class="count">1</span> <span class="state state-queued">Queued</span>' in html
     assert '<span class="count">1</span> <span class="state state-leased">Leased</span>' in html
-    assert "2500 of 4000 (62%)" in html  # the CPU bar: the leased job's 2500m of the quota
+    assert "2.5 cores of 4 cores (62%)" in html  # the CPU bar, in cores: the leased job's 2500m
     assert "credit balance <strong>12.0000</strong>" in html
     assert "nlp" not in html  # no other tenant anywhere, not even its quota
 
