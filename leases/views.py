@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from pools.actors import Actor
@@ -87,6 +88,7 @@ def leases_page(request):
         "errors": errors,
         "refusal": refusal,
         "reserved": reserved,
+        "now": timezone.now(),  # the form says the capacity is held from now, not from the start
         "tenants": tenants_visible_to(actor),
         "pools": pools_visible_to(actor),
         "shapes": shapes_visible_to(actor),

@@ -47,6 +47,10 @@ def test_reserve_a_window_see_it_held_then_release_it(client, setup):
     assert timezone.localtime(lease.window_start).strftime("%Y-%m-%dT%H:%M") == start
     html = client.get(response["Location"]).content.decode()
     assert f"Reservation {lease.pk} is reserved on cpu-1" in html
+    # what it holds, and from when: from the reserve, not from the window's start
+    assert "It holds 1000 millicores and 1024 MiB from now until" in html
+    form = client.get("/console/leases").content.decode()
+    assert 'id="reserve-holds"' in form and "from the moment you reserve" in form
     assert f'<tr data-lease="{lease.pk}">' in html and "Reserved" in html
     row = client.post(f"/console/leases/{lease.pk}/release").content.decode()
     assert "Released" in row and "Release</button>" not in row
