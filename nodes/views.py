@@ -12,6 +12,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, Value, When
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -23,8 +24,10 @@ from pools.statemachine import TransitionRefused
 
 from . import services
 from .api.serializers import EnrollmentTokenSerializer
+from .choices import NodeState, Reachability
 from .filters import NodeFilter
 from .forms import DrainForm
+from .models import GpuDevice
 from .selectors import enrollment_tokens_visible_to, nodes_with_latest_event
 
 PAGE_SIZE = 25
@@ -44,6 +47,53 @@ def _node(actor, pk):
 
 # --- the list ---------------------------------------------------------------------------------
 
+# Problems first: the rank of a node's worst trouble (lower comes first).
+UNREACHABLE_LIVE = Q(reachability=Reachability.UNREACHABLE) & ~Q(state=NodeState.RETIRED)
+
+
+def problems_first(nodes):
+    """Unreachable, quarantined, with an unhealthy device, draining, not yet ready, then ready
+    ones, then retired; by pool and name within each."""
+    sick = GpuDevice.objects.filter(node=OuterRef("pk"), healthy=False)
+    return nodes.annotate(
+        trouble=Case(
+            When(UNREACHABLE_LIVE, then=Value(0)),
+            When(state=NodeState.QUARANTINED, then=Value(1)),
+            When(Q(Exists(sick)) & ~Q(state=NodeState.RETIRED), then=Value(2)),
+            When(state=NodeState.DRAINING, then=Value(3)),
+            When(state__in=(NodeState.REGISTERED, NodeState.VERIFIED), then=Value(4)),
+            When(state=NodeState.READY, then=Value(5)),
+            default=Value(6),
+            output_field=IntegerField(),
+        )
+    ).order_by("trouble", "pool__slug", "name")
+
+
+def state_counts(nodes) -> list[dict]:
+    """How many of `nodes` are in each state, and how many are unreachable (a condition beside
+    the state): [{"key", "label", "count", "problem"}], states that no node is in left out."""
+    by_state = dict(nodes.order_by().values_list("state").annotate(n=Count("id")))
+    counts = [
+        {"key": key, "label": label, "count": by_state[key], "problem": key != NodeState.READY}
+        for key, label in NodeState.choices
+        if by_state.get(key) and key != NodeState.RETIRED
+    ]
+    unreachable = nodes.filter(UNREACHABLE_LIVE).count()
+    if unreachable:
+        counts.insert(
+            0, {"key": "unreachable", "label": "Unreachable", "count": unreachable, "problem": True}
+        )
+    if by_state.get(NodeState.RETIRED):
+        counts.append(
+            {
+                "key": "retired",
+                "label": "Retired",
+                "count": by_state[NodeState.RETIRED],
+                "problem": False,
+            }
+        )
+    return counts
+
 
 @login_required
 @require_GET
@@ -52,11 +102,17 @@ def nodes_page(request):
     actor = _operator(request)
     filters = NodeFilter(request.GET, queryset=nodes_with_latest_event(actor), actor=actor)
     valid = filters.is_valid()
-    nodes = filters.qs if valid else nodes_with_latest_event(actor).none()
+    nodes = problems_first(filters.qs if valid else nodes_with_latest_event(actor).none())
     page = Paginator(nodes, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    context = {"filters": filters, "page": page, "nodes": page.object_list, "query": query}
+    context = {
+        "filters": filters,
+        "page": page,
+        "nodes": page.object_list,
+        "query": query,
+        "counts": state_counts(nodes),
+    }
     template = "console/_node_table.html" if request.htmx else "console/nodes.html"
     return render(request, template, context, status=200 if valid else 400)
 

@@ -11,9 +11,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from jobs.models import Job
+from leases.choices import HOLDING
 from leases.models import Lease
 from leases.selectors import CAPACITY_MEASURES
 from nodes.models import Node
@@ -297,6 +299,59 @@ def scheduler_health(request, actor):
 
 @operator_page
 def node_leases(request, actor, pk: int):
+    """A node's leases (with each one's measured use), and a draining node's progress: the
+    leases left and its deadline."""
     node = get_object_or_404(Node.objects.visible_to(actor), pk=pk)
     leases = selectors.node_leases(actor, node.pk)
-    return render(request, "ops/_node_leases.html", {"node": node, "leases": leases})
+    holding = [lease for lease in leases if lease.state in HOLDING]
+    context = {"node": node, "leases": leases, "left": len(holding), "now": timezone.now()}
+    return render(request, "ops/_node_leases.html", context)
+
+
+NODE_USAGE = (  # dimension, title, unit
+    ("cpu_millicores", "CPU", "m"),
+    ("memory_mib", "Memory", "MiB"),
+    ("gpu_milli", "GPU", "‰"),
+)
+
+
+@operator_page
+def node_usage(request, actor, pk: int):
+    """A node's usage over a range (15 min to 24 h) from its pool's capacity samples: reserved
+    by leases and used as the agent measures it, against its allocatable (the y axis' top)."""
+    node = get_object_or_404(Node.objects.visible_to(actor), pk=pk)
+    rng = _range(request)
+    if rng is None or rng.rollup:
+        return HttpResponseBadRequest(
+            "range must be one of 15m, 1h, 6h, 24h", content_type="text/plain"
+        )
+    usage = health.node_usage(node, rng)
+    panels = []
+    for dim, title, unit in NODE_USAGE:
+        series = usage.get(dim)
+        if not series:
+            continue
+        chart = charts.timeseries(
+            series["points"],
+            [("reserved", "Reserved", "reserved"), ("used", "Used", "used")],
+            unit=unit,
+            top=series["allocatable"],
+        )
+        last = next((p for p in reversed(series["points"]) if p["reserved"] is not None), None)
+        f = charts.fmt
+        summary = (
+            f"now reserved {f(last['reserved'], unit)}, used {f(last['used'], unit)}"
+            f" of {f(series['allocatable'], unit)}"
+            if last
+            else ""
+        )
+        panels.append(
+            {"id": f"usage-{dim}", "title": f"{title} ({unit})", "chart": chart, "summary": summary}
+        )
+    context = {
+        "node": node,
+        "panels": panels,
+        "range": rng,
+        "ranges": [r for r in health.RANGES.values() if not r.rollup],
+    }
+    return render(request, "ops/_node_usage.html", context)

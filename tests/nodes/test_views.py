@@ -86,13 +86,14 @@ def fleet(db):
 @pytest.mark.parametrize(
     "query, expected",
     [
-        ("", ["a1", "a2", "b1", "b2"]),
+        # problems first: unreachable, an unhealthy device, not yet ready, then ready ones
+        ("", ["b1", "a2", "b2", "a1"]),
         ("pool=west", ["b1", "b2"]),
-        ("state=ready", ["a1", "a2", "b1"]),
+        ("state=ready", ["b1", "a2", "a1"]),
         ("state=registered", ["b2"]),
         ("condition=unreachable", ["b1"]),
-        ("zone=z1", ["a1", "b1"]),
-        ("gpu_model=NVIDIA+H100+80GB+HBM3", ["a1", "a2"]),
+        ("zone=z1", ["b1", "a1"]),
+        ("gpu_model=NVIDIA+H100+80GB+HBM3", ["a2", "a1"]),
         ("health=unhealthy", ["a2"]),
         ("health=ok&pool=east", ["a1"]),
     ],
@@ -101,6 +102,53 @@ def test_filters(fleet, operator_client, query, expected):
     response = operator_client.get(f"/console/nodes?{query}")
     assert response.status_code == 200
     assert page_names(response) == expected
+
+
+def test_an_unreachable_node_is_never_a_green_ready_and_counts_lead(fleet, operator_client):
+    body = operator_client.get("/console/nodes").content.decode()
+    row = body.split('data-node="b1"')[1].split("</tr>")[0]
+    assert 'class="state state-unreachable">Unreachable' in row and "state-ready" not in row
+    assert 'class="problem"' in row.split(">")[0]
+    assert 'class="problem"' not in body.split('data-node="a1"')[1].split(">")[0]
+    counts = dict(re.findall(r'data-count="(\w+)">[^:]+: (\d+)<', body))
+    assert counts == {"unreachable": "1", "registered": "1", "ready": "3"}
+    assert body.index('data-count="unreachable"') < body.index('data-count="ready"')
+    page = operator_client.get(f"/console/nodes/{fleet['b1'].pk}").content.decode()
+    assert "data-node-state>Unreachable</strong>" in page
+
+
+def test_reasons_are_sentences_from_the_catalogue(ready_node, operator_client):
+    from nodes.templatetags.node_text import reason_sentence
+
+    node = ready_node.node
+    NodeEvent.objects.create(
+        node=node,
+        reason="node_unreachable",
+        from_state="ready",
+        to_state="ready",
+        message="no heartbeat since 10:02:03; 0 committed lease(s) now uncertain",
+        actor_label="system:sweep",
+    )
+    body = operator_client.get("/console/nodes").content.decode()
+    assert "Heartbeats missed: nothing heard since 10:02:03. No running lease was affected." in body
+    assert "committed lease(s)" not in body.split('data-node="')[1].split("</tr>")[0]
+    two = reason_sentence("node_unreachable", "no heartbeat since 1:02:03; 2 committed lease(s)")
+    assert "2 running leases are now uncertain" in two
+    assert (
+        reason_sentence("drain_requested", "kernel upgrade") == "Drain requested: Kernel upgrade."
+    )
+    assert reason_sentence("retired", "retired") == "Retired."
+    assert reason_sentence("made_up", "") == "Made up."
+    events = operator_client.get(f"/console/nodes/{node.pk}/events").content.decode()
+    assert 'title="node_unreachable">Heartbeats missed</td>' in events
+
+
+def test_retire_is_behind_a_menu_with_its_confirmation(ready_node, operator_client):
+    body = operator_client.get(f"/console/nodes/{ready_node.node.pk}").content.decode()
+    menu = body.split('<details class="node-menu"><summary>More actions</summary>')[1]
+    menu = menu.split("</details>")[0]
+    assert "/retire" in menu and 'hx-confirm="Retire' in menu
+    assert "/retire" not in body.replace(menu, "")
 
 
 def test_a_bad_filter_value_is_a_400_with_the_field_error(fleet, operator_client):

@@ -216,3 +216,25 @@ def test_node_leases_fragment(world, ops):
     assert f"/console/ops/leases/{lease.pk}/decision" in body
     empty = build_node(world["pool"], "spare")
     assert "No leases." in ops.get(f"/console/ops/nodes/{empty.pk}/leases").content.decode()
+
+
+def test_node_usage_graphs_and_drain_progress(world, ops):
+    from datetime import timedelta
+
+    from nodes import services as node_services
+    from pools.actors import Actor
+
+    node = world["cpu"]
+    health.sample_capacity()
+    body = ops.get(f"/console/ops/nodes/{node.pk}/usage?range=15m").content.decode()
+    assert "CPU (m)</strong>: now reserved 6,000 m, used 0 m of 8,000 m" in body
+    assert body.count('class="ts-point') == 15 * 2  # CPU and memory: the node has no GPU
+    assert ">8,000 m</text>" in body  # the y axis' top is what it offers
+    assert ops.get(f"/console/ops/nodes/{node.pk}/usage?range=7d").status_code == 400
+    deadline = timezone.now() + timedelta(minutes=45)
+    node_services.node_drain(
+        node=node, actor=Actor.system("test"), deadline=deadline, message="kernel"
+    )
+    leases = ops.get(f"/console/ops/nodes/{node.pk}/leases").content.decode()
+    assert "Drain progress:</strong> 1 lease left to end; deadline" in leases
+    assert "Used now (measured)" in leases
