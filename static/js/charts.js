@@ -60,6 +60,10 @@
     (root || document).querySelectorAll("[data-chart]").forEach(bind);
   }
 
-  document.addEventListener("DOMContentLoaded", function () { bindAll(document); });
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { bindAll(document); });
+  } else {
+    bindAll(document);
+  }
   document.addEventListener("htmx:afterSettle", function () { bindAll(document); });
 })();

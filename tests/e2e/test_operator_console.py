@@ -101,7 +101,7 @@ def test_an_operator_drains_a_node_and_the_list_shows_it_live(stack, console, pa
     # the list heard it over its socket: the row changed, the page was not reloaded
     expect(row.locator(".state")).to_contain_text("Draining")
     expect(row.locator(".state")).to_contain_text("deadline")
-    expect(row.locator(".why")).to_contain_text("drain_requested: kernel 6.8 upgrade")
+    expect(row.locator(".why")).to_contain_text("Drain requested: Kernel 6.8 upgrade")
     assert page.evaluate("window.notReloaded") is True
     screenshot(page, "ops-nodes")
     screenshot(detail, "ops-node")
@@ -130,7 +130,7 @@ def test_an_operator_drains_a_node_and_the_list_shows_it_live(stack, console, pa
     server_down["now"] = False
     routes[-1].close()
     expect(row.locator(".state")).to_have_text("Ready")
-    expect(row.locator(".why")).to_contain_text("drain_cancelled: postponed")
+    expect(row.locator(".why")).to_contain_text("Drain cancelled: Postponed")
     assert page.evaluate("window.notReloaded") is True
 
     page.set_viewport_size({"width": 390, "height": 844})
@@ -185,3 +185,95 @@ def test_the_operations_pages(stack, console, page):
     page.goto(f"{console}/console/nodes")
     page.keyboard.press("Tab")
     expect(page.locator(":focus")).to_have_text("Skip to content")
+
+
+def test_charts_show_values_on_hover_and_focus_and_switch_ranges(stack, console, page):
+    elsewhere(health.sample_capacity)
+    elsewhere(health.roll_up)
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
+    page.goto(f"{console}/console/ops/capacity")
+    page.wait_for_load_state("load")
+    # the fleet is CPU only: CPU by default, over schedulable capacity
+    expect(page.get_by_label("Resource")).to_have_value("cpu_millicores")
+    expect(page.locator("th", has_text="Unavailable")).to_have_count(3)
+    chart = page.locator("#trends figure[data-chart]").first
+    expect(chart.locator("text.tick-y").first).to_have_text("0%")
+    expect(chart.locator("text.tick-y").last).to_have_text("100%")
+    expect(chart.locator("text.tick-x").first).to_have_text(re.compile(r"^\d\d:\d\d$"))
+    # hover: the point under the pointer is read out
+    svg = chart.locator("svg")
+    svg.scroll_into_view_if_needed()
+    box = svg.bounding_box()
+    svg.hover(position={"x": box["width"] - 14, "y": box["height"] / 2})
+    readout = chart.locator("[data-readout]")
+    assert not errors, errors
+    expect(readout).to_have_text(re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d: Requested"))
+    # keyboard: one tab stop per chart, arrow keys move between points
+    last = chart.locator(".ts-point[tabindex='0']")
+    last.focus()
+    first_text = readout.inner_text()
+    page.keyboard.press("ArrowLeft")
+    expect(readout).not_to_have_text(first_text)
+    expect(chart.locator(".ts-point:focus")).to_have_attribute("aria-label", readout.inner_text())
+    screenshot(page, "ops-capacity-chart")
+    # ranges: 15 min has 15 points, 7 d 168 hourly ones
+    page.get_by_role("navigation", name="Chart range").get_by_role("link", name="15 min").click()
+    expect(page.locator("#trends")).to_have_attribute("data-range", "15m")
+    expect(page.locator("#trends figure").first.locator(".ts-point")).to_have_count(15)
+    page.get_by_role("link", name="7 d").click()
+    expect(page.locator("#trends figure").first.locator(".ts-point")).to_have_count(168)
+    expect(page.locator("#trends figure").first.locator("text.tick-x").first).to_have_text(
+        re.compile(r"^\w{3} \d\d:\d\d$")
+    )
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page, "ops-capacity-chart-390")
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    page.goto(f"{console}/console/ops/health?pool={stack.pool.slug}&range=6h")
+    panel = page.locator("#health-charts figure", has_text="Pass duration (max)")
+    expect(panel.locator(".ts-point")).to_have_count(72)
+    expect(panel.locator("text.tick-y").last).to_have_text(re.compile(r" s$"))
+    panel.locator(".ts-point[tabindex='0']").focus()
+    expect(panel.locator("[data-readout]")).to_have_text(re.compile(r": Pass duration \(max\) "))
+    page.get_by_role("link", name="24 h").click()
+    expect(page.locator("#health-charts")).to_have_attribute("data-range", "24h")
+    screenshot(page, "ops-health-charts")
+    page.set_viewport_size({"width": 390, "height": 844})
+    screenshot(page, "ops-health-charts-390")
+
+
+def test_an_unreachable_node_is_not_ready_and_problems_come_first(stack, console, page):
+    from config.builders import build_node
+    from nodes.models import Node
+
+    def lost_node():
+        node = build_node(stack.pool, "e2e-lost", cpu=2000, memory=2048)
+        Node.objects.filter(pk=node.pk).update(reachability="unreachable")
+
+    elsewhere(lost_node)
+    try:
+        page.goto(f"{console}/console/nodes?pool={stack.pool.slug}")
+        rows = page.locator("table.nodes tbody tr")
+        expect(rows.first).to_have_attribute("data-node", "e2e-lost")
+        lost = page.locator("tr[data-node='e2e-lost']")
+        expect(lost.locator(".state")).to_contain_text("Unreachable")
+        expect(lost.locator(".state")).not_to_have_class(re.compile("state-ready"))
+        expect(page.locator("[data-count='unreachable']")).to_have_text("Unreachable: 1")
+        agent = page.locator(f"tr[data-node='{stack.agent.node_name}']")
+        expect(agent.locator(".state")).to_have_text("Ready")
+        screenshot(page, "ops-nodes-problems")
+        page.set_viewport_size({"width": 390, "height": 844})
+        screenshot(page, "ops-nodes-problems-390")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        # the agent's node: its usage graph, retire behind the menu
+        page.goto(f"{console}/console/nodes/{stack.node().pk}")
+        expect(page.locator("#node-usage-charts figure").first).to_be_visible()
+        retire = page.get_by_role("button", name="Retire")
+        expect(retire).to_be_hidden()
+        page.get_by_text("More actions").click()
+        expect(retire).to_be_visible()
+        screenshot(page, "ops-node-usage")
+    finally:
+        elsewhere(lambda: Node.objects.filter(name="e2e-lost").delete())
