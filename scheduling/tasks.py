@@ -6,11 +6,12 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
 from pools.tasktime import parse_now
-from scheduling import backfill, drain, forecast, health, passes
+from scheduling import backfill, drain, forecast, health, passes, queue_selectors
 from scheduling.coalesce import PoolPasses
 
 logger = logging.getLogger(__name__)
@@ -101,8 +102,12 @@ def forecast_refresh(now=None) -> dict[int, int]:
 @shared_task(name="scheduling.sample_capacity")
 def sample_capacity() -> int:
     """Each pool's capacity sampled for the operators' utilisation charts (one pool's failure
-    is recorded on its sample and the others go on)."""
-    return health.sample_capacity()
+    is recorded on its sample and the others go on), with its queued jobs by pending reason
+    (the queue depth chart)."""
+    now = timezone.now()
+    taken = health.sample_capacity(now=now)
+    queue_selectors.record_queue_depth(now)
+    return taken
 
 
 @shared_task(name="scheduling.roll_up_health")

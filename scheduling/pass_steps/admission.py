@@ -140,18 +140,31 @@ class Trial:
         self.committed = True
 
 
-def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
-    """The window's jobs in the queue's order, and the Admission that admits them (its gate
-    and every tenant's quota headroom, read now)."""
-    policy = fairshare.pool_queue_policy(pool_id)
-    # the schedulable capacity: the snapshot's nodes (ready, reachable) that are healthy too;
-    # a node that cannot take work is no share of anyone's and no room to hold for a head
-    ready = [n for n in view.nodes if schedulable(n)]
-    capacity = (
+def schedulable_capacity(nodes) -> tuple[float, float, float]:
+    """What the queue's order and gate count as the pool's size: the snapshot's nodes (ready,
+    reachable) that are healthy too; a node that cannot take work is no share of anyone's and
+    no room to hold for a head."""
+    ready = [n for n in nodes if schedulable(n)]
+    return (
         float(sum(n.cpu_millicores for n in ready)),
         float(sum(n.memory_mib for n in ready)),
         float(sum(len(n.gpus) for n in ready)),
     )
+
+
+def queue_order(pool_id: int, queued: list, capacity, now):
+    """The core's QueuedJobs in the queue's order, with the standings and the policy it was
+    ordered by: the pass's order (`order_window`) and the queue pages' (scheduling/selectors.py
+    `pool_queue`) are this one."""
+    policy = fairshare.pool_queue_policy(pool_id)
+    standings = fairshare.standings(pool_id, {q.tenant for q in queued}, now, policy=policy)
+    return order(list(queued), standings, capacity, policy), standings, policy
+
+
+def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
+    """The window's jobs in the queue's order, and the Admission that admits them (its gate
+    and every tenant's quota headroom, read now)."""
+    capacity = schedulable_capacity(view.nodes)
     queued = {
         job.pk: fairshare.queued_job(
             (
@@ -167,10 +180,8 @@ def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
         )
         for job in jobs
     }
-    tenant_ids = {job.tenant_id for job in jobs}
-    standings = fairshare.standings(pool_id, tenant_ids, now, policy=policy)
+    ordered, standings, policy = queue_order(pool_id, list(queued.values()), capacity, now)
     by_id = {job.pk: job for job in jobs}
-    ordered = [by_id[q.id] for q in order(list(queued.values()), standings, capacity, policy)]
     gate = Gate.from_standings(capacity, standings, policy)
-    headroom = quota.quota_headroom(pool_id, tenant_ids)
-    return ordered, Admission(headroom, gate=gate, queued=queued, now=now)
+    headroom = quota.quota_headroom(pool_id, {job.tenant_id for job in jobs})
+    return [by_id[q.id] for q in ordered], Admission(headroom, gate=gate, queued=queued, now=now)

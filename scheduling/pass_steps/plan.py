@@ -123,6 +123,8 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
             p.explanation = explained[key]
             if job.pk in positions.not_ready:
                 p.explanation = {**p.explanation, **NO_READY_NODE}
+            elif job.pk in positions.holds:  # the queue's gate holds capacity for it
+                p.explanation = {**p.explanation, HEAD_OF_LINE: True}
         planned.append(p)
     if members:
         result.gangs.update(job.pk for job in members)
@@ -131,6 +133,9 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
     return planned
 
 
+# in the pending_reason of a job the queue's gate holds capacity for (EASY backfill's head):
+# later jobs run before it only when they cannot delay it (the queue pages show it)
+HEAD_OF_LINE = "head_of_line"
 NO_READY_NODE = {
     "code": Reason.NO_READY_NODE.value,
     "message": "It fits only on nodes that are not ready (not yet ready, draining, quarantined,"
@@ -146,11 +151,12 @@ class _ByPosition:
     behind such a head). One that would fit a registered node that is not schedulable waits
     with `no_ready_node`; one that fits no node at all now keeps its explanation."""
 
-    __slots__ = ("_empty", "_fits", "admission", "jobs", "not_ready", "reading")
+    __slots__ = ("_empty", "_fits", "admission", "holds", "jobs", "not_ready", "reading")
 
     def __init__(self, reading: Reading, jobs: list[JobRow]):
         self.admission, self.jobs, self.reading = reading.admission, jobs, reading
         self.not_ready: set[int] = set()  # job ids that fit only on nodes not schedulable
+        self.holds: set[int] = set()  # job ids the gate holds capacity for
         self._empty: dict[bool, list] = {}  # schedulable only? → those nodes, emptied
         self._fits: dict[tuple[int, bool], bool] = {}  # (id(core request), ready only) → fits
 
@@ -163,6 +169,9 @@ class _ByPosition:
         req = self.reading.core_requests[job.pk]
         if self._could_run(req, ready_only=True):
             self.admission.blocked(job, explanation)
+            gate = self.admission.gate
+            if gate is not None and any(r.job == job.pk for r in gate.reservations):
+                self.holds.add(job.pk)
         elif self._could_run(req, ready_only=False):
             self.not_ready.add(job.pk)
 
