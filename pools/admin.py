@@ -356,6 +356,7 @@ class PolicyVersionInline(admin.TabularInline):
 class SchedulingPolicyAdmin(admin.ModelAdmin):
     list_display = ["pool", "current_version", "new_version", "created_at"]
     inlines = [PolicyVersionInline]
+    readonly_fields = ["created_at"]
 
     @admin.display(description="current version")
     def current_version(self, obj):
