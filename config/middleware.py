@@ -1,8 +1,8 @@
 """Transport guards that hold before any view runs (issue 9): NUL characters, and no redirects
 or HTML error pages under /api/."""
 
-from django.http import HttpResponseBadRequest, JsonResponse
 from django.contrib.messages.middleware import MessageMiddleware
+from django.http import HttpResponseBadRequest, JsonResponse
 from django.middleware import common
 
 from pools.api.errors import error_body
