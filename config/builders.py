@@ -122,7 +122,7 @@ def build_person(
         user.set_password(password or f"pw-{username}")
         user.save(update_fields=["password"])
     if tenant is not None:
-        membership_set(user=user, tenant=tenant, role=role)
+        membership_set(user=user, tenant=tenant, role=role, actor=SYSTEM)
     if platform_role:
         platform_role_grant(user=user, role=platform_role)
     return user

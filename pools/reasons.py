@@ -93,6 +93,10 @@ class Reason(models.TextChoices):
     SUPPORT_GRANTED = "support_granted", "A tenant admin granted an operator support access"
     SUPPORT_REVOKED = "support_revoked", "A tenant admin revoked a support grant"
     SUPPORT_EXPIRED = "support_expired", "A support grant reached its expiry"
+    # tenants: membership (a MembershipEvent each)
+    MEMBER_ADDED = "member_added", "A person was added to the tenant"
+    MEMBER_ROLE_CHANGED = "member_role_changed", "A member's role in the tenant changed"
+    MEMBER_REMOVED = "member_removed", "A member was removed from the tenant"
     # tenants: membership (a refusal, not an event)
     LAST_ADMIN = "last_admin", "The tenant's last admin cannot be removed or demoted"
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)

@@ -31,6 +31,7 @@ from .models import (
     CreditAccount,
     CreditCharge,
     Membership,
+    MembershipEvent,
     SchedulingPolicy,
     SchedulingPolicyVersion,
     SupportGrant,
@@ -65,21 +66,65 @@ ADMIN_MODELS = {
 }
 
 
-def membership_set(*, user, tenant: Tenant, role: str = TenantRole.MEMBER) -> Membership:
-    membership, _ = Membership.objects.update_or_create(
-        user=user, tenant=tenant, defaults={"role": role}
+def _membership_event(
+    membership: Membership, *, actor: Actor, reason: str, from_role: str, to_role: str
+) -> MembershipEvent:
+    """The event of one change to `membership`: keyed by its tenant and the member's username,
+    so it outlives the row when the member is removed."""
+    username = membership.user.get_username()
+    event = MembershipEvent.build(
+        membership.tenant,
+        actor=actor,
+        from_state=from_role,
+        to_state=to_role,
+        reason=reason,
+        message=f"{username}: {from_role or '∅'} → {to_role}",
+        data={"member": username, "from_role": from_role, "to_role": to_role},
     )
+    event.username, event.user = username, membership.user
+    event.save()
+    return event
+
+
+@transaction.atomic
+def membership_set(
+    *, user, tenant: Tenant, role: str = TenantRole.MEMBER, actor: Actor
+) -> Membership:
+    """`user` belongs to `tenant` in `role` (added, or their role changed), with its event; an
+    unchanged membership writes none. No last-admin check: see member_add for tenant admins."""
+    membership = Membership.objects.select_for_update().filter(user=user, tenant=tenant).first()
+    if membership is None:
+        membership = Membership.objects.create(user=user, tenant=tenant, role=role)
+        _membership_event(
+            membership, actor=actor, reason=Reason.MEMBER_ADDED, from_role="", to_role=role
+        )
+    elif membership.role != role:
+        before, membership.role = membership.role, role
+        membership.save(update_fields=["role"])
+        _membership_event(
+            membership,
+            actor=actor,
+            reason=Reason.MEMBER_ROLE_CHANGED,
+            from_role=before,
+            to_role=role,
+        )
     return membership
 
 
-def member_add(*, tenant: Tenant, username: str, role: str) -> Membership | None:
+@transaction.atomic
+def member_add(*, tenant: Tenant, username: str, role: str, actor: Actor) -> Membership | None:
     """A tenant admin adds a person by username. Unknown or inactive names and holders of a
     platform role (operators, policy admins: they stay out of tenants) are skipped silently,
-    because the caller's answer must not tell these apart from a real add (no enumeration)."""
+    because the caller's answer must not tell these apart from a real add (no enumeration).
+    Adding someone who already belongs changes their role, as member_role_change does (so the
+    tenant's last admin is not demoted this way either: 409 `last_admin`)."""
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None or has_platform_role(user, *PlatformRole.values):
         return None
-    return membership_set(user=user, tenant=tenant, role=role)
+    existing = Membership.objects.filter(user=user, tenant=tenant).select_related("user").first()
+    if existing is not None:
+        return member_role_change(membership=existing, role=role, actor=actor)
+    return membership_set(user=user, tenant=tenant, role=role, actor=actor)
 
 
 def _last_admin_refusal(membership: Membership, doing: str) -> TransitionRefused | None:
@@ -100,22 +145,15 @@ def _last_admin_refusal(membership: Membership, doing: str) -> TransitionRefused
 @transaction.atomic
 def member_role_change(*, membership: Membership, role: str, actor: Actor) -> Membership:
     """A tenant admin changes a member's role; demoting the tenant's last admin is refused
-    (409 `last_admin`). Memberships keep no events: the change is logged."""
+    (409 `last_admin`). Writes a `member_role_changed` MembershipEvent."""
     if role == membership.role:
         return membership
     if role != TenantRole.ADMIN and (refusal := _last_admin_refusal(membership, "demote")):
         raise refusal
     before, membership.role = membership.role, role
     membership.save(update_fields=["role"])
-    logger.info(
-        "member role changed",
-        extra={
-            "tenant": membership.tenant.slug,
-            "member": membership.user.get_username(),
-            "from_role": before,
-            "to_role": role,
-            "by": actor.label,
-        },
+    _membership_event(
+        membership, actor=actor, reason=Reason.MEMBER_ROLE_CHANGED, from_role=before, to_role=role
     )
     return membership
 
@@ -124,19 +162,18 @@ def member_role_change(*, membership: Membership, role: str, actor: Actor) -> Me
 def member_remove(*, membership: Membership, actor: Actor) -> None:
     """A tenant admin removes a member; removing the tenant's last admin is refused (409
     `last_admin`). The person keeps their account, tokens and jobs; they no longer see the
-    tenant's work nor act for it."""
+    tenant's work nor act for it. Writes a `member_removed` MembershipEvent, kept after the
+    row is gone."""
     if refusal := _last_admin_refusal(membership, "remove"):
         raise refusal
-    membership.delete()
-    logger.info(
-        "member removed",
-        extra={
-            "tenant": membership.tenant.slug,
-            "member": membership.user.get_username(),
-            "role": membership.role,
-            "by": actor.label,
-        },
+    _membership_event(
+        membership,
+        actor=actor,
+        reason=Reason.MEMBER_REMOVED,
+        from_role=membership.role,
+        to_role=MembershipEvent.REMOVED,
     )
+    membership.delete()
 
 
 def platform_role_grant(*, user, role: str) -> None:

@@ -74,11 +74,15 @@ def members_page(request):
             data={"user": request.POST.get("username", ""), **_role(request)}
         )
         if body.is_valid():
-            services.member_add(
-                tenant=tenant,
-                username=body.validated_data["user"],
-                role=body.validated_data["role"],
-            )
+            try:
+                services.member_add(
+                    tenant=tenant,
+                    username=body.validated_data["user"],
+                    role=body.validated_data["role"],
+                    actor=actor,
+                )
+            except Refusal as exc:  # re-adding the last admin with another role
+                return _members(request, admin_of, refusal=exc, status=409)
             return redirect(f"{request.path}?added=1")
         errors = {field: " ".join(map(str, messages)) for field, messages in body.errors.items()}
     return _members(request, admin_of, errors=errors, values=request.POST)

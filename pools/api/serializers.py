@@ -9,6 +9,7 @@ from pools.models import (
     REQUEST_FIELDS,
     ApiToken,
     ComputePool,
+    MembershipEvent,
     ResourceShape,
     SchedulingPolicyVersion,
     SupportGrant,
@@ -85,6 +86,20 @@ class SupportGrantSerializer(serializers.ModelSerializer):
         if grant.state == SupportGrantState.ACTIVE and now and grant.expires_at <= now:
             return SupportGrantState.EXPIRED
         return grant.state
+
+
+class MembershipEventSerializer(serializers.ModelSerializer):
+    """One change to a tenant's members: `member` is the username as it was, `from_role`
+    empty for an add, `to_role` "removed" for a removal; `actor` who made it."""
+
+    member = serializers.CharField(source="username")
+    actor = serializers.CharField(source="actor_label")
+    from_role = serializers.CharField(source="from_state")
+    to_role = serializers.CharField(source="to_state")
+
+    class Meta:
+        model = MembershipEvent
+        fields = ["id", "at", "member", "from_role", "to_role", "reason", "actor", "message"]
 
 
 class MembershipSerializer(serializers.Serializer):

@@ -14,6 +14,7 @@ from pools.api.permissions import IsPerson, IsPolicyAdminOrReadOnly
 from pools.api.serializers import (
     ApiTokenSerializer,
     MemberRoleSerializer,
+    MembershipEventSerializer,
     MembershipSerializer,
     PolicyVersionSerializer,
     PoolSerializer,
@@ -24,7 +25,7 @@ from pools.api.serializers import (
     TenantSerializer,
 )
 from pools.choices import PlatformRole
-from pools.models import ApiToken, Membership, TenantSecret
+from pools.models import ApiToken, Membership, MembershipEvent, TenantSecret
 
 MEMBER_ADD_ANSWER = (
     "Added with this role if the username names an active person who may join a tenant "
@@ -78,6 +79,7 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
                 tenant=tenant,
                 username=serializer.validated_data["user"],
                 role=serializer.validated_data["role"],
+                actor=actor,
             )
             return Response({"detail": MEMBER_ADD_ANSWER}, status=status.HTTP_202_ACCEPTED)
         memberships = tenant.memberships.select_related("user").order_by("user__username")
@@ -109,6 +111,22 @@ class TenantViewSet(viewsets.ReadOnlyModelViewSet):
             membership=membership, role=body.validated_data["role"], actor=actor
         )
         return Response({"user": membership.user.get_username(), "role": membership.role})
+
+    @extend_schema(responses=MembershipEventSerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="member-events")
+    def member_events(self, request, slug=None):
+        """The history of the tenant's members, newest first (limit/offset pages): each add,
+        role change and removal with who made it. Its admins and the operators read it; a
+        removed member's events stay."""
+        tenant = self.get_object()
+        actor = Actor.from_request(request)
+        if not (actor.is_tenant_admin(tenant.pk) or actor.is_operator):
+            raise PermissionDenied(ADMINS_ONLY.format("read its members' history"))
+        events = (
+            MembershipEvent.objects.visible_to(actor).filter(tenant=tenant).order_by("-at", "-id")
+        )
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(MembershipEventSerializer(page, many=True).data)
 
     @extend_schema(request=TenantSecretSerializer, responses=TenantSecretSerializer(many=True))
     @action(detail=True, methods=["get", "post"], pagination_class=None)  # a plain list

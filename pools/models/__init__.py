@@ -13,7 +13,7 @@ from .access import (
 from .catalogue import REQUEST_FIELDS, PriorityClass, PriorityClassQuerySet, ResourceShape
 from .policy import AllowedRegistry, PoolTrustedKey, SchedulingPolicy, SchedulingPolicyVersion
 from .quota import CreditAccount, CreditCharge, Quota
-from .tenancy import ComputePool, Membership, Tenant
+from .tenancy import ComputePool, Membership, MembershipEvent, Tenant
 
 __all__ = [
     "REQUEST_FIELDS",
@@ -23,6 +23,7 @@ __all__ = [
     "CreditAccount",
     "CreditCharge",
     "Membership",
+    "MembershipEvent",
     "PoolTrustedKey",
     "PriorityClass",
     "PriorityClassQuerySet",

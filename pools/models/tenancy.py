@@ -6,6 +6,7 @@ from django.db import models
 from django.utils import timezone
 
 from ..choices import PlatformRole, TenantRole, TrustLevel
+from ..statemachine import EventBase
 from ..visibility import Visibility, VisibleQuerySet
 
 
@@ -40,6 +41,27 @@ class Membership(models.Model):
 
     def __str__(self):
         return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class MembershipEvent(EventBase):
+    """One change to who belongs to a tenant: a person added, their role changed, or removed.
+    Keyed by the tenant and the person's username (kept as written), not by the membership row,
+    so a removal's history outlives the row. `from_state`/`to_state` are the roles ("" before
+    an add, "removed" after a removal); `data` names the member and both roles."""
+
+    REMOVED = "removed"
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant")
+    subject_field = "tenant"
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="membership_events")
+    username = models.CharField(max_length=150)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta(EventBase.Meta):
+        indexes = [models.Index(fields=["tenant", "username"], name="membership_event_member")]
 
 
 class ComputePool(models.Model):

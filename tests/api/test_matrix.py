@@ -96,6 +96,12 @@ ROWS = [
         {"user": "newcomer", "role": "member"},
     ),
     Row(
+        "GET",
+        "tenants/{slug}/member-events",
+        "tenants/vision/member-events",
+        "401 404 403 200 200 200 403 404 403 403 403 401 401",
+    ),
+    Row(
         "PATCH",
         "tenants/{slug}/members/{username}",
         "tenants/vision/members/member",

@@ -1,11 +1,14 @@
 """Removing members and changing their roles (issue 22): `DELETE` and `PATCH
 /api/v1/tenants/{slug}/members/{username}`, and the console's members page. Who may is in
-tests/api/test_matrix.py; here, what each answer says and what it leaves behind."""
+tests/api/test_matrix.py; here, what each answer says and what it leaves behind, including
+the MembershipEvent each add, role change and removal writes (`GET …/member-events`)."""
 
+from config.builders import build_person
 from pools.choices import TenantRole
-from pools.models import Membership
+from pools.models import Membership, MembershipEvent
 
 URL = "/api/v1/tenants/{}/members/{}"
+EVENTS = "/api/v1/tenants/{}/member-events"
 
 
 def role_of(tenant, username):
@@ -120,3 +123,142 @@ def test_the_console_hides_other_tenants_and_refuses_members(
     mine = member.memberships.get()
     assert client.post(f"/console/members/{mine.pk}/remove").status_code == 404
     assert client.post(f"/console/members/{mine.pk}/role", {"role": "admin"}).status_code == 404
+
+
+# --- the members' history: MembershipEvent ----------------------------------------------------
+
+
+def history(tenant, username):
+    """(reason, from role, to role, actor) of `username`'s events in `tenant`, oldest first."""
+    return [
+        (e.reason, e.from_state, e.to_state, e.actor_label)
+        for e in MembershipEvent.objects.filter(tenant=tenant, username=username)
+    ]
+
+
+def test_add_role_change_and_removal_each_write_an_event_kept_after_removal(
+    api, tenant, tenant_admin, member
+):
+    newcomer = build_person("newcomer")
+    client = api(tenant_admin)
+    added = client.post(
+        "/api/v1/tenants/vision/members", {"user": "newcomer", "role": "member"}, format="json"
+    )
+    assert added.status_code == 202
+    assert (
+        client.patch(URL.format("vision", "newcomer"), {"role": "admin"}, format="json").status_code
+        == 200
+    )
+    assert client.delete(URL.format("vision", "newcomer")).status_code == 204
+    assert role_of(tenant, "newcomer") is None
+
+    by = "user:tadmin"
+    assert history(tenant, "newcomer") == [
+        ("member_added", "", "member", by),
+        ("member_role_changed", "member", "admin", by),
+        ("member_removed", "admin", "removed", by),
+    ]
+    removed = MembershipEvent.objects.get(
+        tenant=tenant, username="newcomer", reason="member_removed"
+    )
+    assert removed.data == {"member": "newcomer", "from_role": "admin", "to_role": "removed"}
+    assert removed.actor_user == tenant_admin and removed.user == newcomer
+
+    # the tenant's admin reads them, newest first, the removed member's included
+    body = client.get(EVENTS.format("vision")).json()
+    theirs = [e for e in body["results"] if e["member"] == "newcomer"]
+    assert [(e["reason"], e["from_role"], e["to_role"], e["actor"]) for e in theirs] == [
+        ("member_removed", "admin", "removed", by),
+        ("member_role_changed", "member", "admin", by),
+        ("member_added", "", "member", by),
+    ]
+    assert body["count"] == 5  # and the fixtures' two adds, by the builders
+    assert body["results"][-1]["actor"] == "system:builders"
+
+
+def test_the_history_outlives_the_person(api, tenant, tenant_admin, member):
+    api(tenant_admin).delete(URL.format("vision", "member"))
+    member.delete()
+    assert [r for r, *_ in history(tenant, "member")] == ["member_added", "member_removed"]
+    assert MembershipEvent.objects.filter(username="member", user=None).count() == 2
+
+
+def test_nothing_changed_or_refused_writes_no_event(api, tenant, tenant_admin, member, operator):
+    client = api(tenant_admin)
+    before = MembershipEvent.objects.count()
+    # an unchanged role, a refused last admin, and adds that are silently skipped
+    assert (
+        client.patch(URL.format("vision", "member"), {"role": "member"}, format="json").status_code
+        == 200
+    )
+    assert client.delete(URL.format("vision", "tadmin")).status_code == 409
+    response = client.patch(URL.format("vision", "tadmin"), {"role": "member"}, format="json")
+    assert response.status_code == 409
+    for name in ("nobody", "operator", "member"):  # unknown, platform role, already a member
+        response = client.post(
+            "/api/v1/tenants/vision/members", {"user": name, "role": "member"}, format="json"
+        )
+        assert response.status_code == 202
+    assert MembershipEvent.objects.count() == before
+
+
+def test_adding_a_member_again_with_another_role_is_a_role_change(
+    api, tenant, tenant_admin, member
+):
+    client = api(tenant_admin)
+    members = "/api/v1/tenants/vision/members"
+    response = client.post(members, {"user": "member", "role": "admin"}, format="json")
+    assert response.status_code == 202
+    assert role_of(tenant, "member") == TenantRole.ADMIN
+    assert history(tenant, "member")[-1] == (
+        "member_role_changed",
+        "member",
+        "admin",
+        "user:tadmin",
+    )
+    # and re-adding can no more demote the last admin than PATCH can
+    client.delete(URL.format("vision", "member"))
+    response = client.post(members, {"user": "tadmin", "role": "member"}, format="json")
+    assert response.status_code == 409 and response.json()["code"] == "last_admin"
+    assert role_of(tenant, "tadmin") == TenantRole.ADMIN
+
+
+def test_admins_and_operators_read_the_history_members_do_not(
+    api, tenant, tenant_admin, member, operator, outsider
+):
+    assert api(tenant_admin).get(EVENTS.format("vision")).status_code == 200
+    seen = api(operator).get(EVENTS.format("vision")).json()["results"]
+    assert {e["member"] for e in seen} == {"tadmin", "member"}
+    assert api(member).get(EVENTS.format("vision")).status_code == 403
+    assert api(outsider).get(EVENTS.format("vision")).status_code == 404
+    # another tenant's history is never mixed in
+    assert all(e["member"] != "outsider" for e in seen)
+
+
+def test_the_console_writes_the_same_events(client, tenant, tenant_admin, member):
+    client.force_login(tenant_admin)
+    build_person("newcomer")
+    response = client.post(
+        "/console/members", {"tenant": "vision", "username": "newcomer", "role": "member"}
+    )
+    assert response.status_code == 302
+    membership = Membership.objects.get(tenant=tenant, user=member)
+    client.post(f"/console/members/{membership.pk}/role", {"role": "admin"})
+    client.post(f"/console/members/{membership.pk}/remove")
+    assert history(tenant, "newcomer") == [("member_added", "", "member", "user:tadmin")]
+    assert history(tenant, "member")[1:] == [
+        ("member_role_changed", "member", "admin", "user:tadmin"),
+        ("member_removed", "admin", "removed", "user:tadmin"),
+    ]
+
+
+def test_the_console_refuses_re_adding_the_last_admin_with_a_lower_role(
+    client, tenant, tenant_admin
+):
+    client.force_login(tenant_admin)
+    response = client.post(
+        "/console/members", {"tenant": "vision", "username": "tadmin", "role": "member"}
+    )
+    assert response.status_code == 409
+    assert b"last admin" in response.content
+    assert role_of(tenant, "tadmin") == TenantRole.ADMIN

@@ -373,7 +373,7 @@ def test_the_same_key_in_another_tenant_is_another_lease(
 
 
 def test_a_member_of_two_tenants_keeps_keys_apart(lpool, tenant, other_tenant, lnode, member):
-    membership_set(user=member, tenant=other_tenant, role=TenantRole.MEMBER)
+    membership_set(user=member, tenant=other_tenant, role=TenantRole.MEMBER, actor=SYSTEM)
     client, key = client_for(member), {"HTTP_IDEMPOTENCY_KEY": "same"}
     one = client.post(LEASES, lease_body(lpool, tenant), format="json", **key)
     two = client.post(LEASES, lease_body(lpool, other_tenant), format="json", **key)

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 
-from config.builders import build_person
+from config.builders import SYSTEM, build_person
 from jobs.models import Job
 from pools.choices import TenantRole
 from pools.models import PriorityClass, Tenant
@@ -88,6 +88,6 @@ def test_policy_admins_restrict_a_class_in_the_django_admin(policy_admin, tenant
     assert list(created.allowed_tenants.all()) == [tenant]
     assert created.minimum_role == TenantRole.ADMIN
     admin = build_person("vadmin")
-    membership_set(user=admin, tenant=tenant, role=TenantRole.ADMIN)
+    membership_set(user=admin, tenant=tenant, role=TenantRole.ADMIN, actor=SYSTEM)
     assert PriorityClass.objects.allowed_to(admin, tenant).filter(pk=created.pk).exists()
     assert not PriorityClass.objects.allowed_to(admin, other_tenant).exists()
