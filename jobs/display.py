@@ -30,11 +30,11 @@ def gib(mib) -> str:
 
 
 def gpus(milli) -> str:
-    """GPU thousandths as GPUs: 2000 → "2 GPUs", 500 → "0.5 GPU"."""
+    """GPU thousandths as GPUs: 2000 → "2 GPUs", 500 → "0.5 GPU", 0 → "0 GPUs"."""
     if milli is None:
         return "—"
     value = round(float(milli) / 1000, 2)
-    return f"{value:g} GPU" if value <= 1 else f"{value:g} GPUs"
+    return f"{value:g} GPU" if 0 < value <= 1 else f"{value:g} GPUs"
 
 
 def duration(seconds) -> str:
