@@ -11,27 +11,7 @@ import math
 
 from django.utils import timezone
 
-WIDTH, HEIGHT = 300, 60
-
-
-def line(values, *, width: int = WIDTH, height: int = HEIGHT, top: float | None = None) -> dict:
-    """A polyline of `values` scaled into width × height (0 at the bottom, `top` at the top:
-    the largest value unless given, e.g. 100 for percentages)."""
-    values = [float(v or 0) for v in values]
-    top = top if top is not None else max(values, default=0.0)
-    top = top or 1.0
-    step = width / max(len(values) - 1, 1)
-    points = " ".join(
-        f"{i * step:.1f},{height - min(v, top) / top * height:.1f}" for i, v in enumerate(values)
-    )
-    return {
-        "points": points,
-        "width": width,
-        "height": height,
-        "top": top,
-        "last": values[-1] if values else 0.0,
-        "peak": max(values, default=0.0),
-    }
+WIDTH = 300  # the capacity and share bars' width (viewBox units)
 
 
 def stacked(parts: list[tuple[str, str, float]], total: float, *, width: int = WIDTH) -> list:

@@ -185,6 +185,26 @@ def _capacity_bar(totals: dict, dim: str, widest: float) -> list:
     return charts.stacked(parts, widest)
 
 
+def _depth_chart(depth) -> dict | None:
+    """The queue depth over the last hour as a time series with axes (jobs queued, and those
+    waiting for capacity), or None without samples."""
+    if not depth:
+        return None
+    chart = charts.timeseries(
+        depth,
+        [("queued", "Queued", "current"), ("backlog", "Waiting for capacity", "used")],
+        unit="jobs",
+        floor=5,
+        ticks=5,  # whole jobs on the y axis: its top is 5, 10, 20, 25, 50 … jobs
+    )
+    queued = [d["queued"] for d in depth]
+    summary = (
+        f"last {charts.fmt(queued[-1], 'jobs')}, peak {charts.fmt(max(queued), 'jobs')}; "
+        f"waiting for capacity now {charts.fmt(depth[-1]['backlog'], 'jobs')}"
+    )
+    return {"chart": chart, "summary": summary}
+
+
 @operator_page
 def queue(request, actor):
     """The pool's queue in the scheduler's order, its health conditions, its depth over the
@@ -201,7 +221,7 @@ def queue(request, actor):
             "queue": queue_selectors.pool_queue(pool),
             "health": queue_selectors.pool_conditions(pool, actor),
             "depth": depth,
-            "depth_line": charts.line([d["queued"] for d in depth]),
+            "depth_chart": _depth_chart(depth),
         }
     return render(request, "ops/queue.html", context)
 

@@ -167,6 +167,17 @@ def test_idle_capacity_with_backlog_shows_and_since_when(db):
     assert "Idle capacity with backlog (alert firing)" in body
     assert "for 17 min" in body
     assert [d["queued"] for d in response.context["depth"]] == [1, 1, 1, 1]
+    # the depth chart: axes with times and units, a value per point on hover or focus, a table
+    chart = body[
+        body.index('id="depth-chart"') : body.index("</figure>", body.index('id="depth-chart"'))
+    ]
+    assert chart.count('class="ts-point') == 4 and chart.count("<polyline") == 2
+    assert 'class="tick tick-y"' in chart and "5 jobs</text>" in chart
+    assert chart.count('class="tick tick-x"') >= 2
+    first = timezone.localtime(now - timedelta(minutes=20)).strftime("%Y-%m-%d %H:%M")
+    assert f'data-label="{first}: Queued 1 jobs, Waiting for capacity 0 jobs"' in chart
+    assert "Queued jobs as a table" in chart and "<table>" in chart
+    assert "js/charts.js" in body
     assert f'data-job="{never.pk}"' in body
 
 
