@@ -26,7 +26,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
-from django.urls import path
+from django.urls import include, path
 
 from config import logging as log_config
 from config.celery import _bind_log_context, _carry_log_context, _reset_log_context
@@ -68,6 +68,7 @@ urlpatterns = [
     path("t/async", async_view),
     path("t/fail", failing_view),
     path("t/enqueue", enqueue_view),
+    path("", include("config.urls")),  # the 404 page's navigation names the project's routes
 ]
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 

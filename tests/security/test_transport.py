@@ -216,6 +216,7 @@ SAMPLE = {
     "job_id": "1",
     "name": "out",
     "grant_id": "1",
+    "username": "someone",
 }
 
 
