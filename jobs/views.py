@@ -321,7 +321,10 @@ def job_new(request):
         errors, refusal, job = _submit(request, request.POST)
         if job is not None:
             return redirect("console-job", job.pk)
-    retry_on = values.getlist("retry_on") if hasattr(values, "getlist") else ["node_lost"]
+    if hasattr(values, "getlist"):  # the form as posted
+        retry_on = values.getlist("retry_on")
+    else:  # a new form (node_lost), or a clone's own reasons
+        retry_on = values.get("retry_on", ["node_lost"])
     context = {
         "values": values,
         "errors": errors,

@@ -118,7 +118,15 @@ def a_job(**fields):
         "ports": [8080, 9090],
         "inputs": ["https://data.example/a.tar", {"url": "https://data.example/b.tar"}],
         "network_policy": {"mode": "egress", "egress_allow": ["pypi.org", "10.0.0.0/8"]},
-        "retry_policy": {"max_attempts": 3, "backoff_s": 60, "retry_on": ["node_lost"]},
+        "retry_policy": {
+            "max_attempts": 3,
+            "backoff_s": 60,
+            "retry_on": ["node_lost", "oom_killed"],
+        },
+        "anti_affinity_scope": "zone",
+        "require_numa": True,
+        "output_destination": "s3://results/train-7",
+        "reservation_id": None,
         "priority_class_id": 4,
         "priority_class": SimpleNamespace(name="batch"),
         "checkpointable": True,
@@ -134,7 +142,10 @@ def resubmitted(values: dict) -> dict:
     """The API body the submit form makes of the prefilled values, posted unchanged."""
     post = QueryDict(mutable=True)
     for key, value in values.items():
-        post[key] = value
+        if isinstance(value, list):
+            post.setlist(key, value)
+        else:
+            post[key] = value
     body, errors = submit_body(post)
     assert errors == {}
     return body
@@ -162,7 +173,10 @@ def test_a_clone_prefills_the_same_fields_as_the_job_asked_for():
     assert body["inputs"] == ["https://data.example/a.tar", "https://data.example/b.tar"]
     assert body["network_policy"] == job.network_policy
     assert body["retry_policy"]["max_attempts"] == 3 and body["retry_policy"]["backoff_s"] == 60
+    assert body["retry_policy"]["retry_on"] == ["node_lost", "oom_killed"]
     assert body["priority_class"] == "batch"
+    assert body["anti_affinity_scope"] == "zone" and body["require_numa"] is True
+    assert body["output_destination"] == "s3://results/train-7"
 
 
 def test_a_clone_of_a_custom_request_prefills_its_resources_and_gang():
