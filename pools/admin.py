@@ -6,7 +6,7 @@ import math
 from decimal import Decimal
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
@@ -33,6 +33,7 @@ from .models import (
     TenantSecret,
 )
 from .services import policy_version_publish
+from .statemachine import Refusal
 
 
 @admin.register(ComputePool)
@@ -491,4 +492,33 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
+    """Through the membership services, so each change writes its MembershipEvent and the
+    tenant's last admin is kept (a refusal is shown, nothing changes)."""
+
     list_display = ["user", "tenant", "role"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["user", "tenant"] if obj is not None else []  # a move is a remove and an add
+
+    def save_model(self, request, obj, form, change):
+        actor = Actor.for_user(request.user)
+        try:
+            if change:
+                stored = Membership.objects.get(pk=obj.pk)  # `obj` holds the form's role already
+                services.member_role_change(membership=stored, role=obj.role, actor=actor)
+            else:
+                services.membership_set(
+                    user=obj.user, tenant=obj.tenant, role=obj.role, actor=actor
+                )
+        except Refusal as refusal:
+            self.message_user(request, str(refusal), level=messages.ERROR)
+
+    def delete_model(self, request, obj):
+        try:
+            services.member_remove(membership=obj, actor=Actor.for_user(request.user))
+        except Refusal as refusal:
+            self.message_user(request, str(refusal), level=messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset:
+            self.delete_model(request, membership)

@@ -262,3 +262,24 @@ def test_the_console_refuses_re_adding_the_last_admin_with_a_lower_role(
     assert response.status_code == 409
     assert b"last admin" in response.content
     assert role_of(tenant, "tadmin") == TenantRole.ADMIN
+
+
+def test_the_django_admin_changes_memberships_through_the_services(
+    client, tenant, tenant_admin, member, django_user_model
+):
+    """A superuser's admin edits write the same events and keep the tenant's last admin."""
+    root = django_user_model.objects.create_superuser("root", "root@example.org", "pw")
+    client.force_login(root)
+    row = Membership.objects.get(tenant=tenant, user=member)
+    change = f"/admin/pools/membership/{row.pk}/change/"
+    client.post(change, {"role": TenantRole.ADMIN})
+    assert role_of(tenant, "member") == TenantRole.ADMIN
+    event = MembershipEvent.objects.filter(tenant=tenant, username="member").latest("id")
+    assert event.reason == "member_role_changed" and event.actor_label == "user:root"
+    # two admins now: one may go; the last one may not
+    client.post(f"/admin/pools/membership/{row.pk}/delete/", {"post": "yes"})
+    assert role_of(tenant, "member") is None
+    assert MembershipEvent.objects.filter(tenant=tenant, reason="member_removed").count() == 1
+    last = Membership.objects.get(tenant=tenant, user=tenant_admin)
+    client.post(f"/admin/pools/membership/{last.pk}/delete/", {"post": "yes"})
+    assert role_of(tenant, "tadmin") == TenantRole.ADMIN
