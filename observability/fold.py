@@ -122,7 +122,7 @@ def _startup_step(event: dict, attempt: list[dict], pool: str, tally: Tally) -> 
     `container_started`."""
     reason, seconds = event["reason"], None
     if reason == Reason.IMAGE_PULLED:
-        phase, seconds = "image_pull", (event["data"] or {}).get("pull_seconds")
+        phase, seconds = "image_pull", _data(event).get("pull_seconds")
     elif reason == Reason.STARTUP_BEGAN and not _latest(attempt, "reason", Reason.IMAGE_PULLED):
         phase, began = "image_pull", _latest(attempt, "reason", Reason.IMAGE_PULLING)
         seconds = _seconds(began, event) if began else None
@@ -135,7 +135,8 @@ def _startup_step(event: dict, attempt: list[dict], pool: str, tally: Tally) -> 
 
 def _attempt_ended(event: dict, earlier: list[dict], pool: str, tally: Tally) -> None:
     reason, to_state = event["reason"], event["to_state"]
-    failure = (event["data"] or {}).get("failure") if to_state == JobState.QUEUED else None
+    failure = _data(event).get("failure") if to_state == JobState.QUEUED else None
+    failure = failure if isinstance(failure, str) else None
     tally.inc(m.EXITS, {"pool": pool, "reason": failure or reason})
     # queued again by its retry policy after a started attempt failed (`retry_scheduled`, or a
     # `capacity_vanished` under a started job); a lease lost before start is no retry
@@ -161,6 +162,12 @@ def _job_history(job_ids: set[int], until) -> dict[int, list[dict]]:
     for row in rows.iterator(chunk_size=5000):
         history[row["job_id"]].append(row)
     return history
+
+
+def _data(event: dict) -> dict:
+    """An event's data as a dict: a row whose data is anything else must not stop the fold
+    (its cursor would never move past it)."""
+    return event["data"] if isinstance(event["data"], dict) else {}
 
 
 def _this_attempt(earlier: list[dict]) -> list[dict]:

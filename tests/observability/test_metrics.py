@@ -295,3 +295,14 @@ def test_lease_expiries_and_an_ended_lease_s_pressure(lpool, ltenant, lnode, lop
         value(samples, "computepool_job_resource_pressure_ratio_bucket", le="0.75", **memory) == 0
     )
     assert value(samples, "computepool_job_resource_pressure_ratio_bucket", le="0.9", **memory) == 1
+
+
+def test_an_event_with_odd_data_never_stops_the_fold(agent, tenant):
+    job = submit_job(agent.node.pool, tenant)
+    for data in (["a list"], {"failure": ["not", "a", "code"]}, {"pull_seconds": "soon"}):
+        JobEvent.record(
+            job, actor=Actor.system("test"), from_state="running", to_state="queued",
+            reason=Reason.RETRY_SCHEDULED, data=data,
+        )  # fmt: skip
+    assert fold()["job_events"] == 4  # the submit's event and the three
+    assert exits() == {'{"pool":"private","reason":"retry_scheduled"}': 3.0}
