@@ -58,8 +58,12 @@ class Job(models.Model):
     ports = models.JSONField(default=list, blank=True)
     network_policy = models.JSONField(default=default_network_policy, blank=True)
     retry_policy = models.JSONField(default=default_retry_policy, blank=True)
-    # "" = the control plane's artifact storage (Django's default storage)
+    # "" = the control plane's artifact storage (Django's default storage); "s3://bucket/prefix/"
+    # a bucket the tenant registered (pools.TenantBucket), uploaded by presigned PUTs
     output_destination = models.CharField(max_length=300, blank=True)
+    # the tenant's persistent volumes the job mounts (docs/storage.md):
+    # [{"volume": <id>, "path": "/data", "read_only": false}]
+    volumes = models.JSONField(default=list, blank=True)
     # /outputs is a filesystem of this size on the node, counted as the job's disk there
     # (with scratch); 0: no limit (only the process runtime runs such a job)
     output_limit_mib = models.PositiveIntegerField(default=0)
@@ -197,7 +201,10 @@ class JobOutput(models.Model):
     name = models.CharField(max_length=255)
     size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
-    file = models.FileField(upload_to=output_upload_to, max_length=400)
+    file = models.FileField(upload_to=output_upload_to, max_length=400, blank=True)
+    # where the output lives when it is not in the control plane's storage: "s3://bucket/key"
+    # of the job's output destination ("" = `file`)
+    location = models.CharField(max_length=1100, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
