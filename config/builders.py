@@ -28,6 +28,7 @@ from pools.services import (
     tenant_create,
     tenant_secret_set,
 )
+from worker_agent.identity import NodeKey
 
 SYSTEM = Actor.system("builders")
 LOCAL_REGISTRY = "127.0.0.1:5000/computepool/"
@@ -139,8 +140,26 @@ def build_token(user, *, scopes=None, name: str = "test") -> str:
     return api_token_issue(user=user, name=name, scopes=None if scopes is None else list(scopes))[1]
 
 
+# The keys builders bound to nodes, by node id: what a test's agent client signs with
+# (tests/clients.py). A node's agent keeps its key in a file; a test keeps it here.
+NODE_KEYS: dict[int, NodeKey] = {}
+
+
+def build_node_key(node) -> NodeKey:
+    """The key bound to `node`: a new one bound now when it has none (as its agent's
+    enrollment would), the one bound earlier by this process otherwise."""
+    if node.pk in NODE_KEYS and NODE_KEYS[node.pk].fingerprint == node.identity_fingerprint:
+        return NODE_KEYS[node.pk]
+    key = NodeKey.generate()
+    node_services.node_key_bind(node=node, public_key=key.public_key, actor=SYSTEM)
+    NODE_KEYS[node.pk] = key
+    return key
+
+
 def build_node_credential(node) -> str:
-    """A credential secret bound to `node` (its agent's bearer credential)."""
+    """A credential secret bound to `node` (its agent's bearer credential); the node gets a
+    key too (build_node_key), which its requests must be signed by."""
+    build_node_key(node)
     return node_services.node_credential_issue(node=node)[1]
 
 
@@ -217,11 +236,14 @@ class Enrolled:
 
 
 def enroll_node(pool, name: str, *, actor: Actor, inventory: dict, now=None, **fields) -> Enrolled:
-    """What an agent does: an operator issues an enrollment token, the agent enrolls with it."""
+    """What an agent does: an operator issues an enrollment token, the agent makes its key and
+    enrolls with it (the key kept in NODE_KEYS for the test's signed client)."""
     _, token = node_services.enrollment_token_issue(pool=pool, actor=actor)
+    key = NodeKey.generate()
     node, secret, probe = node_services.node_enroll(
-        secret=token, name=name, inventory=inventory, now=now, **fields
+        secret=token, name=name, inventory=inventory, public_key=key.public_key, now=now, **fields
     )
+    NODE_KEYS[node.pk] = key
     return Enrolled(node, secret, probe)
 
 

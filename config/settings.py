@@ -177,6 +177,14 @@ CACHES = {
         "KEY_PREFIX": "computepool:throttle",
         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
     },
+    # The nonces of nodes' signed requests (nodes/signatures.py), shared by every web process so
+    # that a replay to another one is caught too.
+    "nonces": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "computepool:nonce",
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+    },
 }
 
 # A consumer waits for its next event with BZPOPMIN, which Redis answers after 5 s when nothing

@@ -91,8 +91,12 @@ class Node(models.Model):
     trust_level = models.PositiveSmallIntegerField(
         default=0, help_text="Operator-set; shapes may require a minimum (trust_level_min)"
     )
+    # The node's identity (docs/security.md "Node identity"): the Ed25519 public key its agent
+    # enrolled with (base64 of the raw 32 bytes), which every signed request must verify under,
+    # and its SHA-256, the signatures' keyid. Empty for a node no agent has enrolled as yet.
+    public_key = models.CharField(max_length=64, blank=True)
     identity_fingerprint = models.CharField(
-        max_length=64, blank=True, help_text="SHA-256 of the key or secret the agent enrolled with"
+        max_length=64, blank=True, help_text="SHA-256 of the node's public key (its identity)"
     )
     enrollment_token = models.ForeignKey(
         "nodes.EnrollmentToken",

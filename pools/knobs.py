@@ -212,6 +212,13 @@ class PoolKnobs:
         "at a drain deadline, a running job that cannot checkpoint: `fail` stops it, `wait`"
         " lets it run to its end",
     )
+    # enrollment (nodes/services/enrollment.py, docs/security.md "Node identity")
+    reenrollment_key_mismatch: str = knob(
+        "refuse",
+        _one_of(("refuse", "quarantine"), 'one of "refuse", "quarantine"'),
+        "an enrollment as an existing node with another key than the one bound to it: `refuse`"
+        " refuses it, `quarantine` also quarantines the existing node",
+    )
     # the agent's assignment (jobs/assignments.py) and the jobs API
     allow_process_runtime: bool = knob(
         False, _boolean, "jobs may run under the agent's non-isolating local process runtime"

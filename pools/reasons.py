@@ -89,6 +89,12 @@ class Reason(models.TextChoices):
     DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
     CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
     CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"
+    # node identity (docs/security.md "Node identity")
+    NODE_KEY_BOUND = "node_key_bound", "Node key bound"
+    NODE_KEY_ROTATED = "node_key_rotated", "Node key rotated"
+    NODE_REENROLLED = "node_reenrolled", "Node enrolled again with its own key"
+    IDENTITY_KEY_MISMATCH = "identity_key_mismatch", "Enrollment as a known node with another key"
+    SIGNATURE_REFUSED = "signature_refused", "A request on the node's credential was refused"
     # tenants: an operator's support grant (reading a tenant's logs and outputs)
     SUPPORT_GRANTED = "support_granted", "A tenant admin granted an operator support access"
     SUPPORT_REVOKED = "support_revoked", "A tenant admin revoked a support grant"

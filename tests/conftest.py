@@ -180,7 +180,6 @@ def enroll(db, operator):
             name or f"node-{n}",
             actor=Actor.for_user(operator),
             inventory=gpu_inventory(gpus=gpus, uuid_tag=f"{n:04d}"),
-            identity=f"ssh-ed25519 AAAA{n}",
             now=now,
             **fields,
         )

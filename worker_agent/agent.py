@@ -8,6 +8,7 @@ credential is rotated when the heartbeat says so or half its lifetime has passed
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from worker_agent import __version__
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host, cpu_features
+from worker_agent.identity import KeyRefused, NodeKey, default_key_file
 from worker_agent.metrics import AgentMetrics
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
@@ -56,6 +58,9 @@ class Config:
     # the agent's own /metrics on metrics_address:metrics_port (worker_agent/metrics.py); 0: off
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
+    # the node's private key (worker_agent/identity.py); default `<state dir>.key/node.key`,
+    # never inside the state dir or the work root
+    key_file: str = ""
 
 
 def default_node_name() -> str:
@@ -104,6 +109,20 @@ def make_runtimes(choice: str, work: WorkRoot, pause_image: str = "") -> dict[st
     return runtimes
 
 
+def load_key(path, outside: tuple) -> NodeKey:
+    """The node's key at `path` (made on first start), which must lie outside the state dir
+    and the work root (`outside`): no job's mount may reach it."""
+    path = Path(path).absolute()
+    for root in outside:
+        root = Path(root).resolve()
+        if path.resolve() == root or root in path.resolve().parents:
+            raise AgentError(f"the key file {path} must not be inside {root}")
+    try:
+        return NodeKey.load_or_create(path)
+    except (KeyRefused, OSError) as exc:
+        raise AgentError(f"node key: {exc}") from exc
+
+
 class Agent:
     def __init__(
         self,
@@ -122,7 +141,9 @@ class Agent:
             self.work = WorkRoot(work_dir, self.state.dir)
         except WorkRootError as exc:
             raise AgentError(str(exc)) from exc
-        self.client = ApiClient(config.api, self.state, stop=self.stop_event)
+        key_file = config.key_file or default_key_file(config.state_dir)
+        self.key = load_key(key_file, (self.work.dir, self.state.dir))
+        self.client = ApiClient(config.api, self.state, key=self.key, stop=self.stop_event)
         self.host = host or Host(self.work.dir)  # the disk jobs write to
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
@@ -251,6 +272,7 @@ class Agent:
             )
         body = {
             "token": self.config.enroll_token,
+            "public_key": self.key.public_key,
             "name": self.node_name,
             "machine_id": machine_id(),
             "agent_version": __version__,
@@ -268,6 +290,20 @@ class Agent:
     def _check_pool(self, node: dict) -> None:
         if self.config.pool and node.get("pool") and node["pool"] != self.config.pool:
             log.warning("node is in pool %s, not %s as configured", node["pool"], self.config.pool)
+
+    def rotate_key(self) -> None:
+        """Replaces the node's key: the new one is written beside the old as `<key>.new`, the
+        control plane binds it (asked with the old key, proved with the new one), and only then
+        does it take the old one's place. A crash in between leaves `<key>.new`, which the next
+        rotation replaces."""
+        path = self.key.path
+        pending = path.with_name(path.name + ".new")
+        pending.unlink(missing_ok=True)
+        new = NodeKey.load_or_create(pending)
+        self.client.rotate_key(new)
+        os.replace(pending, path)
+        self.key = new
+        log.info("node key rotated: %s…", new.fingerprint[:16])
 
     def rotate_credential(self) -> None:
         self.state.save_credential(self.client.rotate_credential())

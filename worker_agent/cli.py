@@ -20,7 +20,7 @@ from pathlib import Path
 
 from worker_agent import __version__, logs
 from worker_agent.agent import Agent, AgentError, Config
-from worker_agent.client import ApiUnreachable
+from worker_agent.client import ApiError, ApiUnreachable
 from worker_agent.schema import InventoryInvalid
 from worker_agent.state import AgentState, StateInUse
 
@@ -42,6 +42,17 @@ def parser() -> argparse.ArgumentParser:
         help="file holding the cpe_… enrollment token (first start), or WORKER_AGENT_ENROLL_TOKEN",
     )
     p.add_argument("--state-dir", default=env("STATE_DIR"), help="the node credential")
+    p.add_argument(
+        "--key-file",
+        default=env("KEY_FILE", ""),
+        help="the node's private key, made on first start (default: <state dir>.key/node.key; "
+        "never inside the state dir or the work dir)",
+    )
+    p.add_argument(
+        "--rotate-key",
+        action="store_true",
+        help="replace the node's key with a new one (the control plane binds it), then exit",
+    )
     p.add_argument(
         "--work-dir",
         default=env("WORK_DIR", ""),
@@ -123,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         push=args.push,
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        key_file=args.key_file,
     )
     held = AgentState(args.state_dir)
     try:
@@ -135,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum, _frame):
         logging.getLogger("worker_agent").info("signal %s: stopping", signum)
         agent.stop()
+
+    if args.rotate_key:
+        try:
+            agent.rotate_key()
+        except (ApiError, ApiUnreachable, OSError) as exc:
+            logging.getLogger("worker_agent").error("key rotation failed: %s", exc)
+            return 1
+        return 0
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -1,7 +1,8 @@
 """The control plane's HTTP API as the agent uses it: one requests Session, the node credential
-as `Authorization: Bearer cpn_…` (re-read from the state dir on each call), retries with
-exponential backoff on connection errors and 502/503/504, and one re-read of the credential
-on a 401 (another thread may just have rotated it)."""
+as `Authorization: Bearer cpn_…` (re-read from the state dir on each call), every request signed
+by the node's key (worker_agent/identity.py; each retry signed afresh, with a new nonce),
+retries with exponential backoff on connection errors and 502/503/504, and one re-read of the
+credential on a 401 (another thread may just have rotated it)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from urllib3.fields import RequestField
 from urllib3.filepost import choose_boundary
 
 from worker_agent import __version__
+from worker_agent.identity import (
+    UPLOAD_DIGEST,
+    NodeKey,
+    SignedBy,
+    digest_field,
+    rotation_statement,
+)
 from worker_agent.logs import mount_request_ids, valid_traceparent, with_request_id
 from worker_agent.state import AgentState
 from worker_agent.tarstream import ChunkReader
@@ -56,6 +64,7 @@ class ApiClient:
         api: str,
         state: AgentState,
         *,
+        key: NodeKey | None = None,
         timeout: float = 30,
         retries: int = 5,
         backoff: float = 0.5,
@@ -66,6 +75,7 @@ class ApiClient:
         if not self.base.endswith("/api/v1"):
             self.base += "/api/v1"
         self.state = state
+        self.key = key  # None only in tests of a stand-in control plane that checks no signature
         self.timeout, self.retries = timeout, retries
         self.backoff, self.backoff_max = backoff, backoff_max
         self.stop = stop or threading.Event()
@@ -101,7 +111,9 @@ class ApiClient:
             if secret:
                 headers["Authorization"] = f"Bearer {secret}"
             try:
-                response = self.session.request(method, url, headers=headers, **kwargs)
+                response = self.session.request(
+                    method, url, headers=headers, auth=self._signed(), **kwargs
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 response, error = None, exc
             else:
@@ -131,6 +143,9 @@ class ApiClient:
             )
             self._rewind(kwargs)
             self.stop.wait(delay)
+
+    def _signed(self) -> SignedBy | None:
+        return SignedBy(self.key) if self.key is not None else None
 
     @staticmethod
     def _rewind(kwargs) -> None:
@@ -166,6 +181,16 @@ class ApiClient:
 
     def rotate_credential(self) -> dict:
         return self.request("POST", "agent/credential/rotate")
+
+    def rotate_key(self, new: NodeKey) -> dict:
+        """Binds `new` in place of this client's key (the request is signed by the old one and
+        carries the new one's proof); from then on requests are signed by `new`."""
+        node = self.state.info().get("node_id")
+        statement = rotation_statement(node, self.key.fingerprint, new.fingerprint)
+        body = {"public_key": new.public_key, "proof": new.sign_bytes(statement)}
+        answer = self.request("POST", "agent/key/rotate", json=body)
+        self.key = new
+        return answer
 
     def probe_result(self, probe: int, result: dict) -> dict:
         return self.request("POST", f"agent/probes/{int(probe)}/result", json={"result": result})
@@ -221,11 +246,15 @@ class ApiClient:
         gives its data (exactly `size` bytes, in chunks) and is called again for a retry, so
         nothing of it is kept on the node or in memory."""
         body = StreamedUpload(fencing_token, name, size, opener)
+        digest = hashlib.sha256()  # signed before the body goes: one read ahead of the upload
+        for block in opener():
+            digest.update(block)
+        headers = {"Content-Type": body.content_type, UPLOAD_DIGEST: digest_field(digest.digest())}
         return self.request(
             "POST",
             f"agent/jobs/{int(job)}/outputs",
             data=body,
-            headers={"Content-Type": body.content_type, **self._trace_headers(job)},
+            headers=headers | self._trace_headers(job),
             timeout=max(self.timeout, 300),
         )
 
@@ -243,7 +272,11 @@ class ApiClient:
             headers |= self._trace_headers(job)
             try:
                 response = self.session.get(
-                    f"{self.base}/{path}", headers=headers, stream=True, timeout=self.timeout
+                    f"{self.base}/{path}",
+                    headers=headers,
+                    auth=self._signed(),
+                    stream=True,
+                    timeout=self.timeout,
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt >= self.retries or self.stop.is_set():

@@ -2,6 +2,7 @@
 steps it reports, the logs and outputs it uploads. Beside nodes' agent endpoints and the drain
 callback on the same /api/v1/agent/ prefix; each acts only on jobs placed on the asking node."""
 
+import hashlib
 import logging
 
 from django.core.exceptions import ValidationError
@@ -19,6 +20,7 @@ from jobs.trace import parse_traceparent
 from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
 from nodes.errors import NodeScopeRefused
+from nodes.signatures import upload_digest
 from pools import logcontext, validation
 from pools.actors import Actor
 from pools.api.parsers import TextJSONParser
@@ -225,6 +227,7 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
                 names[upload.name[:255]] = error.messages
         if names:
             raise serializers.ValidationError({"files": names})
+        _check_upload_digest(request, serializer.validated_data["files"])
         stored = []
         for upload in serializer.validated_data["files"]:
             try:
@@ -237,3 +240,22 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
                 ) from error
             stored.append({"name": output.name, "size": output.size, "sha256": output.sha256})
         return Response({"job": job.pk, "outputs": stored}, status=201)
+
+
+def _check_upload_digest(request, files) -> None:
+    """A streamed upload is signed over its file's SHA-256 (`Upload-Digest`,
+    nodes/signatures.py) instead of its body: the one file it carries must have that digest
+    before anything of it is stored."""
+    declared = upload_digest(request)
+    if declared is None:
+        return  # signed over the whole body, already checked
+    if len(files) != 1:
+        raise serializers.ValidationError({"files": ["A signed streamed upload carries one file."]})
+    digest = hashlib.sha256()
+    for chunk in files[0].chunks():
+        digest.update(chunk)
+    files[0].seek(0)
+    if digest.hexdigest() != declared:
+        raise serializers.ValidationError(
+            {"files": {files[0].name[:255]: ["The file is not the one the signature names."]}}
+        )

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
 from nodes.selectors import control_plane_id
+from nodes.services.identity import checked_public_key
 from pools.choices import ContainerRuntime
 from pools.models import ComputePool
 from pools.validation import (
@@ -263,12 +264,21 @@ def error_tree(errors) -> dict | list:
     return collapse(tree)
 
 
+class KeyRotationSerializer(serializers.Serializer):
+    public_key = serializers.CharField(max_length=64, help_text="The new key (base64, raw)")
+    proof = serializers.CharField(
+        max_length=200, help_text="The new key's signature (base64) over the rotation statement"
+    )
+
+
 class EnrollSerializer(serializers.Serializer):
     token = serializers.CharField(max_length=200, help_text="The enrollment token (cpe_…)")
     name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     machine_id = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    identity = serializers.CharField(
-        max_length=4000, required=False, allow_blank=True, help_text="Public key or secret"
+    public_key = serializers.CharField(
+        max_length=64,
+        help_text="The node's Ed25519 public key (base64 of its 32 raw bytes); the enrollment "
+        "request is signed by it, and so is every later request of the node",
     )
     agent_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
     inventory = InventorySerializer()
@@ -291,6 +301,12 @@ class EnrollSerializer(serializers.Serializer):
     energy_class = serializers.CharField(
         max_length=40, required=False, allow_blank=True, help_text="0…9 or A…G, 0 = A = best"
     )
+
+    def validate_public_key(self, value):
+        try:
+            return checked_public_key(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(f"Not an Ed25519 public key: {exc}.") from exc
 
     def validate_price_class(self, value):
         if value and parse_price(value) is None:

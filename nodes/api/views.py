@@ -18,6 +18,7 @@ from nodes.api.serializers import (
     EnrollSerializer,
     HeartbeatSerializer,
     InventorySerializer,
+    KeyRotationSerializer,
     MessageSerializer,
     NodeEventSerializer,
     NodeSerializer,
@@ -28,9 +29,11 @@ from nodes.api.serializers import (
 from nodes.authentication import NodeCredentialAuthentication
 from nodes.errors import EnrollmentRefused, NodeScopeRefused
 from nodes.models import Node
+from nodes.signatures import fingerprint_of, verify
 from pools.actors import Actor
 from pools.api.permissions import IsNode, IsNotNode, IsOperator
 from pools.choices import TokenScope
+from pools.models import token_digest
 
 
 class NodeErrorsMixin:
@@ -90,18 +93,22 @@ class EnrollViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
 
     @extend_schema(request=EnrollSerializer, responses={201: dict})
     def create(self, request):
+        request._request.body  # noqa: B018 (read first: the signature covers its digest)
         serializer = EnrollSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        public_key = data.pop("public_key")
+        # proof of possession: the request is signed by the key it asks to bind
+        verify(request._request, public_key=public_key, fingerprint=fingerprint_of(public_key))
         secret = data.pop("token")
         node, credential_secret, probe = services.node_enroll(
             secret=secret,
             name=data.pop("name"),
             inventory=data.pop("inventory"),
-            identity=data.pop("identity", ""),
+            public_key=public_key,
             **data,
         )
-        credential = node.credentials.get()
+        credential = node.credentials.get(digest=token_digest(credential_secret))
         body = {
             "node": NodeSerializer(node).data,
             # the owner label and name prefix of the node's containers (runtime.base.Owner)
@@ -181,6 +188,19 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
             credential=request.auth, actor=Actor.from_request(request)
         )
         return Response(credential_body(credential, secret), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=KeyRotationSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path="key/rotate")
+    def rotate_key(self, request):
+        """The agent replaces its key: this request is signed by the old one, `proof` is the
+        new one's signature over `compute-pool node-key-rotation <node id> <old fingerprint>
+        <new fingerprint>`."""
+        serializer = KeyRotationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = services.node_key_rotate(
+            node=self.node(), actor=Actor.from_request(request), **serializer.validated_data
+        )
+        return Response({"identity_fingerprint": node.identity_fingerprint})
 
 
 class NodeViewSet(NodeErrorsMixin, viewsets.ReadOnlyModelViewSet):

@@ -35,7 +35,6 @@ from .enrollment import (
     ENROLLMENT_PREFIX,
     enrollment_token_issue,
     enrollment_token_revoke,
-    identity_fingerprint,
     node_enroll,
 )
 from .health import gpu_health_apply, gpu_mark_unsuitable
@@ -45,6 +44,7 @@ from .heartbeats import (
     node_image_pull_record,
     node_mark_unreachable,
 )
+from .identity import node_key_bind, node_key_rotate, signature_refused
 from .inventory import (
     inventory_reconcile_sweep,
     node_allocatable_lower,
@@ -74,7 +74,6 @@ __all__ = [
     "gpu_health_apply",
     "gpu_mark_unsuitable",
     "gpu_recover",
-    "identity_fingerprint",
     "inventory_reconcile_sweep",
     "node_allocatable_lower",
     "node_credential_issue",
@@ -90,6 +89,8 @@ __all__ = [
     "node_image_pull_record",
     "node_inventory_reconcile",
     "node_inventory_report",
+    "node_key_bind",
+    "node_key_rotate",
     "node_mark_drained",
     "node_mark_ready",
     "node_mark_unreachable",
@@ -102,4 +103,5 @@ __all__ = [
     "nodes_register_ready",
     "probe_request",
     "probe_result_submit",
+    "signature_refused",
 ]

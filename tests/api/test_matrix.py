@@ -572,7 +572,6 @@ def _enroll(pool, name, tag, operator):
         name,
         actor=Actor.for_user(operator),
         inventory=gpu_inventory(gpus=2, uuid_tag=tag),
-        identity=f"ssh-ed25519 AAAA{tag}",
     )
     node = node_services.node_heartbeat(node=enrolled.node, actor=Actor.for_node(enrolled.node))
     assert node.state == "ready", node.state

@@ -7,6 +7,7 @@ from nodes.models import Node, NodeEvent
 from pools.actors import Actor
 from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, ResourceShape, SchedulingPolicyVersion, Tenant
+from worker_agent.identity import NodeKey
 
 
 def _counts():
@@ -67,5 +68,6 @@ def test_the_enrollment_token_enrolls_a_node_into_its_pool(db):
         secret=agent_enrollment_token("dev"),
         name="local-agent",
         inventory={"cpu_millicores": 2000, "memory_mib": 4096, "scratch_mib": 0, "gpus": []},
+        public_key=NodeKey.generate().public_key,
     )
     assert node.pool.slug == "dev"

@@ -23,6 +23,7 @@ from config.management.commands.runstack import (
 from nodes import services as node_services
 from nodes.models import ControlPlane, Node
 from pools.actors import Actor
+from worker_agent.identity import NodeKey
 from worker_agent.state import AgentState
 
 INVENTORY = {"cpu_millicores": 2000, "memory_mib": 4096, "scratch_mib": 0, "gpus": []}
@@ -68,7 +69,9 @@ def _enroll(plan, name=None):
     """What the agent does with the plan: enroll with the token of its environment, store."""
     token = plan.env["WORKER_AGENT_ENROLL_TOKEN"]
     name = name or _flag(plan.command, "--node-name")
-    node, secret, _ = node_services.node_enroll(secret=token, name=name, inventory=INVENTORY)
+    node, secret, _ = node_services.node_enroll(
+        secret=token, name=name, inventory=INVENTORY, public_key=NodeKey.generate().public_key
+    )
     AgentState(plan.state_dir).save_credential({"credential": secret})
     AgentState(plan.state_dir).save_node({"id": node.pk, "name": node.name})
     return node, secret

@@ -22,9 +22,10 @@ from nodes import services as node_services
 from pools.actors import Actor
 from pools.reasons import Reason
 from scheduling.passes import scheduling_pass
-from tests.clients import bearer_client, client_for
+from tests.clients import bearer_client, client_for, node_key
 from tests.live_events import own_channel_layer
 from tests.web_server import web_server
+from worker_agent.identity import SignedBy
 
 WAIT = "/api/v1/agent/assignments/wait"
 
@@ -117,6 +118,7 @@ class Waiter(threading.Thread):
     def __init__(self, url: str, secret: str, timeout: float):
         super().__init__(daemon=True)
         self.url, self.secret, self.timeout = url, secret, timeout
+        self.key = node_key(secret)  # signed as the node's agent signs
         self.answer = self.at = self.started = None
 
     def run(self):
@@ -125,6 +127,7 @@ class Waiter(threading.Thread):
             f"{self.url}{WAIT}",
             params={"timeout": self.timeout},
             headers={"Authorization": f"Bearer {self.secret}"},
+            auth=SignedBy(self.key),
             timeout=self.timeout + 15,
         )
         self.at = time.monotonic()
@@ -169,7 +172,11 @@ def test_the_wait_refuses_what_the_other_agent_endpoints_refuse(agent, member):
 
             def get(secret=None, **params):
                 headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-                return requests.get(f"{url}{WAIT}", params=params, headers=headers, timeout=20)
+                key = node_key(secret) if secret else None
+                signed = SignedBy(key) if key is not None else None
+                return requests.get(
+                    f"{url}{WAIT}", params=params, headers=headers, auth=signed, timeout=20
+                )
 
             nobody = get()
             forged = get("cpn_not-a-credential")

@@ -12,7 +12,7 @@ from nodes.choices import NodeState
 from nodes.models import ControlPlane, EnrollmentToken, Node, NodeEvent
 from nodes.selectors import control_plane_id
 from pools.actors import Actor
-from tests.clients import bearer_client
+from tests.clients import bearer_client, enroll_post
 
 from .conftest import challenge_answer
 
@@ -89,7 +89,7 @@ def test_operator_token_without_operate_scope_is_refused(operator, api, private_
 
 def test_enroll_with_token_returns_credential_once(api, private_pool, operator):
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
-    response = api.post("/api/v1/enroll/", enroll_body(secret), format="json")
+    response = enroll_post(enroll_body(secret))
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["credential"].startswith("cpn_")
@@ -120,9 +120,9 @@ def test_enroll_refusals(api, private_pool, operator, ready_node):
     _, secret = services.enrollment_token_issue(
         pool=private_pool, actor=Actor.for_user(operator), max_uses=1
     )
-    assert api.post("/api/v1/enroll/", enroll_body("cpe_wrong"), format="json").status_code == 403
-    assert api.post("/api/v1/enroll/", enroll_body(secret), format="json").status_code == 201
-    reuse = api.post("/api/v1/enroll/", enroll_body(secret, name="gpu-b"), format="json")
+    assert enroll_post(enroll_body("cpe_wrong")).status_code == 403
+    assert enroll_post(enroll_body(secret)).status_code == 201
+    reuse = enroll_post(enroll_body(secret, name="gpu-b"))
     assert reuse.status_code == 403 and "used up" in reuse.json()["detail"]
     # expiry
     _, secret = services.enrollment_token_issue(
@@ -131,7 +131,7 @@ def test_enroll_refusals(api, private_pool, operator, ready_node):
         ttl=timedelta(seconds=1),
         now=timezone.now() - timedelta(seconds=5),
     )
-    late = api.post("/api/v1/enroll/", enroll_body(secret, name="gpu-c"), format="json")
+    late = enroll_post(enroll_body(secret, name="gpu-c"))
     assert late.status_code == 403 and "expired" in late.json()["detail"]
     # a node credential cannot enroll other nodes, even with a valid token
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
@@ -141,13 +141,13 @@ def test_enroll_refusals(api, private_pool, operator, ready_node):
     assert as_node.status_code == 403
     assert not Node.objects.filter(name__in=["gpu-b", "gpu-c", "gpu-d"]).exists()
     # invalid body
-    bad = api.post("/api/v1/enroll/", {"token": secret, "name": "x"}, format="json")
+    bad = enroll_post({"token": secret, "name": "x"})
     assert bad.status_code == 400
 
 
 def test_enroll_in_marketplace_returns_the_probe(api, market_pool, operator):
     _, secret = services.enrollment_token_issue(pool=market_pool, actor=Actor.for_user(operator))
-    body = api.post("/api/v1/enroll/", enroll_body(secret), format="json").json()
+    body = enroll_post(enroll_body(secret)).json()
     assert [p["kind"] for p in body["probes"]] == ["validation"]
     assert body["probes"][0]["expected"]["cpu_millicores"] == 64000
 

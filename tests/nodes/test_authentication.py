@@ -11,13 +11,18 @@ from nodes.authentication import NodeCredentialAuthentication
 from nodes.models import NodeCredential
 from pools.actors import Actor, NodePrincipal
 from pools.roles import is_operator, tenant_roles
+from tests.clients import SignedFactory, node_key
 
 pytestmark = pytest.mark.django_db
 factory = APIRequestFactory()
 
 
 def authenticate(header):
-    request = factory.get("/api/v1/agent/me/", HTTP_AUTHORIZATION=header)
+    """The authentication of GET agent/me with `header`, signed by the node's key when the
+    credential in it is one of a node this test bound a key to (as its agent signs)."""
+    key = node_key(header.partition(" ")[2])
+    signer = SignedFactory(key) if key is not None else factory
+    request = signer.get("/api/v1/agent/me/", HTTP_AUTHORIZATION=header)
     return NodeCredentialAuthentication().authenticate(request)
 
 

@@ -12,6 +12,7 @@ from nodes.models import Node, NodeCredential, NodeEvent
 from pools.actors import Actor
 from pools.models import token_digest
 from pools.reasons import Reason
+from worker_agent.identity import NodeKey
 
 from .conftest import last_event, reasons
 
@@ -42,7 +43,11 @@ def test_enroll_refuses_unknown_expired_revoked_and_used_up_tokens(private_pool,
 
     def attempt(secret, name, at=None):
         return services.node_enroll(
-            secret=secret, name=name, inventory=gpu_inventory(gpus=0), now=at or now
+            secret=secret,
+            name=name,
+            inventory=gpu_inventory(gpus=0),
+            public_key=NodeKey.generate().public_key,
+            now=at or now,
         )
 
     with pytest.raises(EnrollmentRefused, match="Unknown"):

@@ -3,7 +3,6 @@ enrollment and device health from it."""
 
 import pytest
 import yaml
-from rest_framework.test import APIClient
 
 from config.builders import gpu_inventory
 from nodes import services
@@ -14,7 +13,9 @@ from nodes.inventory import GPU_FIELDS, normalize_inventory
 from nodes.models import GpuDevice, Node
 from pools.actors import Actor
 from pools.choices import GpuSharingMode
+from tests.clients import enroll_post
 from tests.worker_agent.test_inventory import recorded_reading
+from worker_agent.identity import NodeKey
 from worker_agent.inventory import inventory_document, inventory_only
 from worker_agent.schema import GPU_SCHEMA, INVENTORY_SCHEMA
 
@@ -42,7 +43,9 @@ def test_nvml_inventory_enrolls_and_heartbeats_through_the_services(
 ):
     _, secret = services.enrollment_token_issue(pool=private_pool, actor=Actor.for_user(operator))
     inv = gpu_inventory(gpus=0) | {"gpus": inventory_only(reading)}
-    node, _, _ = services.node_enroll(secret=secret, name="h100-a", inventory=inv)
+    node, _, _ = services.node_enroll(
+        secret=secret, name="h100-a", inventory=inv, public_key=NodeKey.generate().public_key
+    )
     assert node.gpus.get(index=2).mig_slices[1]["profile"] == "1g.10gb"
     assert node.gpus.get(index=1).numa_node is None
     node = services.node_heartbeat(node=node, actor=Actor.for_node(node), gpus=reading["health"])
@@ -67,7 +70,7 @@ def test_the_agents_document_enrolls_through_the_api(reading, private_pool, oper
     numa = [{"id": 0, "cpus": 32}, {"id": 1, "cpus": list(range(32, 64))}]
     doc = inventory_document(reading, cpu_millicores=64000, memory_mib=512000, numa=numa)
     body = {"token": secret, "name": "h100-doc", "inventory": doc}
-    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    response = enroll_post(body)
     assert response.status_code == 201, response.content
     node = Node.objects.get(name="h100-doc")
     assert node.inventory == normalize_inventory(doc)
@@ -80,7 +83,7 @@ def test_a_compute_capability_that_is_not_major_minor_is_a_400(private_pool, ope
     inv = gpu_inventory(gpus=1)
     inv["gpus"][0]["compute_capability"] = "sm_90"
     body = {"token": secret, "name": "n", "inventory": inv}
-    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    response = enroll_post(body)
     assert response.status_code == 400
     assert list(response.json()["inventory"]["gpus"]["0"]) == ["compute_capability"]
     assert not Node.objects.exists()
@@ -107,7 +110,7 @@ def test_a_schema_refusal_is_a_400_keyed_by_the_field_path(private_pool, operato
     inv["gpus"][0]["index"] = 256
     del inv["gpus"][1]["uuid"]
     body = {"token": secret, "name": "n", "inventory": inv}
-    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    response = enroll_post(body)
     assert response.status_code == 400
     assert response.json()["inventory"] == {
         "colour": ["Unknown field."],

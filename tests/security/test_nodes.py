@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from config.builders import SYSTEM, gpu, gpu_inventory
 from nodes import services
@@ -21,7 +20,7 @@ from nodes.inventory import normalize_inventory
 from nodes.models import GpuDevice, Node, NodeEvent
 from pools.actors import Actor
 from scheduling.drain import node_drain_sweep
-from tests.clients import bearer_client
+from tests.clients import bearer_client, enroll_post
 from tests.worker_agent.test_inventory import recorded_reading
 from worker_agent.inventory import inventory_only
 
@@ -88,7 +87,7 @@ ENROLL_CASES = [
 
 @pytest.mark.parametrize(("changes", "path"), ENROLL_CASES)
 def test_enrollment_out_of_range_is_a_400_naming_the_field(token, changes, path):
-    response = APIClient().post("/api/v1/enroll/", enroll_body(token, **changes), format="json")
+    response = enroll_post(enroll_body(token, **changes))
     assert response.status_code == 400, response.content
     assert error_at(response.json(), *path)
     assert not Node.objects.exists()
@@ -104,7 +103,7 @@ def test_enrollment_out_of_range_is_a_400_naming_the_field(token, changes, path)
     ],
 )
 def test_enrollment_lists_and_maps_are_bounded(token, extra, field):
-    response = APIClient().post("/api/v1/enroll/", enroll_body(token) | extra, format="json")
+    response = enroll_post(enroll_body(token) | extra)
     assert response.status_code == 400 and field in response.json()
     assert not Node.objects.exists()
 
@@ -128,7 +127,7 @@ HOSTILE_FEATURES = [
 @pytest.mark.parametrize("features", HOSTILE_FEATURES)
 def test_enrollment_features_that_are_not_feature_names_are_a_400(token, features):
     body = enroll_body(token) | {"features": features}
-    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    response = enroll_post(body)
     assert response.status_code == 400, response.content
     assert "features" in response.json()
     assert not Node.objects.exists()
@@ -136,7 +135,7 @@ def test_enrollment_features_that_are_not_feature_names_are_a_400(token, feature
 
 def test_enrollment_stores_feature_names_as_sent(token):
     body = enroll_body(token) | {"features": ["avx512", "infiniband", "sgx", "amx-bf16"]}
-    response = APIClient().post("/api/v1/enroll/", body, format="json")
+    response = enroll_post(body)
     assert response.status_code == 201, response.content
     assert Node.objects.get(name="gpu-sec").features == ["avx512", "infiniband", "sgx", "amx-bf16"]
 
@@ -170,7 +169,7 @@ def test_a_real_nvml_inventory_and_its_readings_pass_the_bounds(token):
     """The recorded 4×H100 node (MIG slices, NVLink, one hot device with a degraded link)."""
     reading = recorded_reading()
     body = enroll_body(token, gpus=inventory_only(reading))
-    enrolled = APIClient().post("/api/v1/enroll/", body, format="json")
+    enrolled = enroll_post(body)
     assert enrolled.status_code == 201, enrolled.content
     agent = bearer_client(enrolled.json()["credential"])
     beat = {"usage": {"cpu_millicores": 1200, "gpu_util_percent": 37.5}, "gpus": reading["health"]}
