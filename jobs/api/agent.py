@@ -5,7 +5,6 @@ callback on the same /api/v1/agent/ prefix; each acts only on jobs placed on the
 import logging
 
 from django.core.exceptions import ValidationError
-from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -13,6 +12,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from jobs import artifacts, assignments, lifecycle
+from jobs.api.downloads import output_response
 from jobs.api.views import TraceContextMixin
 from jobs.models import Job
 from jobs.trace import parse_traceparent
@@ -169,14 +169,9 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
         checkpoint = assignments.job_checkpoint(job)
         if checkpoint is None:
             raise NotFound("This job has no checkpoint of an earlier attempt.")
-        response = FileResponse(
-            checkpoint.file.open("rb"),
-            as_attachment=True,
-            filename=assignments.CHECKPOINT_OUTPUT,
-            content_type="application/x-tar",
+        return output_response(
+            checkpoint, filename=assignments.CHECKPOINT_OUTPUT, content_type="application/x-tar"
         )
-        response["X-Checksum-Sha256"] = checkpoint.sha256
-        return response
 
     @extend_schema(request=ReportSerializer, responses={200: dict})
     @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/report")

@@ -2,7 +2,7 @@ from hashlib import sha256
 from urllib.parse import urlencode
 
 import orjson
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import Http404, HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -10,6 +10,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from jobs import artifacts, selectors, services
+from jobs.api.downloads import output_response
 from jobs.api.serializers import (
     JobEventSerializer,
     JobOutputSerializer,
@@ -199,12 +200,8 @@ class JobViewSet(TraceContextMixin, mixins.CreateModelMixin, viewsets.ReadOnlyMo
         output = artifacts.job_outputs(self.data_object()).filter(name=name).first()
         if output is None:
             raise Http404("This job has no output of this name.")
-        response = FileResponse(
-            output.file.open("rb"),
-            as_attachment=True,
-            filename=output.name,
-            content_type="application/octet-stream",
+        response = output_response(
+            output, filename=output.name, content_type="application/octet-stream"
         )
         response["X-Content-Type-Options"] = "nosniff"
-        response["X-Checksum-Sha256"] = output.sha256
         return response
