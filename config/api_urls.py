@@ -9,6 +9,7 @@ from jobs.api.wait import assignments_wait
 from leases.api.quotas import QuotaViewSet
 from leases.api.views import LeaseViewSet
 from nodes.api.views import AgentViewSet, EnrollmentTokenViewSet, EnrollViewSet, NodeViewSet
+from pools.api.buckets import BucketViewSet
 from pools.api.routers import OptionalSlashRouter
 from pools.api.views import (
     ApiTokenViewSet,
@@ -19,6 +20,7 @@ from pools.api.views import (
     me,
 )
 from scheduling.api.agent import AgentDrainViewSet
+from storage.api.views import AgentVolumesViewSet, VolumeViewSet
 
 router = OptionalSlashRouter()
 # Routes are tried in registration order and Django copies the list of those tried at every
@@ -29,6 +31,7 @@ router.register("compute-pools", ComputePoolViewSet, basename="compute-pool")
 router.register("pools", PoolViewSet, basename="pool")  # alias by slug, with policy versions
 router.register("shapes", ShapeViewSet, basename="shape")
 router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("buckets", BucketViewSet, basename="bucket")  # pools/api/buckets.py
 router.register("jobs", JobViewSet, basename="job")
 router.register("quotas", QuotaViewSet, basename="quota")  # leases/api/quotas.py
 router.register("nodes", NodeViewSet, basename="node")
@@ -37,6 +40,8 @@ router.register("enroll", EnrollViewSet, basename="enroll")
 router.register("agent", AgentViewSet, basename="agent")
 router.register("agent", AgentDrainViewSet, basename="agent-drain")
 router.register("agent", AgentJobsViewSet, basename="agent-jobs")  # assignments, reports, uploads
+router.register("volumes", VolumeViewSet, basename="volume")  # storage/api/views.py
+router.register("agent", AgentVolumesViewSet, basename="agent-volumes")  # what a node holds
 
 urlpatterns = [
     re_path(r"^me/?$", me, name="me"),

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "config.apps.ProjectConfig",
     "pools",
     "nodes",
+    "storage",
     "leases",
     "jobs",
     "scheduling",
