@@ -31,7 +31,8 @@ def ledger_problems(pool=None) -> list[str]:
     """Every way the ledger differs from the live leases or exceeds allocatable; [] is healthy.
 
     Checked: per node CPU, memory and scratch (ledger == sum of HOLDING non-backfill leases, and
-    for scratch the persistent volumes whose disk it still holds, and ≤ allocatable); per GPU milli (== sum, ≤ 1000) and MIG slots (== OR of the leases' masks,
+    for scratch the persistent volumes whose disk it still holds, and ≤ allocatable); per GPU
+    milli (== sum, ≤ 1000) and MIG slots (== OR of the leases' masks,
     no two leases sharing a slot); backfills within their reservation.
     """
     nodes = Node.objects.all() if pool is None else Node.objects.filter(pool=pool)

@@ -243,8 +243,9 @@ class PoolKnobs:
     volume_retention_days: int = knob(
         30,
         _whole("days", "days", 1, RETENTION_MAX_DAYS),
-        f"a volume no job mounts is expired (removed) this many days after its last detach, or"
-        f" after its creation when never mounted, unless it names its own (1 … {RETENTION_MAX_DAYS})",
+        "a volume no job mounts is expired (removed) this many days after its last detach, or"
+        " after its creation when never mounted, unless it names its own"
+        f" (1 … {RETENTION_MAX_DAYS})",
     )
     # what a job may reach (jobs/networks.py)
     private_ranges_allowed: bool = knob(

@@ -84,6 +84,10 @@ class VolumeAttachment(models.Model):
             ),
         ]
 
+    def __str__(self):
+        mode = "read-only" if self.read_only else "read-write"
+        return f"job {self.job_id} mounts volume {self.volume_id} {mode}"
+
 
 class VolumeEvent(EventBase):
     objects = VisibleQuerySet.as_manager()
