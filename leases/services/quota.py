@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.models import Lease, gpu_share
-from pools.models import CreditAccount, Quota, Tenant
+from pools.models import CreditAccount, Quota
 from pools.statemachine import TransitionRefused
 from storage import services as volume_services
 
