@@ -20,6 +20,7 @@ from pools.knobs import PoolKnobs, knobs_for, runtime_below
 from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
+from storage.mounts import assignment_volumes
 
 from .choices import JobState
 from .models import Job, JobOutput
@@ -190,6 +191,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
 def _cpuset(node, numa_node) -> str | None:
     """The CPUs of the NUMA node the lease is pinned to, as Docker's cpuset ("0,1,2")."""
     if numa_node is None:
+        # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
+        "volumes": assignment_volumes(job.volumes),
         return None
     for entry in node.numa_layout or ():
         cpus = entry.get("cpus") if isinstance(entry, dict) else None

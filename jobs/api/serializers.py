@@ -12,6 +12,7 @@ from pools.choices import TenantRole
 from pools.images import parse_image_reference
 from pools.models import ComputePool, PriorityClass, Tenant, TenantSecret
 from pools.roles import tenant_roles
+from storage import mounts as volume_mounts
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -64,6 +65,7 @@ class JobSerializer(serializers.ModelSerializer):
             "retry_policy",
             "output_destination",
             "output_limit_mib",
+            "volumes",
             "labels",
             "affinity",
             "affinity_preferred",
@@ -146,6 +148,11 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     network_policy = serializers.JSONField(required=False, help_text='{"mode": "none"}')
     retry_policy = serializers.JSONField(required=False)
     output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
+    volumes = serializers.JSONField(
+        default=list,
+        help_text='The tenant\'s volumes it mounts: [{"volume": id, "path": "/data", '
+        '"read_only": false}] (docs/storage.md "Persistent volumes")',
+    )
     output_limit_mib = serializers.IntegerField(
         min_value=1,
         max_value=knobs.OUTPUT_LIMIT_MAX_MIB,
@@ -210,6 +217,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     def validate_retry_policy(self, value):
         return validation.retry_policy(value)
 
+    def validate_volumes(self, value):
+        return validation.job_volumes(value)
+
     def validate_output_destination(self, value):
         return validation.output_destination(value)
 
@@ -264,6 +274,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         self._check_runtime(pool, shape, request)
         self._check_secrets(attrs)
         self._check_networks(attrs)
+        self._check_volumes(attrs, request)
         # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
         # image_signature_invalid (ImageRefused), nothing stored or reserved.
         admitted = admit_image(
@@ -290,6 +301,20 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         if shape is not None:
             raise serializers.ValidationError({"shape": message})
         raise serializers.ValidationError({"resources": {"container_runtime": [message]}})
+
+    def _check_volumes(self, attrs, request):
+        """Each mount names a live volume of the tenant in the job's pool, all of them on one
+        node (the job is pinned there); a request pinned to another node cannot mount them."""
+        try:
+            pinned = volume_mounts.resolve(attrs["tenant"], attrs["pool"], attrs.get("volumes"))
+        except volume_mounts.MountRefused as error:
+            raise serializers.ValidationError({"volumes": str(error)}) from error
+        if pinned and request.get("node_pin") and request["node_pin"] != pinned.node_name:
+            message = (
+                f"Its volumes live on node {pinned.node_name}; the request is pinned to "
+                f"{request['node_pin']}."
+            )
+            raise serializers.ValidationError({"volumes": message})
 
     def _check_networks(self, attrs):
         """The pool's address rules: inputs and egress that name refused addresses, or egress

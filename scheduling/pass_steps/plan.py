@@ -28,6 +28,7 @@ from placement.types import schedulable
 from pools import knobs
 from pools.reasons import Reason
 
+from . import volumes
 from .admission import Admission, order_window
 from .gangs import Gang, GangWaits, form_gangs, well_formed
 from .outcomes import PassResult, scheduling_error
@@ -126,6 +127,7 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
             elif job.pk in positions.holds:  # the queue's gate holds capacity for it
                 p.explanation = {**p.explanation, HEAD_OF_LINE: True}
         planned.append(p)
+    volumes.node_words(reading.pool.pk, planned)  # a volume-bound wait, in its words
     if members:
         result.gangs.update(job.pk for job in members)
         formed = form_gangs(members, reading.core_requests)
