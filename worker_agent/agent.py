@@ -26,6 +26,7 @@ from worker_agent.runtime.docker import DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.runtime.protocol import Runtime
 from worker_agent.state import AgentState
+from worker_agent.volumes import Volumes
 from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class Agent:
         except WorkRootError as exc:
             raise AgentError(str(exc)) from exc
         self.client = ApiClient(config.api, self.state, stop=self.stop_event)
+        self.volumes = Volumes(self.work.dir)  # persistent volumes: outside every attempt
         self.host = host or Host(self.work.dir)  # the disk jobs write to
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
@@ -297,7 +299,17 @@ class Agent:
         if self.rotate_requested or self.state.credential_due_for_rotation():
             self.rotate_credential()
         self.run_probes(answer.get("probes") or [])
+        self.reconcile_volumes()
         return answer
+
+    def reconcile_volumes(self) -> None:
+        """The volumes held here, reported; the deleted or expired ones removed (a control
+        plane without the endpoint, 404: nothing to do)."""
+        try:
+            self.volumes.reconcile(self.client)
+        except ApiError as exc:
+            if exc.status not in (404, 405):
+                log.warning("volumes not reconciled: %s", exc)
 
     # ------------------------------------------------------------------ probes
     def run_probes(self, probes: list) -> None:
@@ -408,6 +420,7 @@ class Agent:
             found=found,
             gpu_usage=self.host.gpu_usage,
             metrics=self.metrics,
+            volumes=self.volumes,
         )
         if found is None:  # a new attempt, not one a previous agent left running
             self.metrics.taken_up(assignment.leased_at)

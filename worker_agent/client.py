@@ -170,6 +170,10 @@ class ApiClient:
     def probe_result(self, probe: int, result: dict) -> dict:
         return self.request("POST", f"agent/probes/{int(probe)}/result", json={"result": result})
 
+    def volumes(self, held: list[dict]) -> dict:
+        """The persistent volumes held here; the answer's `remove` names the gone ones."""
+        return self.request("POST", "agent/volumes", json={"volumes": held})
+
     def assignments(self) -> list[dict]:
         return self.request("GET", "agent/assignments") or []
 

@@ -161,6 +161,33 @@ def _strings(items) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """One persistent volume of the job (docs/storage.md "Persistent volumes"): the control
+    plane's volume id, its size, where the job sees it and how; `source` is the host folder
+    its filesystem is mounted at, set by the runner once the volume is there
+    (worker_agent/volumes.py)."""
+
+    id: int
+    size_mib: int
+    path: str
+    read_only: bool = False
+    source: str = ""
+
+    @classmethod
+    def parse_all(cls, items) -> tuple[VolumeMount, ...]:
+        return tuple(
+            cls(
+                id=int(item["id"]),
+                size_mib=int(item.get("size_mib") or 0),
+                path=str(item["path"]),
+                read_only=item.get("read_only") is True,
+            )
+            for item in items or ()
+            if isinstance(item, dict)
+        )
+
+
+@dataclass(frozen=True)
 class Assignment:
     job: int
     attempt: int
@@ -185,6 +212,7 @@ class Assignment:
     runtime: str = "docker"
     limits: Limits = field(default_factory=Limits)
     checkpoint_requested: bool = False
+    volumes: tuple[VolumeMount, ...] = ()  # its persistent volumes
     # The checkpoint of an earlier attempt to unpack into $CHECKPOINT_DIR before start:
     # {"url", "sha256"} (docs/data-plane.md, "Checkpoints"), or None.
     restore: dict | None = None
@@ -223,6 +251,7 @@ class Assignment:
             runtime=str(data.get("runtime") or "docker"),
             limits=Limits.parse(data.get("limits")),
             checkpoint_requested=bool(data.get("checkpoint_requested")),
+            volumes=VolumeMount.parse_all(data.get("volumes")),
             restore=_restore(data.get("restore")),
             traceparent=valid_traceparent(data.get("traceparent")),
             leased_at=_epoch(data.get("leased_at")),

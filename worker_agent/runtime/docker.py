@@ -70,6 +70,7 @@ from worker_agent.runtime.container_spec import (
     inputs_mount,
     job_options,
     secrets_mount,
+    volume_mounts,
 )
 from worker_agent.runtime.engine import Engine, remove_container, seconds_since_start
 from worker_agent.runtime.network_owner import (
@@ -225,7 +226,7 @@ class DockerRuntime:
             refused = netpolicy.refused(assignment.pool_network)
         try:
             outputs, *scratch = disk_mounts(assignment, workdir)
-            mounts = [outputs, inputs_mount(workdir), *scratch]
+            mounts = [outputs, inputs_mount(workdir), *scratch, *volume_mounts(assignment)]
             if assignment.secrets:  # a ramfs of this attempt, read-only in the container
                 secrets = assignment.secrets
                 source = self._secret_mounts().prepare(name, secrets, JOB_USER_ID, JOB_USER_ID)
