@@ -4,6 +4,7 @@ too, matches with and without its trailing slash (pools/api/routers.py)."""
 from django.urls import include, path, re_path
 
 from jobs.api.agent import AgentJobsViewSet
+from jobs.api.retention import TenantRetentionViewSet
 from jobs.api.views import JobViewSet
 from jobs.api.wait import assignments_wait
 from leases.api.quotas import QuotaViewSet
@@ -34,6 +35,7 @@ router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("buckets", BucketViewSet, basename="bucket")  # pools/api/buckets.py
 router.register("jobs", JobViewSet, basename="job")
 router.register("quotas", QuotaViewSet, basename="quota")  # leases/api/quotas.py
+router.register("output-retention", TenantRetentionViewSet, basename="output-retention")
 router.register("nodes", NodeViewSet, basename="node")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
 router.register("enroll", EnrollViewSet, basename="enroll")
