@@ -118,6 +118,12 @@ class Reason(models.TextChoices):
         "output_in_object_store",
         "The output lives in the tenant's own bucket (refusal of a download)",
     )
+    BUCKET_UNAVAILABLE = "bucket_unavailable", "The output destination's bucket is gone (refusal)"
+    OBJECT_STORE_ERROR = "object_store_error", "The object store did not answer (refusal)"
+    OUTPUT_PATH_MISMATCH = (
+        "output_path_mismatch",
+        "An upload by the other path than the job's output destination (refusal)",
+    )
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
     NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
     NO_READY_NODE = "no_ready_node", "It fits only on nodes that are not ready: it blocks no one"

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 from django.core.exceptions import ValidationError
 
 from placement.types import GANG_TOPOLOGIES
+from pools.objectstore import parse_url
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -268,8 +269,21 @@ def _http_url(url) -> str | None:
         parts.port  # noqa: B018 (raises on a port out of range)
     except ValueError:
         return "not a valid URL"
+    if url.startswith("s3://"):
+        return _s3_input_url(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "only http(s) URLs with a host"
+        return "only http(s) URLs with a host, or s3://bucket/key of a registered bucket"
+    return None
+
+
+def _s3_input_url(url: str) -> str | None:
+    """What is wrong with an `s3://bucket/key` input (an object, not a prefix), or None."""
+    try:
+        _, key = parse_url(url)
+    except ValueError as exc:
+        return str(exc).rstrip(".")
+    if not key or key.endswith("/"):
+        return "an s3:// input names one object: s3://bucket/key"
     return None
 
 
@@ -438,13 +452,24 @@ def job_gang(value) -> dict:
 
 
 def output_destination(value) -> str:
-    """Where outputs go: "" is the control plane's artifact storage (the only one so far)."""
+    """Where outputs go: "" is the control plane's artifact storage; `s3://bucket/prefix/` a
+    bucket the tenant registered (checked against the tenant's buckets by the job serializer),
+    normalised with a trailing "/" after a non-empty prefix."""
     if not isinstance(value, str) or len(value) > OUTPUT_DESTINATION_MAX_CHARS:
         raise ValidationError(f"A string of at most {OUTPUT_DESTINATION_MAX_CHARS} characters.")
     if value.startswith("s3://"):
-        raise ValidationError("S3 output destinations need OUTPUT_S3_* settings.")
+        try:
+            bucket, prefix = parse_url(value)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return f"s3://{bucket}/{prefix}"
     if value:
-        raise ValidationError('Leave it empty ("") for the control plane\'s artifact storage.')
+        raise ValidationError(
+            'Leave it empty ("") for the control plane\'s artifact storage, or name a registered '
+            "bucket: s3://bucket/prefix/."
+        )
     return value
 
 

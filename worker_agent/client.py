@@ -233,6 +233,32 @@ class ApiClient:
             timeout=max(self.timeout, 300),
         )
 
+    def output_presign(
+        self, job: int, fencing_token: str, name: str, size: int, sha256: str
+    ) -> dict:
+        """A presigned PUT of one output to the job's s3:// destination: {url, headers,
+        location} (docs/storage.md); the bucket's credentials never come with it."""
+        body = {"fencing_token": fencing_token, "name": name, "size": size, "sha256": sha256}
+        return self.request(
+            "POST",
+            f"agent/jobs/{int(job)}/outputs/presign",
+            json=body,
+            headers=self._trace_headers(job),
+        )
+
+    def output_record(
+        self, job: int, fencing_token: str, name: str, size: int, sha256: str
+    ) -> dict:
+        """Asks the control plane to record an output PUT by its presigned URL (it checks the
+        object's size and sha256 with a HEAD: 409 `output_mismatch` otherwise)."""
+        body = {"fencing_token": fencing_token, "name": name, "size": size, "sha256": sha256}
+        return self.request(
+            "POST",
+            f"agent/jobs/{int(job)}/outputs/record",
+            json=body,
+            headers=self._trace_headers(job),
+        )
+
     @contextlib.contextmanager
     def checkpoint(self, job: int, max_bytes: int):
         """The checkpoint of the job's earlier attempt (`GET agent/jobs/{id}/checkpoint`) as a

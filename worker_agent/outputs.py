@@ -14,12 +14,13 @@ the control plane records them in the job's events.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import tarfile
 from dataclasses import dataclass, field
 
-from worker_agent import tarstream
+from worker_agent import presigned, tarstream
 from worker_agent.client import ApiError
 from worker_agent.runtime.base import CHECKPOINT_SUBDIR
 from worker_agent.runtime.protocol import Runtime
@@ -112,6 +113,10 @@ class Outputs:
     skipped_total: int = 0
     checkpoint: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → size, mtime
     read: int = 0
+    # the assignment's `output_store` ({"kind": "s3", "location"}: each file PUT by a presigned
+    # URL, docs/storage.md) and the object-store origins it may reach (pool_network's)
+    store: dict | None = None
+    store_endpoints: tuple[str, ...] = ()
 
     def skip(self, name: str, reason: str) -> None:
         log.warning("job %s: output %r skipped (%s)", self.job, name[:200], reason)
@@ -169,6 +174,8 @@ class Outputs:
                 self.skip(path, "too_many")
             elif member.size > OUTPUT_FILE_MAX_BYTES:
                 self.skip(path, "too_large")
+            elif self.store:
+                self._upload_object(path, member.size, tarstream.data_of(tar, member))
             else:
                 self._upload(
                     path,
@@ -196,6 +203,49 @@ class Outputs:
             self.skip(name, "failed")
             return
         self.uploaded.append(name)
+
+    def _upload_object(self, name: str, size: int, data) -> None:
+        """One output to the job's s3:// destination: its sha256 from this first read, then a
+        presigned PUT (from the control plane: this file's key, size and digest signed in) fed
+        by a second read of the file, then the control plane records it after a HEAD. Nothing
+        is written to the node's disk; the checkpoint still goes to the control plane."""
+        digest = hashlib.sha256()
+        for block in data:
+            digest.update(block)
+        sha256 = digest.hexdigest()
+        for attempt in (1, 2):  # a failed PUT is tried once more, with a fresh URL
+            try:
+                signed = self.client.output_presign(
+                    self.job, self.fencing_token, name, size, sha256
+                )
+                presigned.put(
+                    str(signed.get("url", "")),
+                    dict(signed.get("headers") or {}),
+                    size,
+                    self._reread(name, size),
+                    endpoints=self.store_endpoints,
+                )
+                self.client.output_record(self.job, self.fencing_token, name, size, sha256)
+            except ApiError as exc:
+                if exc.status not in (400, 409, 413):
+                    raise
+                log.warning("job %s: output %s refused: %s", self.job, name, exc.code or exc)
+                self.skip(name, "refused")
+                return
+            except presigned.PutRefused as exc:
+                log.warning("job %s: output %s: %s", self.job, name, exc)
+                if attempt == 2 or "no registered" in str(exc):
+                    self.skip(name, "refused")
+                    return
+                continue
+            except (OSError, tarfile.TarError) as exc:
+                log.warning("job %s: output %s: %s", self.job, name, exc)
+                if attempt == 2:
+                    self.skip(name, "failed")
+                    return
+                continue
+            self.uploaded.append(name)
+            return
 
     def _reread(self, name: str, size: int):
         stream = self.runtime.archive(self.handle, f"{OUTPUTS}/{name}")

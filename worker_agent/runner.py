@@ -482,7 +482,16 @@ class Runner(threading.Thread):
         (worker_agent/outputs.py); the final report's fields for what was skipped."""
         token = self.assignment.fencing_token
         budget = read_budget(self.assignment.limits.output_limit_mib)
-        outputs = Outputs(self.runtime, handle, self.client, self.job, token, read_max=budget)
+        outputs = Outputs(
+            self.runtime,
+            handle,
+            self.client,
+            self.job,
+            token,
+            read_max=budget,
+            store=self.assignment.output_store,
+            store_endpoints=self.assignment.pool_network.object_store_endpoints,
+        )
         try:
             outputs.upload()
         except (ApiError, ApiUnreachable, RuntimeFailure, OSError, tarfile.TarError) as exc:

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from jobs import artifacts, assignments, lifecycle
+from jobs import artifacts, assignments, lifecycle, object_store
 from jobs.api.downloads import output_response
 from jobs.api.views import TraceContextMixin
 from jobs.models import Job
@@ -119,6 +119,22 @@ class OutputsSerializer(serializers.Serializer):
         min_length=1,
         max_length=OUTPUT_FILES_MAX,
     )
+
+
+class ObjectOutputSerializer(serializers.Serializer):
+    """One output file for the job's s3:// destination (jobs/object_store.py)."""
+
+    fencing_token = serializers.RegexField(FENCING_TOKEN)
+    name = serializers.CharField(max_length=255, trim_whitespace=False)
+    size = serializers.IntegerField(min_value=0, max_value=object_store.OUTPUT_MAX_BYTES)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+    def validate_name(self, value):
+        try:
+            validation.file_name(value)
+        except ValidationError as error:
+            raise serializers.ValidationError(error.messages) from None
+        return value
 
 
 class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewSet):
@@ -232,3 +248,29 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
                 ) from error
             stored.append({"name": output.name, "size": output.size, "sha256": output.sha256})
         return Response({"job": job.pk, "outputs": stored}, status=201)
+
+    def _object_output(self, request, job_id):
+        job = self.placed_job(job_id)
+        serializer = ObjectOutputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        lifecycle.upload_lease(job, self.actor().node, data.pop("fencing_token"))
+        return job, data
+
+    @extend_schema(request=ObjectOutputSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/outputs/presign")
+    def output_presign(self, request, job_id=None):
+        """A presigned PUT of one output to the job's s3:// destination: {url, headers (each
+        signed in: send them as given), location}. Never the bucket's credentials."""
+        job, data = self._object_output(request, job_id)
+        return Response(object_store.output_presign(job=job, attempt=job.attempts, **data))
+
+    @extend_schema(request=ObjectOutputSerializer, responses={201: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/outputs/record")
+    def output_record(self, request, job_id=None):
+        """Records an output PUT by its presigned URL once a HEAD shows its size and sha256
+        (409 `output_mismatch` otherwise, the object removed)."""
+        job, data = self._object_output(request, job_id)
+        output = object_store.output_record(job=job, attempt=job.attempts, **data)
+        body = {"name": output.name, "size": output.size, "sha256": output.sha256}
+        return Response({"job": job.pk, "output": body | {"location": output.location}}, 201)

@@ -1,7 +1,7 @@
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from jobs import networks
+from jobs import networks, object_store
 from jobs.assignments import gpu_isolation
 from jobs.choices import AntiAffinityScope, JobState
 from jobs.images import admit_image
@@ -114,7 +114,8 @@ class JobSerializer(serializers.ModelSerializer):
 class JobOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobOutput
-        fields = ["name", "size", "sha256", "attempt", "created_at"]
+        # location: "s3://bucket/key" of an output in the tenant's own bucket ("" otherwise)
+        fields = ["name", "size", "sha256", "attempt", "location", "created_at"]
 
 
 class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
@@ -274,6 +275,7 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         self._check_runtime(pool, shape, request)
         self._check_secrets(attrs)
         self._check_networks(attrs)
+        self._check_object_store(attrs)
         self._check_volumes(attrs, request)
         # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
         # image_signature_invalid (ImageRefused), nothing stored or reserved.
@@ -315,6 +317,15 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
                 f"{request['node_pin']}."
             )
             raise serializers.ValidationError({"volumes": message})
+
+    def _check_object_store(self, attrs):
+        """s3:// inputs and an s3:// output destination name buckets the tenant registered
+        (jobs/object_store.py): a 400 on the entry otherwise."""
+        errors = object_store.submit_errors(
+            attrs["tenant"], attrs.get("inputs") or [], attrs.get("output_destination") or ""
+        )
+        if errors:
+            raise serializers.ValidationError(errors)
 
     def _check_networks(self, attrs):
         """The pool's address rules: inputs and egress that name refused addresses, or egress

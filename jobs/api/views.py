@@ -24,7 +24,9 @@ from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
 from pools.choices import TokenScope
+from pools.reasons import Reason
 from pools.selectors import tenant_data_readable
+from pools.statemachine import Refusal
 from pools.validation import BIGINT_MAX
 
 EVENTS_MAX = 1000
@@ -200,6 +202,13 @@ class JobViewSet(TraceContextMixin, mixins.CreateModelMixin, viewsets.ReadOnlyMo
         output = artifacts.job_outputs(self.data_object()).filter(name=name).first()
         if output is None:
             raise Http404("This job has no output of this name.")
+        if output.location:  # in the tenant's own bucket (jobs/object_store.py)
+            raise Refusal(
+                f"This output is in the tenant's bucket at {output.location} (size and sha256 "
+                "in the outputs list): fetch it from there with the tenant's own credentials.",
+                code=Reason.OUTPUT_IN_OBJECT_STORE,
+                extra={"location": output.location},
+            )
         response = output_response(
             output, filename=output.name, content_type="application/octet-stream"
         )

@@ -156,6 +156,14 @@ class PoolNetwork:
         )
 
 
+def _output_store(data) -> dict | None:
+    """The assignment's `output_store` when it names a kind the agent knows (else None: the
+    outputs go to the control plane, as before)."""
+    if isinstance(data, dict) and data.get("kind") == "s3":
+        return {"kind": "s3", "location": str(data.get("location") or "")}
+    return None
+
+
 def _strings(items) -> tuple[str, ...]:
     return tuple(str(item) for item in items or ())
 
@@ -221,6 +229,9 @@ class Assignment:
     # when the control plane made the attempt's lease (seconds since the epoch, its clock):
     # the agent's assignment lag is measured from it
     leased_at: float | None = None
+    # where outputs go when not to the control plane: {"kind": "s3", "location"} (each file
+    # by a presigned PUT the control plane issues: worker_agent/outputs.py), else None
+    output_store: dict | None = None
 
     @classmethod
     def parse(cls, data: dict) -> Assignment:
@@ -255,6 +266,7 @@ class Assignment:
             restore=_restore(data.get("restore")),
             traceparent=valid_traceparent(data.get("traceparent")),
             leased_at=_epoch(data.get("leased_at")),
+            output_store=_output_store(data.get("output_store")),
         )
 
     @property
