@@ -6,6 +6,7 @@ dropped. One command for all of them; the name is the one it always had."""
 
 from django.core.management.base import BaseCommand
 
+from jobs.encryption_at_rest import data_keys_rewrap
 from pools import encryption
 from pools.services import tenant_buckets_reencrypt, tenant_secrets_reencrypt
 
