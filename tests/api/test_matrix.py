@@ -32,6 +32,7 @@ from config.builders import (
     pinned_test_image,
     submit_job,
 )
+from jobs.retention import retention_set
 from leases import services as lease_services
 from nodes import services as node_services
 from nodes.services import enrollment_token_issue
@@ -333,6 +334,32 @@ ROWS = [
         "usage",
     ),
     Row("GET", "quotas", "quotas", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    # a tenant's retention of outputs: its people (operators, policy admins) read, admins set
+    Row(
+        "GET",
+        "output-retention",
+        "output-retention",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
+    ),
+    Row(
+        "POST",
+        "output-retention",
+        "output-retention",
+        "401 400 403 200 403 403 403 400 403 403 403 401 401",
+        {"tenant": "vision", "output_retention_days": 9},
+    ),
+    Row(
+        "GET",
+        "output-retention/{pk}",
+        "output-retention/{w.retention.pk}",
+        "401 404 200 200 200 200 200 404 403 403 200 401 401",
+    ),
+    Row(
+        "DELETE",
+        "output-retention/{pk}",
+        "output-retention/{w.retention.pk}",
+        "401 404 403 204 403 403 403 404 403 403 403 401 401",
+    ),
     # nodes and enrollment: operators (their actions need the `operate` scope)
     Row("GET", "nodes", "nodes", "401 403 403 403 200 200 403 403 403 403 403 401 401"),
     Row(
@@ -529,6 +556,7 @@ class World:
     leases: dict  # tenant slug → lease ids
 
     grant: object  # the tenant admin's support grant for vision to `support`
+    retention: object = None  # vision's retention of outputs in every pool
 
     def client(self, actor):
         return bearer_client(self.secrets.get(actor))
@@ -684,6 +712,7 @@ def _build_world() -> World:
         enroll_secret=enroll_secret,
         secrets=secrets,
         grant=grant,
+        retention=retention_set(tenant=vision, pool=None, days=40, actor=SYSTEM),
         jobs={"vision": {job.pk}, "nlp": {other_job.pk}},
         leases={
             "vision": {lease.pk, reserved.pk},
