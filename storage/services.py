@@ -311,6 +311,7 @@ def volume_delete(*, volume: Volume, actor: Actor, now=None) -> Volume:
             )
 
     with transaction.atomic():
+        not_attached(Volume.objects.select_for_update().get(pk=volume.pk))
         volume = transition(
             Volume,
             volume.pk,
