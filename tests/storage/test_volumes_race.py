@@ -1,0 +1,80 @@
+"""Real races on PostgreSQL (threads, each with its own connection): two volumes created at
+once for a node whose disk fits one; two read-write jobs attaching one volume at once."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from config.builders import SYSTEM, build_node, build_pool, build_tenant
+from leases.selectors import ledger_problems
+from storage import services
+from storage.models import Volume, VolumeAttachment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def race(count, target) -> list:
+    barrier = threading.Barrier(count)
+    outcomes = [None] * count
+
+    def run(i):
+        try:
+            barrier.wait()
+            outcomes[i] = target(i)
+        except Exception as exc:  # the loser's refusal, asserted below
+            outcomes[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
+def test_two_volumes_racing_for_a_disk_that_fits_one():
+    pool = build_pool("vrace", exact_capacity=True)
+    tenant = build_tenant("vrace-t")
+    node = build_node(pool, "only", scratch=1500)
+    for _ in range(3):  # a few rounds: the race must hold every time
+        outcomes = race(
+            2,
+            lambda i: services.volume_create(
+                tenant=tenant, pool=pool, name=f"v{i}-{Volume.objects.count()}", size_mib=1000,
+                actor=SYSTEM,
+            ),
+        )  # fmt: skip
+        won = [o for o in outcomes if isinstance(o, Volume)]
+        lost = [o for o in outcomes if not isinstance(o, Volume)]
+        assert len(won) == 1 and len(lost) == 1, outcomes
+        assert lost[0].code == "volume_node_full"
+        node.refresh_from_db()
+        assert node.scratch_mib_reserved == 1000 <= node.scratch_mib_allocatable
+        assert ledger_problems(pool) == []
+        services.volume_delete(volume=won[0], actor=SYSTEM)
+        services.volumes_reconcile(node=node, reported=[])  # the node says the image is gone
+
+
+def test_two_read_write_jobs_racing_for_one_volume():
+    pool = build_pool("vrace2", exact_capacity=True)
+    tenant = build_tenant("vrace2-t")
+    build_node(pool, "n")
+    volume = services.volume_create(tenant=tenant, pool=pool, name="v", size_mib=10, actor=SYSTEM)
+    for round_ in range(3):
+        jobs = [1000 + 10 * round_, 1001 + 10 * round_]
+        outcomes = race(
+            2,
+            lambda i, jobs=jobs: services.volume_attach(
+                volume_id=volume.pk, job_id=jobs[i], read_only=False, actor=SYSTEM
+            ),
+        )
+        won = [o for o in outcomes if isinstance(o, Volume)]
+        assert len(won) == 1, outcomes
+        assert [o.code for o in outcomes if not isinstance(o, Volume)] == ["volume_in_use"]
+        assert VolumeAttachment.objects.filter(volume=volume, read_only=False).count() == 1
+        holder = Volume.objects.get(pk=volume.pk).holder_job_id
+        assert holder in jobs
+        services.volumes_detach(job_id=holder, actor=SYSTEM)
