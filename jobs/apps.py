@@ -6,8 +6,10 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self):
+        from leases.signals import storage_statement
         from nodes.signals import capacity_vanished
 
-        from .receivers import on_capacity_vanished
+        from .receivers import on_capacity_vanished, on_storage_statement
 
         capacity_vanished.connect(on_capacity_vanished, dispatch_uid="jobs.capacity_vanished")
+        storage_statement.connect(on_storage_statement, dispatch_uid="jobs.storage_statement")

@@ -11,6 +11,7 @@ from leases.models import Lease
 from nodes.services import node_allocatable_lower
 from pools.actors import Actor
 
+from . import selectors
 from .choices import ACTIVE
 from .lifecycle import job_capacity_vanished
 
@@ -80,3 +81,10 @@ def on_capacity_vanished(
             )
             if allocatable:
                 node_allocatable_lower(node=node, allocatable=allocatable, inventory=inventory)
+
+
+def on_storage_statement(sender, lease, **kwargs) -> dict | None:
+    """A job's lease says what its job's statement says (leases/signals.py
+    `storage_statement`), with this lease as the lease."""
+    job = lease.job
+    return None if job is None else selectors.job_storage(job, lease=lease)

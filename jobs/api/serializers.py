@@ -6,6 +6,7 @@ from jobs.assignments import gpu_isolation
 from jobs.choices import AntiAffinityScope, JobState
 from jobs.images import admit_image
 from jobs.models import Job, JobEvent, JobOutput
+from jobs.selectors import job_storage
 from pools import knobs, network_rules, validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
@@ -42,6 +43,7 @@ class JobSerializer(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
     gpu_isolation = serializers.SerializerMethodField()
     forecast = serializers.SerializerMethodField()
+    storage = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -89,6 +91,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_checked_at",
             "forecast",
             "trace_id",
+            "storage",
         ]
 
     # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the
@@ -97,6 +100,11 @@ class JobSerializer(serializers.ModelSerializer):
     def get_gpu_isolation(self, job) -> str:
         """exclusive | mig | shared-not-isolated (time-slice/MPS) | none (no GPUs)."""
         return gpu_isolation(job.resources)
+
+    def get_storage(self, job) -> dict:
+        """What is ephemeral, what persists (until when) and where the outputs are fetched
+        after the lease ends (jobs/selectors.py `job_storage`, docs/storage.md)."""
+        return job_storage(job, retentions=self.context.setdefault("retentions", {}))
 
     def get_forecast(self, job) -> dict:
         """While queued: {"queue_class", "earliest", "latest"} (scheduling/forecast.py)."""
