@@ -117,6 +117,7 @@ class Outputs:
     # URL, docs/storage.md) and the object-store origins it may reach (pool_network's)
     store: dict | None = None
     store_endpoints: tuple[str, ...] = ()
+    pending: list[tuple[str, int, str]] = field(default_factory=list)  # name, size, sha256
 
     def skip(self, name: str, reason: str) -> None:
         log.warning("job %s: output %r skipped (%s)", self.job, name[:200], reason)
@@ -139,6 +140,8 @@ class Outputs:
             return
         with stream:
             self._members(tarstream.open_stream(stream))
+        for name, size, sha256 in self.pending:
+            self._upload_object(name, size, sha256)
         if self.checkpoint:
             self._upload_checkpoint()
 
@@ -170,12 +173,12 @@ class Outputs:
                 self.skip(path, "name")
             elif path == CHECKPOINT_ARCHIVE:
                 self.skip(path, "reserved")
-            elif len(self.uploaded) >= OUTPUT_FILES_MAX:
+            elif len(self.uploaded) + len(self.pending) >= OUTPUT_FILES_MAX:
                 self.skip(path, "too_many")
             elif member.size > OUTPUT_FILE_MAX_BYTES:
                 self.skip(path, "too_large")
-            elif self.store:
-                self._upload_object(path, member.size, tarstream.data_of(tar, member))
+            elif self.store:  # hashed now, PUT after this read (one archive stream at a time)
+                self.pending.append((path, member.size, _sha256(tarstream.data_of(tar, member))))
             else:
                 self._upload(
                     path,
@@ -204,15 +207,11 @@ class Outputs:
             return
         self.uploaded.append(name)
 
-    def _upload_object(self, name: str, size: int, data) -> None:
-        """One output to the job's s3:// destination: its sha256 from this first read, then a
+    def _upload_object(self, name: str, size: int, sha256: str) -> None:
+        """One output to the job's s3:// destination, its sha256 taken in the first read: a
         presigned PUT (from the control plane: this file's key, size and digest signed in) fed
         by a second read of the file, then the control plane records it after a HEAD. Nothing
         is written to the node's disk; the checkpoint still goes to the control plane."""
-        digest = hashlib.sha256()
-        for block in data:
-            digest.update(block)
-        sha256 = digest.hexdigest()
         for attempt in (1, 2):  # a failed PUT is tried once more, with a fresh URL
             try:
                 signed = self.client.output_presign(
@@ -307,6 +306,13 @@ class Outputs:
             yield tarstream.END
 
         self._upload(CHECKPOINT_ARCHIVE, size, opener(), reread=opener)
+
+
+def _sha256(chunks) -> str:
+    digest = hashlib.sha256()
+    for block in chunks:
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def _utf8(text: str) -> bool:
