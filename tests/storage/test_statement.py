@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from config.builders import SYSTEM, cpu_request, submit_job
-from jobs import retention, selectors
+from jobs import display, retention, selectors
 from jobs.models import Job
 from jobs.services import job_cancel
 from leases.services import lease_reserve
@@ -112,3 +112,41 @@ def test_a_lease_without_a_job_holds_only_capacity(api, member, pool, tenant, re
     storage = api(member).get(f"/api/v1/compute-leases/{lease.pk}").json()["storage"]
     assert storage["ephemeral"] == ["container filesystem (removed with the container)"]
     assert storage["persists"] == []
+
+
+def test_the_page_words_each_kind_of_statement():
+    sentences = display.storage_sentences(
+        {
+            "ephemeral": ["container filesystem (removed with the container)"],
+            "persists": [
+                {"what": "outputs", "where": "s3://team/runs/", "until": None},
+                {
+                    "what": "volume datasets",
+                    "path": "/data",
+                    "read_only": True,
+                    "where": "node gpu-1",
+                    "until": "2027-01-02T03:04:00Z",
+                    "retention_days": 14,
+                },
+                {"what": "volume 7", "path": "/x", "read_only": False},
+                {
+                    "what": "outputs",
+                    "where": "control plane",
+                    "until": None,
+                    "retention_days": 30,
+                    "fetch": "/api/v1/jobs/1/outputs/",
+                },
+            ],
+            "lease": None,
+        }
+    )
+    assert sentences == [
+        "Deleted when an attempt ends: container filesystem (removed with the container).",
+        "Outputs go to s3://team/runs/, the tenant's bucket, and are fetched there; the control "
+        "plane does not delete them.",
+        "The volume datasets (at /data, read-only) persists on node gpu-1 until "
+        "2027-01-02 03:04 UTC.",
+        "The volume 7 (at /x, read-write) persists.",
+        "Outputs are kept in the control plane, encrypted under the tenant's own key, for 30 "
+        "days after the job ends; download them here or from /api/v1/jobs/1/outputs/.",
+    ]
