@@ -114,15 +114,16 @@ class BucketViewSet(viewsets.GenericViewSet):
         """Registers (or re-registers, with new credentials) a bucket after a HEAD of it with
         the credentials: a 400 names the field to fix when the store refuses."""
         actor = self.actor()
+        slug = request.data.get("tenant") if hasattr(request.data, "get") else None
+        tenant = Tenant.objects.filter(slug=str(slug)[:60], pk__in=list(actor.tenant_roles)).first()
+        if tenant is not None and not actor.is_tenant_admin(tenant.pk):
+            raise PermissionDenied(ADMINS_ONLY)  # before the body: a member learns no more
         serializer = BucketSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        slug = data.pop("tenant")["slug"]
-        tenant = Tenant.objects.filter(slug=slug, pk__in=list(actor.tenant_roles)).first()
+        data.pop("tenant")
         if tenant is None:  # the same answer for "no such tenant" and "not yours"
             raise serializers.ValidationError({"tenant": ["No tenant of yours has this slug."]})
-        if not actor.is_tenant_admin(tenant.pk):
-            raise PermissionDenied(ADMINS_ONLY)
         try:
             row = services.bucket_register(tenant=tenant, actor=actor, **data)
         except DjangoValidationError as error:
