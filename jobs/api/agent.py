@@ -12,7 +12,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from jobs import artifacts, assignments, lifecycle, object_store
-from jobs.api.downloads import output_response
+from jobs.api.downloads import EncryptionUnavailable, output_response
 from jobs.api.views import TraceContextMixin
 from jobs.models import Job
 from jobs.trace import parse_traceparent
@@ -23,6 +23,7 @@ from pools import logcontext, validation
 from pools.actors import Actor
 from pools.api.parsers import TextJSONParser
 from pools.api.permissions import IsNode
+from pools.encryption import EncryptionError
 from pools.reasons import Reason
 
 logger = logging.getLogger(__name__)
@@ -246,6 +247,9 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
                 raise serializers.ValidationError(
                     {"files": {upload.name[:255]: error.messages}}
                 ) from error
+            except EncryptionError as error:  # no ring: nothing is stored unencrypted
+                logger.error("job %s: output not stored: %s", job.pk, error)
+                raise EncryptionUnavailable() from None
             stored.append({"name": output.name, "size": output.size, "sha256": output.sha256})
         return Response({"job": job.pk, "outputs": stored}, status=201)
 

@@ -23,6 +23,15 @@ class OutputUnavailable(APIException):
     )
 
 
+class EncryptionUnavailable(APIException):
+    status_code = 503
+    default_code = "encryption_unavailable"
+    default_detail = (
+        "Outputs are stored encrypted and the control plane's key ring (ENCRYPTION_KEYS) cannot "
+        "seal them now: an operator must configure it."
+    )
+
+
 class _Streamed(FileResponse):
     block_size = CHUNK_BYTES  # one sealed chunk per read, not 4 KiB
 

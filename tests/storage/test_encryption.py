@@ -237,3 +237,17 @@ def test_no_key_material_in_the_outputs_listing(api, member, job):
     listing = api(member).get(f"/api/v1/jobs/{job.pk}/outputs").json()
     assert set(listing[0]) >= {"name", "size", "sha256"}
     assert not {"data_key", "wrapped", "key_id"} & set(listing[0])
+
+
+def test_without_a_key_ring_an_upload_is_refused_and_nothing_is_stored(agent, tenant, media):
+    from tests.jobs.test_agent_api import run
+    from tests.jobs.test_agent_checkpoint import upload
+
+    node_api = bearer_client(agent.secret)
+    job, lease = place(submit_job(agent.node.pool, tenant))
+    run(node_api, job, lease)
+    with override_settings(ENCRYPTION_KEYS={}):
+        response = upload(node_api, job, lease, "result.txt", b"not to be kept in plaintext")
+    assert response.status_code == 503 and response.json()["code"] == "encryption_unavailable"
+    assert not job.outputs.exists()
+    assert not [p for p in media.rglob("*") if p.is_file()]
