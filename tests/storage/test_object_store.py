@@ -24,7 +24,7 @@ from pools.choices import TenantRole
 from pools.models import TenantBucket
 from pools.services import bucket_register, bucket_remove
 from pools.statemachine import Refusal
-from tests.e2e.conftest import _database, e2e_database, stack  # noqa: F401 (fixtures)
+from tests.e2e import conftest as e2e
 from tests.storage.s3server import (
     ACCESS_KEY_ID,
     REGION,
@@ -36,12 +36,14 @@ from tests.storage.s3server import (
 )
 
 pytestmark = pytest.mark.docker
+# the e2e stack's fixtures (tests/e2e/conftest.py), for this module
+stack, e2e_database, _database = e2e.stack, e2e.e2e_database, e2e._database
 
 CREDENTIALS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY)
 
 
 @pytest.fixture(scope="module")
-def bucket(stack, django_db_blocker):  # noqa: F811
+def bucket(stack, django_db_blocker):
     """The tenant's bucket, registered over HTTP by a tenant admin."""
     require_store()
     settings = override_settings(OBJECT_STORE_ENDPOINTS=[STORE])
@@ -74,7 +76,7 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_a_job_reads_an_s3_input_and_writes_its_outputs_to_the_tenants_bucket(stack, bucket):  # noqa: F811
+def test_a_job_reads_an_s3_input_and_writes_its_outputs_to_the_tenants_bucket(stack, bucket):
     s3 = s3_client()
     data = os.urandom(200_000)
     s3.put_object(Bucket=bucket, Key="data/in.bin", Body=data)
@@ -164,7 +166,7 @@ def test_a_job_reads_an_s3_input_and_writes_its_outputs_to_the_tenants_bucket(st
         assert credential not in agent_log
 
 
-def test_an_output_that_is_not_what_was_announced_is_refused_and_removed(stack, bucket):  # noqa: F811
+def test_an_output_that_is_not_what_was_announced_is_refused_and_removed(stack, bucket):
     """The HEAD check: an object whose size or sha256 differs from the announcement is not
     recorded, and is deleted from the bucket."""
     s3 = s3_client()
@@ -218,7 +220,7 @@ def test_an_input_of_a_removed_bucket_fails_the_job_with_its_reason(
     assert "input_unavailable" in stack.reasons(job["id"])
 
 
-def test_outputs_of_the_control_plane_land_in_its_own_bucket_under_the_s3_backend(stack, bucket):  # noqa: F811
+def test_outputs_of_the_control_plane_land_in_its_own_bucket_under_the_s3_backend(stack, bucket):
     """OUTPUTS_TO_OBJECT_STORE: Django's default storage is django-storages' S3 backend on the
     control plane's bucket; an output of destination "" is stored there and downloads whole."""
     own = new_bucket("cp-own")
