@@ -159,6 +159,8 @@ def job_submit(
             # A person's submit is capped (the system's builders, demo and benchmarks are not).
             if actor.is_person:
                 check_queue_room(tenant, pool)
+            # its volumes locked and still live: a delete takes turns with this submit
+            volume_services.volumes_hold(tenant.pk, pool.pk, volumes)
             if reservation is not None:
                 reservation = _reservation(
                     reservation, tenant, pool, resources, max_runtime_s, image_platforms, gang
@@ -464,6 +466,25 @@ def job_finish(
         )
         job_release_leases(job=job, actor=actor, message=f"job {job.pk} {job.state}", now=now)
     return job
+
+
+def job_volume_gone(*, job_id: int, actor: Actor, message: str, now=None) -> Job | None:
+    """A placed job whose volume is gone (deleted or expired) by the time it starts: its start
+    was refused `volume_gone` (storage.services.volume_attach), and it fails with that reason
+    and its lease released, rather than waiting for the lease to expire and being queued again
+    for a volume that never comes back. None when the job moved meanwhile."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state != JobState.LEASED:
+            return None
+        return job_finish(
+            job=job,
+            actor=actor,
+            exit_code=None,
+            reason=Reason.VOLUME_GONE,
+            message=message,
+            now=now,
+        )
 
 
 def job_release_leases(*, job: Job, actor: Actor, message: str, now=None) -> None:

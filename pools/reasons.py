@@ -90,6 +90,7 @@ class Reason(models.TextChoices):
     VOLUME_DELETED = "volume_deleted", "Its tenant deleted the volume"
     VOLUME_EXPIRED = "volume_expired", "Detached past its retention; removed"
     VOLUME_DISK_RELEASED = "volume_disk_released", "Its node confirmed the image gone"
+    VOLUME_GONE = "volume_gone", "A volume the job mounts was deleted or expired before it began"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"

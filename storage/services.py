@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, Sum
 from django.utils import timezone
@@ -27,6 +28,7 @@ from pools.sweeps import sweep
 
 from .choices import GONE, LIVE, VOLUME_TRANSITIONS, VolumeState
 from .models import Volume, VolumeAttachment, VolumeEvent
+from .signals import volume_jobs
 
 S = VolumeState
 MIB = 1024 * 1024
@@ -234,7 +236,7 @@ def volume_attach(*, volume_id: int, job_id: int, read_only: bool, actor: Actor,
         if volume.attachments.filter(job_id=job_id).exists():
             return volume
         if volume.state not in LIVE:
-            raise TransitionRefused("volume_gone", f"volume {volume.name} was {volume.state}")
+            raise TransitionRefused(Reason.VOLUME_GONE, f"volume {volume.name} was {volume.state}")
         if not read_only and volume.holder_job_id not in (None, job_id):
             raise TransitionRefused(
                 Reason.VOLUME_IN_USE,
@@ -298,20 +300,38 @@ def volumes_detach(*, job_id: int, actor: Actor, now=None) -> list[Volume]:
     return detached
 
 
+def mounting_jobs(volume_id: int) -> list[int]:
+    """The jobs that have not ended (queued, placed, running …) and mount the volume, as the
+    jobs app answers (storage/signals.py `volume_jobs`)."""
+    ids: set[int] = set()
+    for _receiver, answer in volume_jobs.send(sender=Volume, volume_id=volume_id):
+        ids.update(answer or ())
+    return sorted(ids)
+
+
 def volume_delete(*, volume: Volume, actor: Actor, now=None) -> Volume:
-    """Its tenant deletes it: refused `volume_in_use` while a job mounts it. Out of the quota
-    at once; the node removes the image at its next report, and its disk returns then."""
+    """Its tenant deletes it: refused `volume_in_use` (with `jobs`, their ids) while a job
+    that has not ended mounts it, a queued one included (Kubernetes protects a claim in use
+    the same way): the tenant cancels them first, or waits for them. Under the volume's row
+    lock, which a submit that mounts it takes too (`volumes_hold`), so a job submitted at the
+    same time either is seen here or sees the volume gone. Out of the quota at once; the node
+    removes the image at its next report, and its disk returns then."""
     now = now or timezone.now()
 
-    def not_attached(row):
-        if row.state == S.ATTACHED:
-            raise TransitionRefused(
-                Reason.VOLUME_IN_USE,
-                f"volume {row.name} is mounted by a job: delete it once the job ended",
+    def not_in_use(row):
+        attached = row.attachments.values_list("job_id", flat=True)
+        jobs = sorted(set(mounting_jobs(row.pk)) | set(attached))
+        if row.state == S.ATTACHED or jobs:
+            shown = ", ".join(str(j) for j in jobs[:20]) + (" …" if len(jobs) > 20 else "")
+            raise VolumeRefused(
+                f"volume {row.name} is mounted by job(s) {shown}: cancel "
+                "them or delete it once they ended",
+                code=Reason.VOLUME_IN_USE,
+                extra={"jobs": jobs[:100]},
             )
 
     with transaction.atomic():
-        not_attached(Volume.objects.select_for_update().get(pk=volume.pk))
+        not_in_use(Volume.objects.select_for_update().get(pk=volume.pk))
         volume = transition(
             Volume,
             volume.pk,
@@ -322,11 +342,31 @@ def volume_delete(*, volume: Volume, actor: Actor, now=None) -> Volume:
             reason=Reason.VOLUME_DELETED,
             message="deleted by its tenant",
             now=now,
-            check=not_attached,
             changes={"expires_at": None},
         )
         _release_if_node_gone(volume, actor, now)
     return volume
+
+
+def volumes_hold(tenant_id: int, pool_id: int, mounts: list[dict] | None) -> None:
+    """Inside a submit's transaction: the mounted volumes' rows locked (in id order) and
+    each still live, else a ValidationError on `volumes` (400). A delete holds the same lock
+    while it looks for the jobs that mount the volume, so the two take turns."""
+    ids = sorted({int(m["volume"]) for m in mounts or ()})
+    if not ids:
+        return
+    rows = list(
+        Volume.objects.select_for_update()
+        .filter(pk__in=ids, tenant_id=tenant_id, pool_id=pool_id)
+        .order_by("pk")
+        .values_list("pk", "name", "state")
+    )
+    live = {pk for pk, _name, state in rows if state in LIVE}
+    for pk, name, state in rows:
+        if pk not in live:
+            raise ValidationError({"volumes": [f"Volume {name} is {state}."]})
+    if missing := [pk for pk in ids if pk not in live]:
+        raise ValidationError({"volumes": [f"The tenant has no volume {missing[0]}."]})
 
 
 def _release_if_node_gone(volume: Volume, actor: Actor, now) -> None:
@@ -336,12 +376,16 @@ def _release_if_node_gone(volume: Volume, actor: Actor, now) -> None:
 
 
 def volume_expire(volume: Volume, *, actor: Actor = SYSTEM, now=None) -> Volume:
-    """Detached past its retention: expired (the sweep's step, under the row's lock)."""
+    """Detached past its retention: expired (the sweep's step, under the row's lock). A volume
+    that a job which has not ended still mounts (queued for it, say) is not: its retention
+    counts again from that job's detach."""
     now = now or timezone.now()
 
     def still_due(row):
         if row.state != S.AVAILABLE or row.expires_at is None or row.expires_at > now:
             raise TransitionRefused("not_due", f"volume {row.pk} is not due")
+        if mounting_jobs(row.pk):  # a queued job waits for it: kept until that one is done
+            raise TransitionRefused("not_due", f"volume {row.pk} is mounted by a queued job")
 
     volume = transition(
         Volume,

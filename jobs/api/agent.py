@@ -15,6 +15,7 @@ from jobs import artifacts, assignments, lifecycle, object_store
 from jobs.api.downloads import EncryptionUnavailable, output_response
 from jobs.api.views import TraceContextMixin
 from jobs.models import Job
+from jobs.services import job_volume_gone
 from jobs.trace import parse_traceparent
 from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
@@ -25,6 +26,7 @@ from pools.api.parsers import TextJSONParser
 from pools.api.permissions import IsNode
 from pools.encryption import EncryptionError
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 
 logger = logging.getLogger(__name__)
 
@@ -197,9 +199,14 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
         serializer = ReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         actor = self.actor()
-        job = lifecycle.job_report(
-            job=job, node=actor.node, actor=actor, **serializer.validated_data
-        )
+        try:
+            job = lifecycle.job_report(
+                job=job, node=actor.node, actor=actor, **serializer.validated_data
+            )
+        except TransitionRefused as refused:  # its start refused: a volume it mounts is gone
+            if refused.code == Reason.VOLUME_GONE:
+                job_volume_gone(job_id=job.pk, actor=actor, message=refused.message)
+            raise
         return Response({"job": job.pk, "state": job.state, "attempts": job.attempts})
 
     @extend_schema(request=LogSerializer, responses={200: dict})

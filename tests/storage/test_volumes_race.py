@@ -1,15 +1,20 @@
 """Real races on PostgreSQL (threads, each with its own connection): two volumes created at
-once for a node whose disk fits one; two read-write jobs attaching one volume at once."""
+once for a node whose disk fits one; two read-write jobs attaching one volume at once; a
+submit that mounts a volume and its delete at once."""
 
 import threading
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection
 
-from config.builders import SYSTEM, build_node, build_pool, build_tenant
+from config.builders import SYSTEM, build_node, build_pool, build_tenant, submit_job
+from jobs.choices import TERMINAL
+from jobs.models import Job
 from leases.selectors import ledger_problems
 from storage import services
 from storage.models import Volume, VolumeAttachment
+from storage.services import VolumeRefused
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,3 +83,37 @@ def test_two_read_write_jobs_racing_for_one_volume():
         holder = Volume.objects.get(pk=volume.pk).holder_job_id
         assert holder in jobs
         services.volumes_detach(job_id=holder, actor=SYSTEM)
+
+
+def test_a_submit_and_a_delete_racing_never_leave_a_job_waiting_for_a_deleted_volume():
+    """The submit locks the volume and checks it again in its transaction; the delete looks for
+    the jobs that mount it under the same lock: one of the two wins, never both."""
+    pool = build_pool("vrace3", exact_capacity=True)
+    tenant = build_tenant("vrace3-t")
+    build_node(pool, "n")
+    outcomes_seen = set()
+    for round_ in range(4):
+        volume = services.volume_create(
+            tenant=tenant, pool=pool, name=f"v{round_}", size_mib=10, actor=SYSTEM
+        )
+        mounts = [{"volume": volume.pk, "path": "/data", "read_only": False}]
+
+        def act(i, volume=volume, mounts=mounts):
+            if i == 0:
+                return submit_job(pool, tenant, f"j{volume.pk}", volumes=mounts)
+            return services.volume_delete(volume=volume, actor=SYSTEM)
+
+        submitted, deleted = race(2, act)
+        if isinstance(submitted, Job):
+            assert isinstance(deleted, VolumeRefused) and deleted.code == "volume_in_use"
+            assert deleted.extra["jobs"] == [submitted.pk]
+            outcomes_seen.add("job first")
+        else:
+            assert isinstance(submitted, ValidationError), submitted
+            assert isinstance(deleted, Volume) and deleted.state == "deleted"
+            outcomes_seen.add("delete first")
+        waiting = Job.objects.filter(pool=pool).exclude(state__in=TERMINAL)
+        for job in waiting:
+            for mount in job.volumes:
+                assert Volume.objects.get(pk=mount["volume"]).state in ("available", "attached")
+    assert outcomes_seen  # which one wins is the race's: both answers are checked above
