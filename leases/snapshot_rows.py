@@ -138,9 +138,11 @@ _ENDS = (
     "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) AS text)"
 )
 # what the node's caches hold of the data the requests at hand need: {key: bytes}
+# (the key-existence test first: most nodes hold none of them, and it reads no entry)
 _DATA = (
-    "CAST((SELECT COALESCE(jsonb_object_agg(d.key, d.value), '{}'::jsonb) "
-    "FROM jsonb_each(n.cached_data) d WHERE d.key = ANY(%(data_keys)s)) AS text)"
+    "CASE WHEN n.cached_data ?| CAST(%(data_keys)s AS text[]) THEN "
+    "CAST((SELECT jsonb_object_agg(d.key, d.value) "
+    "FROM jsonb_each(n.cached_data) d WHERE d.key = ANY(%(data_keys)s)) AS text) ELSE '{}' END"
 )
 # {work}, {ends}, {data}, {reachable}: the fragments above, or stand-ins for what is not read
 _SELECT = (

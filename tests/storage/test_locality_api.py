@@ -172,3 +172,22 @@ def test_the_inventory_reconciliation_keeps_to_the_disk_ceiling(agent):
     node.refresh_from_db()
     assert node.scratch_mib_raw == inventory["scratch_mib"]  # the drift is taken …
     assert node.scratch_mib_allocatable == ceiling  # … but never past what the disk holds
+
+
+def test_the_snapshot_reads_only_the_cache_entries_the_requests_need(agent):
+    from leases import snapshot
+
+    other = "https://data.example/other"
+    Node.objects.filter(pk=agent.node.pk).update(
+        cached_data={IMAGE: 5, INPUT: 7, other: 9}, pull_bytes_per_s=2.5
+    )
+    pool = agent.node.pool_id
+    [view] = snapshot.pool_snapshot(pool, data_keys={INPUT, "sha256:" + "c" * 64}).nodes
+    assert view.cached_data == frozenset({(INPUT, 7)}) and view.pull_bytes_per_s == 2.5
+    [view] = snapshot.pool_snapshot(pool).nodes  # no keys asked: nothing of the cache read
+    assert view.cached_data == frozenset()
+    assert snapshot.input_keys([{"url": INPUT + "#x", "name": "a"}, {"url": "s3://b/k"}]) == (
+        INPUT,
+    )
+    signed = {"url": INPUT + "?X-Amz-Signature=abc", "name": "a", "presigned": True}
+    assert snapshot.input_keys([signed]) == (INPUT,)
