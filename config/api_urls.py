@@ -6,6 +6,7 @@ from django.urls import include, path, re_path
 from jobs.api.agent import AgentJobsViewSet
 from jobs.api.retention import TenantRetentionViewSet
 from jobs.api.views import JobViewSet
+from jobs.api.volumes import VolumeExportViewSet
 from jobs.api.wait import assignments_wait
 from leases.api.quotas import QuotaViewSet
 from leases.api.views import LeaseViewSet
@@ -43,6 +44,7 @@ router.register("agent", AgentViewSet, basename="agent")
 router.register("agent", AgentDrainViewSet, basename="agent-drain")
 router.register("agent", AgentJobsViewSet, basename="agent-jobs")  # assignments, reports, uploads
 router.register("volumes", VolumeViewSet, basename="volume")  # storage/api/views.py
+router.register("volumes", VolumeExportViewSet, basename="volume-export")  # jobs/api/volumes.py
 router.register("agent", AgentVolumesViewSet, basename="agent-volumes")  # what a node holds
 
 urlpatterns = [

@@ -177,6 +177,8 @@ OBJECT_STORE_SERVER_SIDE_ENCRYPTION = env.str(
     "OBJECT_STORE_SERVER_SIDE_ENCRYPTION", default="AES256"
 )
 OUTPUTS_TO_OBJECT_STORE = env.bool("OUTPUTS_TO_OBJECT_STORE", default=False)
+# the image of a volume's export job (jobs/volume_export.py): any image with `sh` and `tar`
+VOLUME_EXPORT_IMAGE = env.str("VOLUME_EXPORT_IMAGE", default="docker.io/library/busybox:1.36")
 
 
 def object_store_storage() -> dict:

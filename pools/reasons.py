@@ -90,6 +90,10 @@ class Reason(models.TextChoices):
     VOLUME_DELETED = "volume_deleted", "Its tenant deleted the volume"
     VOLUME_EXPIRED = "volume_expired", "Detached past its retention; removed"
     VOLUME_DISK_RELEASED = "volume_disk_released", "Its node confirmed the image gone"
+    VOLUME_EXPORT_REQUESTED = (
+        "volume_export_requested",
+        "Its tenant asked for a copy in a registered bucket (a job of the tenant)",
+    )
     VOLUME_GONE = "volume_gone", "A volume the job mounts was deleted or expired before it began"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
