@@ -7,11 +7,12 @@ uploads to the destination like any s3:// output (key `<prefix><job>/<attempt>/v
 One tar rather than the files themselves: outputs are the top-level regular files of /outputs
 only, and a volume's files sit in folders, with owners and modes a tar keeps.
 
-The job goes through the submit's own checks (JobSubmitSerializer: the tenant's role, the
-bucket registered by the tenant, the image admitted by the pool, the mount itself) and
-`jobs.services.job_submit`; its volume's node pins it like every job that mounts a volume.
-Its `/outputs` is the volume's size and a margin for the tar's headers, reserved on the node's
-disk while it runs. The volume gets a `volume_export_requested` event naming the job.
+The job's body (`export_body`) goes through the submit's own checks (the route runs it
+through JobSubmitSerializer: the tenant's role, the bucket registered by the tenant, the image
+admitted by the pool, the mount itself) and `jobs.services.job_submit` (`volume_export`); its
+volume's node pins it like every job that mounts a volume. Its `/outputs` is the volume's size
+and a margin for the tar's headers, reserved on the node's disk while it runs.
+The volume gets a `volume_export_requested` event naming the job.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pools.statemachine import Refusal
 from storage.choices import LIVE
 from storage.models import Volume, VolumeEvent
 
-from .api.serializers import JobSubmitSerializer
 from .models import Job
 from .services import job_submit
 
@@ -109,32 +109,32 @@ def _body(volume: Volume, destination: str) -> dict:
     }
 
 
-def _fields(errors: dict) -> dict:
+def field_errors(errors: dict) -> dict:
     """The submit's field errors in the export's words: its `destination`, and the rest as
     what they are about (the volume, the tenant's quota …)."""
     renamed = {"output_destination": "destination"}
     return {renamed.get(field, field): value for field, value in errors.items()}
 
 
-def volume_export(*, volume: Volume, destination, request) -> Job:
-    """The export job of `volume` to `destination` (an s3:// prefix of a bucket the volume's
-    tenant registered), queued; refused 409 when the volume is gone or its node cannot run it
-    now, 403 for someone who sees the volume without being one of its tenant's people, 400 on
-    the field for anything the submit refuses."""
+def export_body(*, volume: Volume, destination, user) -> dict:
+    """The export job's submit body, for JobSubmitSerializer; refused before that 400 on
+    `destination` unless an s3:// prefix, 403 for someone who sees the volume without being
+    one of its tenant's people, 409 when the volume is gone or its node cannot run it now."""
     if not isinstance(destination, str) or not destination.startswith("s3://"):
         raise serializers.ValidationError(
             {"destination": ["A bucket the tenant registered: s3://bucket/prefix/."]}
         )
-    user = request.user
     if tenant_roles(user).get(volume.tenant_id) not in (TenantRole.MEMBER, TenantRole.ADMIN):
         raise ExportForbidden("Only the people of the volume's tenant may export it.")
     _check_volume(volume)
-    submit = JobSubmitSerializer(data=_body(volume, destination), context={"request": request})
-    if not submit.is_valid():
-        raise serializers.ValidationError(_fields(submit.errors))
-    actor = Actor.from_request(request)
+    return _body(volume, destination)
+
+
+def volume_export(*, volume: Volume, submit: dict, actor: Actor) -> Job:
+    """The export job queued (`submit`: its body as JobSubmitSerializer validated it) and the
+    volume's `volume_export_requested` event, in one transaction."""
     with transaction.atomic():
-        job = job_submit(actor=actor, **dict(submit.validated_data))
+        job = job_submit(actor=actor, **submit)
         locked = Volume.objects.select_for_update().get(pk=volume.pk)
         VolumeEvent.record(
             locked,

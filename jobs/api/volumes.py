@@ -5,9 +5,11 @@ The rest of /api/v1/volumes is storage's (storage/api/views.py)."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from jobs import volume_export
+from jobs.api.serializers import JobSubmitSerializer
 from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from storage import selectors
@@ -32,8 +34,15 @@ class VolumeExportViewSet(viewsets.GenericViewSet):
         volume = self.get_object()
         body = ExportSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        destination = body.validated_data["destination"]
+        job_body = volume_export.export_body(
+            volume=volume, destination=destination, user=request.user
+        )
+        submit = JobSubmitSerializer(data=job_body, context={"request": request})
+        if not submit.is_valid():
+            raise ValidationError(volume_export.field_errors(submit.errors))
         job = volume_export.volume_export(
-            volume=volume, destination=body.validated_data["destination"], request=request
+            volume=volume, submit=dict(submit.validated_data), actor=Actor.from_request(request)
         )
         answer = {
             "job": job.pk,
