@@ -122,11 +122,15 @@ class Admission:
         """All or none: what is admitted inside is taken back on exit unless `commit()`ed."""
         trial = Trial()
         saved = copy.deepcopy((self.gate, self.headroom))
+        # the volumes its writers claimed go back too (a gang tried and not placed)
+        writers = self.volumes.claims() if self.volumes is not None else None
         try:
             yield trial
         finally:
             if not trial.committed:
                 self.gate, self.headroom = saved
+                if self.volumes is not None:
+                    self.volumes.restore(writers)
 
     def admit_all(self, jobs, placements) -> dict | None:
         """Each job through `admit` with its placement, all or none: the first refusal, or

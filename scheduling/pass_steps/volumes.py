@@ -41,6 +41,13 @@ class VolumeWriters:
                 held.setdefault(int(volume_id), job_id)
         return held
 
+    def claims(self) -> dict[int, int] | None:
+        """What is claimed now, to `restore` when a trial is not committed."""
+        return None if self._held is None else dict(self._held)
+
+    def restore(self, claims: dict[int, int] | None) -> None:
+        self._held = claims
+
     def refusal(self, job) -> dict | None:
         """Why `job` may not take its volumes now (None: it may; then they are its own)."""
         writes = (job.resources or {}).get("volume_writes")
@@ -59,6 +66,43 @@ class VolumeWriters:
         for volume_id in writes:
             self._held[int(volume_id)] = job.pk
         return None
+
+
+def writer_refusal_locked(job) -> dict | None:
+    """The single path's one-writer rule (`single._reserve_and_place`), inside the placement's
+    transaction: the volumes `job` writes are locked (in id order: two such placements take
+    turns, and a delete or an attach waits for this one), then read as they are now: held by
+    another job, or another job placed to write them (leased … checkpointing), refuses
+    `volume_in_use`. None: it may write them."""
+    writes = sorted({int(v) for v in (job.resources or {}).get("volume_writes") or ()})
+    if not writes:
+        return None
+    held = dict(
+        Volume.objects.select_for_update()
+        .filter(pk__in=writes)
+        .order_by("pk")
+        .values_list("pk", "holder_job_id")
+    )
+    placed = (
+        Job.objects.filter(
+            pool_id=job.pool_id, state__in=ON_NODE, resources__has_key="volume_writes"
+        )
+        .exclude(pk=job.pk)
+        .values_list("pk", "resources__volume_writes")
+    )
+    for other, other_writes in placed:
+        for volume_id in other_writes or ():
+            if int(volume_id) in held and held[int(volume_id)] in (None, job.pk):
+                held[int(volume_id)] = other
+    busy = [v for v in writes if held.get(v) not in (None, job.pk)]
+    if not busy:
+        return None
+    return {
+        "code": Reason.VOLUME_IN_USE.value,
+        "message": f"volume {busy[0]} is mounted read-write by another job; this job waits for "
+        "it to end",
+        "volume": busy[0],
+    }
 
 
 def node_words(pool_id: int, planned: list) -> None:

@@ -7,11 +7,15 @@ import threading
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
+from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, build_pool, build_tenant, submit_job
-from jobs.choices import TERMINAL
+from jobs.choices import TERMINAL, JobState
 from jobs.models import Job
+from jobs.services import job_transition
 from leases.selectors import ledger_problems
+from pools.reasons import Reason
+from scheduling.pass_steps.single import place_one
 from storage import services
 from storage.models import Volume, VolumeAttachment
 from storage.services import VolumeRefused
@@ -117,3 +121,29 @@ def test_a_submit_and_a_delete_racing_never_leave_a_job_waiting_for_a_deleted_vo
             for mount in job.volumes:
                 assert Volume.objects.get(pk=mount["volume"]).state in ("available", "attached")
     assert outcomes_seen  # which one wins is the race's: both answers are checked above
+
+
+def test_two_single_path_placements_of_writers_of_one_volume_racing_place_one():
+    """`place_one` (the single path's `lease_reserve`) for two jobs that write one volume, at
+    once: the volume's row lock makes them take turns, and the second sees the first placed."""
+    pool = build_pool("vrace4", exact_capacity=True)
+    tenant = build_tenant("vrace4-t")
+    build_node(pool, "n", cpu=16000, memory=16384)
+    volume = services.volume_create(tenant=tenant, pool=pool, name="v", size_mib=10, actor=SYSTEM)
+    mounts = [{"volume": volume.pk, "path": "/data", "read_only": False}]
+    for round_ in range(3):
+        jobs = [
+            submit_job(pool, tenant, f"w{round_}-{i}", cpu=500, memory=256, volumes=mounts)
+            for i in range(2)
+        ]
+        now = timezone.now()
+        outcomes = race(2, lambda i, jobs=jobs, now=now: place_one(jobs[i].pk, now))
+        assert sorted(outcomes, key=str) == [True, "volume_in_use"], outcomes
+        states = sorted(
+            Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)
+        )
+        assert states == [JobState.LEASED, JobState.QUEUED]
+        for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
+            job_transition(
+                job=job, to=JobState.CANCELLED, actor=SYSTEM, reason=Reason.CANCELLED_BY_USER
+            )
