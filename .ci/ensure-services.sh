@@ -3,7 +3,8 @@
 #   PostgreSQL, Redis, a Docker engine, a registry on 127.0.0.1:5000, the busybox
 #   test image in that registry, gVisor (runsc) registered with the engine, and Chromium
 #   for the browser tests, and Prometheus (promtool for the alert rules, a server that
-#   scrapes /metrics in the observability tests).
+#   scrapes /metrics in the observability tests), and an S3-compatible object store on
+#   127.0.0.1:9000 (moto's standalone server) for tests/storage/.
 #
 # Idempotent and quick when everything already runs: each step first checks, and only
 # installs (Debian packages, as root) or starts what is missing. One line per service.
@@ -465,6 +466,40 @@ ensure_prometheus() {
     fi
 }
 
+# --- 9. An S3-compatible object store on loopback (moto's standalone server) ---------
+
+# moto[server] in a venv of its own (the project's .venv may not exist yet, and the product never
+# imports moto: it talks to the store over HTTP, as to MinIO). Keys and buckets live in its memory.
+S3_ADDR="${OBJECT_STORE_TEST_ADDR:-127.0.0.1:9000}"
+S3_VENV="/opt/computepool-s3"
+S3_LOG="/var/log/computepool-s3.log"
+S3_MOTO="moto[server]>=5.1,<6"
+
+s3_up() { curl -fsS -o /dev/null --max-time 2 "http://$S3_ADDR/moto-api/data.json" 2>/dev/null; }
+
+ensure_object_store() {
+    if s3_up; then
+        say s3 "moto S3 server answering on $S3_ADDR"
+        return
+    fi
+    local action="started"
+    if [ ! -x "$S3_VENV/bin/moto_server" ]; then
+        if ! { python3 -m venv "$S3_VENV" >/dev/null 2>&1 || { apt_install python3-venv &&
+            python3 -m venv "$S3_VENV" >/dev/null 2>&1; }; } ||
+            ! "$S3_VENV/bin/pip" install -q "$S3_MOTO" >>"$S3_LOG" 2>&1; then
+            missing s3 "cannot install $S3_MOTO into $S3_VENV (see $S3_LOG)"
+            return
+        fi
+        action="installed ($S3_MOTO in $S3_VENV) and started"
+    fi
+    spawn "$S3_LOG" "$S3_VENV/bin/moto_server" -H "${S3_ADDR%:*}" -p "${S3_ADDR##*:}"
+    if wait_for 30 s3_up; then
+        say s3 "$action; moto S3 server on $S3_ADDR"
+    else
+        missing s3 "moto_server does not answer on $S3_ADDR (see $S3_LOG)"
+    fi
+}
+
 # `--for-run` (make run): only what running jobs needs — the Docker engine, the loopback registry,
 # the test image and gVisor. Best effort: make run falls back to SQLite, the embedded Redis and, without
 # Docker, the process runtime, so nothing here is fatal there.
@@ -485,6 +520,7 @@ ensure_test_image
 ensure_gvisor
 ensure_chromium
 ensure_prometheus
+ensure_object_store
 
 if [ "$PROBLEMS" -gt 0 ]; then
     echo "services: $PROBLEMS missing (warnings above); continuing because CI is not true" >&2

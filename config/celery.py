@@ -58,6 +58,8 @@ app.conf.beat_schedule = {
     "leases-uncertain-deadline": {"task": "leases.expire_uncertain", "schedule": 30.0},
     # ended jobs' outputs and logs past their pool's output_retention_days (jobs/artifacts.py)
     "jobs-expire-artifacts": {"task": "jobs.expire_artifacts", "schedule": 86400.0},
+    # persistent volumes detached past their retention (storage/tasks.py)
+    "storage-expire-volumes": {"task": "storage.expire_volumes", "schedule": 3600.0},
     # tenants' credit accounts charged for their leases since the last charge (leases/tasks.py)
     "leases-charge-credits": {"task": "leases.charge_credits", "schedule": 300.0},
     # the event log folded into the metrics' counters and histograms (observability/fold.py)

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "config.apps.ProjectConfig",
     "pools",
     "nodes",
+    "storage",
     "leases",
     "jobs",
     "scheduling",
@@ -162,6 +163,53 @@ MEDIA_ROOT = env("MEDIA_ROOT")
 MEDIA_URL = "media/"
 # One output file of a job; larger uploads are refused (and their partial file deleted).
 JOB_OUTPUT_MAX_BYTES = env("JOB_OUTPUT_MAX_BYTES")
+# The control plane's own object store (docs/storage.md, "Object stores"): with
+# OUTPUTS_TO_OBJECT_STORE on, Django's default storage — where outputs of output_destination ""
+# go — is django-storages' S3 backend on this bucket, instead of files under MEDIA_ROOT. Any
+# S3-compatible store (MinIO, Ceph RGW, AWS S3), path-style, SigV4; server-side encryption
+# requested with OBJECT_STORE_SERVER_SIDE_ENCRYPTION ("" for none).
+OBJECT_STORE_ENDPOINT_URL = env.str("OBJECT_STORE_ENDPOINT_URL", default="")
+OBJECT_STORE_REGION = env.str("OBJECT_STORE_REGION", default="us-east-1")
+OBJECT_STORE_ACCESS_KEY_ID = env.str("OBJECT_STORE_ACCESS_KEY_ID", default="")
+OBJECT_STORE_SECRET_ACCESS_KEY = env.str("OBJECT_STORE_SECRET_ACCESS_KEY", default="")
+OBJECT_STORE_BUCKET = env.str("OBJECT_STORE_BUCKET", default="")
+OBJECT_STORE_SERVER_SIDE_ENCRYPTION = env.str(
+    "OBJECT_STORE_SERVER_SIDE_ENCRYPTION", default="AES256"
+)
+OUTPUTS_TO_OBJECT_STORE = env.bool("OUTPUTS_TO_OBJECT_STORE", default=False)
+# the image of a volume's export job (jobs/volume_export.py): any image with `sh` and `tar`
+VOLUME_EXPORT_IMAGE = env.str("VOLUME_EXPORT_IMAGE", default="docker.io/library/busybox:1.36")
+
+
+def object_store_storage() -> dict:
+    """STORAGES["default"] on the control plane's own bucket (django-storages' S3 backend)."""
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "endpoint_url": OBJECT_STORE_ENDPOINT_URL or None,
+            "region_name": OBJECT_STORE_REGION,
+            "access_key": OBJECT_STORE_ACCESS_KEY_ID,
+            "secret_key": OBJECT_STORE_SECRET_ACCESS_KEY,
+            "bucket_name": OBJECT_STORE_BUCKET,
+            "addressing_style": "path",
+            "signature_version": "s3v4",
+            "default_acl": None,
+            "file_overwrite": False,
+            "querystring_auth": True,
+            "object_parameters": (
+                {"ServerSideEncryption": OBJECT_STORE_SERVER_SIDE_ENCRYPTION}
+                if OBJECT_STORE_SERVER_SIDE_ENCRYPTION
+                else {}
+            ),
+        },
+    }
+
+
+if OUTPUTS_TO_OBJECT_STORE:
+    STORAGES = {
+        "default": object_store_storage(),
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 

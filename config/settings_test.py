@@ -24,3 +24,5 @@ TOKEN_THROTTLE_RATE = ""
 ENCRYPTION_KEYS = {"test-1": "dGVzdC1rZXktb25lLXRlc3Qta2V5LW9uZS10ZXN0LWs="}
 # The loopback registry with the test image (.ci/ensure-services.sh), over plain http.
 REGISTRY_INSECURE_HOSTS = LOOPBACK_REGISTRY_HOSTS
+# A volume's export job runs the loopback registry's busybox (jobs/volume_export.py).
+VOLUME_EXPORT_IMAGE = "127.0.0.1:5000/computepool/busybox:test"

@@ -3,12 +3,14 @@
 Logs are chunks in the database (the newest LOG_KEEP_BYTES per job are kept). Outputs are files
 in Django's default storage (MEDIA_ROOT unless configured otherwise) under
 outputs/<job>/<attempt>/<a random key> (the name is in the row: jobs.models.output_upload_to),
-each with its size and sha256. Neither is a state change: no
-event is written.
+each with its size and sha256 (of the plaintext), sealed as they stream in under the tenant's
+data key (jobs/encryption_at_rest.py) and opened as they stream out (`output_open`). Neither
+is a state change: no event is written.
 
-Retention: `output_retention_days` (pool knob, default 30) after a job ended, a daily sweep
-(jobs/tasks.py) deletes its output files through the storage API, their rows and its log, one
-job at a time, and records `artifacts_expired` on the job (its state is unchanged).
+Retention (jobs/retention.py): the tenant's days for the job's pool, else the tenant's days for
+every pool, else the pool's `output_retention_days` knob (default 30), after a job ended, a
+daily sweep (jobs/tasks.py) deletes its output files through the storage API, their rows and
+its log, one job at a time, and records `artifacts_expired` on the job (its state is unchanged).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import os
 import urllib.parse
 from datetime import timedelta
@@ -25,7 +28,7 @@ from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import transaction
-from django.db.models import Exists, F, Max, OuterRef, Sum, Window
+from django.db.models import Exists, F, Max, OuterRef, Q, Sum, Window
 from django.db.models.functions import Length
 from django.utils import timezone
 
@@ -37,7 +40,15 @@ from pools.models import ComputePool, TenantSecret
 from pools.reasons import Reason
 from pools.sweeps import sweep
 
+from . import retention
 from .choices import TERMINAL
+from .encryption_at_rest import (
+    CHUNK_BYTES,
+    DecryptingReader,
+    EncryptingReader,
+    OutputUnreadable,
+    data_key_for,
+)
 from .events import publish_job_event
 from .models import Job, JobEvent, JobLogChunk, JobOutput, output_upload_to
 
@@ -184,19 +195,39 @@ class _Hashing(File):
             yield chunk
 
 
+class _Tally:
+    """What `EncryptingReader` hands each plaintext chunk to: hashed, counted, refused past the
+    size limit."""
+
+    def __init__(self, limit: int):
+        self.sha256 = hashlib.sha256()
+        self.count = 0
+        self.limit = limit
+
+    def __call__(self, chunk: bytes) -> None:
+        self.count += len(chunk)
+        if self.count > self.limit:
+            raise ValidationError({"files": f"An output has at most {self.limit} bytes."})
+        self.sha256.update(chunk)
+
+
 def job_output_store(*, job: Job, attempt: int, name: str, fileobj) -> JobOutput:
     """Stores one output file of an attempt, replacing the output of the same name and attempt.
     `name` is a plain file name (pools.validation.file_name): it can never leave the job's
-    folder."""
+    folder. The file is sealed under the tenant's data key as it streams into the storage
+    (jobs/encryption_at_rest.py): what the storage holds is ciphertext, a chunk at a time in
+    memory; the row's size and sha256 are the plaintext's."""
     validation.file_name(name)
     storage = default_storage
     limit = settings.JOB_OUTPUT_MAX_BYTES
-    content = _Hashing(fileobj, limit)
+    data_key = data_key_for(job.tenant_id)
+    content = _Tally(limit)
+    sealed = File(EncryptingReader(fileobj, key=data_key, on_plaintext=content))
     path = storage.get_available_name(
         output_upload_to(JobOutput(job=job, attempt=attempt, name=name), name), max_length=400
     )
     try:
-        path = storage.save(path, content, max_length=400)
+        path = storage.save(path, sealed, max_length=400)
     except BaseException:
         if storage.exists(path):  # a partial file of a refused or failed upload
             storage.delete(path)
@@ -219,11 +250,32 @@ def job_output_store(*, job: Job, attempt: int, name: str, fileobj) -> JobOutput
                 size=content.count,
                 sha256=content.sha256.hexdigest(),
                 file=path,
+                data_key=data_key,
             )
     except BaseException:
         storage.delete(path)
         raise
     return output
+
+
+def output_open(output: JobOutput):
+    """The output's plaintext as a binary file object, decrypted as it is read (an output
+    stored before outputs were sealed: the stored file itself); the caller closes it.
+    OutputUnreadable (jobs/encryption_at_rest.py) when it does not open: its header and first
+    chunk are checked here, before anything is sent; a chunk altered further on raises it when
+    it is read. An output kept in an object store (`location`) is not ours to open."""
+    if output.location or not output.file.name:
+        raise ValueError(f"output {output.pk} is kept at {output.location or 'no place'}")
+    stored = output.file.storage.open(output.file.name, "rb")
+    if output.data_key_id is None:
+        return stored
+    try:
+        if output.data_key.tenant_id != output.job.tenant_id:
+            raise OutputUnreadable("sealed under another tenant's data key")
+        return io.BufferedReader(DecryptingReader(stored, key=output.data_key), CHUNK_BYTES)
+    except BaseException:
+        stored.close()
+        raise
 
 
 def job_outputs(job: Job):
@@ -235,28 +287,46 @@ def job_outputs(job: Job):
 # --- retention ------------------------------------------------------------------------------
 
 
-def _expirable(pool, cutoff):
-    """The pool's jobs that ended before `cutoff` and still keep outputs or a log."""
-    return Job.objects.filter(pool=pool, state__in=TERMINAL, state_changed_at__lte=cutoff).filter(
-        Exists(JobOutput.objects.filter(job=OuterRef("pk")))
-        | Exists(JobLogChunk.objects.filter(job=OuterRef("pk")))
+def _expirable(pool, now, tenants_days: dict[int, int]):
+    """The pool's jobs that ended longer ago than their retention (the tenant's days in the
+    pool, else the pool's knob) and still keep outputs or a log."""
+    default = knobs_for(pool).output_retention_days
+    by_days: dict[int, list[int]] = {}
+    for tenant_id, days in tenants_days.items():
+        by_days.setdefault(days, []).append(tenant_id)
+    ended = Q(state_changed_at__lte=now - timedelta(days=default)) & ~Q(
+        tenant_id__in=list(tenants_days)
+    )
+    for days, tenant_ids in by_days.items():
+        ended |= Q(tenant_id__in=tenant_ids, state_changed_at__lte=now - timedelta(days=days))
+    return (
+        Job.objects.filter(pool=pool, state__in=TERMINAL)
+        .filter(ended)
+        .filter(
+            Exists(JobOutput.objects.filter(job=OuterRef("pk")))
+            | Exists(JobLogChunk.objects.filter(job=OuterRef("pk")))
+        )
     )
 
 
 def expire_artifacts(*, now=None) -> int:
-    """Deletes the outputs (files and rows) and logs of jobs that ended more than their pool's
-    `output_retention_days` ago; returns how many jobs were cleared (at most SWEEP_BATCH per
-    pool: the next sweep takes the rest). Each job in its own transaction (pools.sweeps.sweep,
-    SKIP LOCKED: safe on several workers); a job that fails is recorded (`sweep_failed`) and
-    kept for the next sweep, the others go on."""
+    """Deletes the outputs (files and rows) and logs of jobs that ended more than their
+    retention ago (jobs/retention.py: the tenant's days for the pool, else for every pool, else
+    the pool's `output_retention_days`); returns how many jobs were cleared (at most
+    SWEEP_BATCH per pool: the next sweep takes the rest). Each job in its own transaction
+    (pools.sweeps.sweep, SKIP LOCKED: safe on several workers); a job that fails is recorded
+    (`sweep_failed`) and kept for the next sweep, the others go on."""
     now = now or timezone.now()
     actor = Actor.system("artifact-retention")
     cleared = 0
     for pool in ComputePool.objects.order_by("pk"):
-        days = knobs_for(pool).output_retention_days
+        days = retention.tenants_days(pool)
+        default = knobs_for(pool).output_retention_days
         done = sweep(
-            _expirable(pool, now - timedelta(days=days)),
-            lambda job, days=days: _expire_job(job, days=days, actor=actor, now=now),
+            _expirable(pool, now, days),
+            lambda job, days=days, default=default: _expire_job(
+                job, days=days.get(job.tenant_id, default), actor=actor, now=now
+            ),
             event_model=JobEvent,
             actor=actor,
             now=now,
@@ -270,9 +340,11 @@ def expire_artifacts(*, now=None) -> int:
 def _expire_job(job: Job, *, days: int, actor: Actor, now) -> None:
     outputs = list(job.outputs.all())
     # Files first, inside the transaction: a file that cannot be deleted rolls the rows back,
-    # and the next sweep tries again (deleting a file already gone is a no-op).
+    # and the next sweep tries again (deleting a file already gone is a no-op). An output kept
+    # in the tenant's own bucket (`location`) is the bucket's: only its row goes.
     for output in outputs:
-        default_storage.delete(output.file.name)
+        if output.file.name and not output.location:
+            default_storage.delete(output.file.name)
     job.outputs.all().delete()
     chunks, _ = job.log_chunks.all().delete()
     event = JobEvent.record(

@@ -20,7 +20,9 @@ from pools.knobs import PoolKnobs, knobs_for, runtime_below
 from pools.models import TenantSecret
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused
+from storage.mounts import assignment_volumes
 
+from . import object_store
 from .choices import JobState
 from .models import Job, JobOutput
 from .networks import assignment_inputs, pool_network
@@ -72,6 +74,12 @@ def node_assignments(*, node, api_base: str = "") -> list[dict]:
             unreadable[(secret.tenant_id, secret.name)] = str(exc)
     if unreadable:
         leases = [lease for lease in leases if not _failed_unreadable(lease.job, unreadable)]
+    # an s3:// input whose bucket is gone fails its job (`input_unavailable`), not the node's
+    leases = [
+        lease
+        for lease in leases
+        if lease.state == LeaseState.STOPPING or not object_store.inputs_unavailable(lease)
+    ]
     network = pool_network(node.pool)
     checkpoints = {}
     for output in JobOutput.objects.filter(
@@ -162,7 +170,9 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             for env, name in job.secrets.items()
             if (job.tenant_id, name) in secret_values
         },
-        "inputs": assignment_inputs(job.inputs),
+        "inputs": assignment_inputs(job.inputs, object_store.input_presigner(job, lease)),
+        # where outputs go when not to the control plane: {"kind": "s3", "location"} or None
+        "output_store": object_store.assignment_output(job),
         "ports": job.ports,
         "network_policy": job.network_policy,
         "pool_network": network,
@@ -190,6 +200,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
 def _cpuset(node, numa_node) -> str | None:
     """The CPUs of the NUMA node the lease is pinned to, as Docker's cpuset ("0,1,2")."""
     if numa_node is None:
+        # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
+        "volumes": assignment_volumes(job.volumes),
         return None
     for entry in node.numa_layout or ():
         cpus = entry.get("cpus") if isinstance(entry, dict) else None

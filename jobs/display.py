@@ -5,7 +5,7 @@ job's submit-form values for Resubmit / Clone."""
 from __future__ import annotations
 
 import shlex
-from datetime import datetime
+from datetime import UTC, datetime
 
 from .trace import RUNNING, SCHEDULING
 
@@ -133,3 +133,43 @@ def clone_values(job) -> dict:
                 value = "on"
             values[key] = str(value)
     return values
+
+
+def _when(iso_text) -> str:
+    """An API timestamp as the page says it: 2026-12-07 08:48 UTC."""
+    at = datetime.fromisoformat(iso_text.replace("Z", "+00:00"))
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def storage_sentences(statement: dict) -> list[str]:
+    """The job's storage statement (jobs/selectors.py `job_storage`) in plain sentences, for its
+    page: what goes when the attempt ends, what is kept, until when, and where."""
+    gone = statement["ephemeral"]
+    sentences = [f"Deleted when an attempt ends: {'; '.join(gone)}."]
+    for kept in statement["persists"]:
+        if kept["what"] == "outputs" and kept["where"] == "control plane":
+            days = kept["retention_days"]
+            until = (
+                f"until {_when(kept['until'])} ({days} days after the job ended)"
+                if kept["until"]
+                else f"for {days} days after the job ends"
+            )
+            sentences.append(
+                f"Outputs are kept in the control plane, encrypted under the tenant's own key, "
+                f"{until}; download them here or from {kept['fetch']}."
+            )
+        elif kept["what"] == "outputs":
+            sentences.append(
+                f"Outputs go to {kept['where']}, the tenant's bucket, and are fetched there; "
+                "the control plane does not delete them."
+            )
+        else:
+            where = f" on {kept['where']}" if kept.get("where") else ""
+            mode = "read-only" if kept["read_only"] else "read-write"
+            text = f"The {kept['what']} (at {kept['path']}, {mode}) persists{where}"
+            if kept.get("until"):
+                text += f" until {_when(kept['until'])}"
+            elif kept.get("retention_days"):
+                text += f", kept {kept['retention_days']} days after no job mounts it"
+            sentences.append(text + ".")
+    return sentences

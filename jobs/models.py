@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from pools.choices import PlatformRole
 from pools.statemachine import EventBase
 from pools.visibility import Visibility, VisibleQuerySet
 
@@ -205,6 +206,11 @@ class JobOutput(models.Model):
     # where the output lives when it is not in the control plane's storage: "s3://bucket/key"
     # of the job's output destination ("" = `file`)
     location = models.CharField(max_length=1100, blank=True, default="")
+    # the tenant's data key `file` is sealed under (jobs/encryption_at_rest.py); NULL: stored
+    # as it came (an output stored before outputs were encrypted, or one in `location`)
+    data_key = models.ForeignKey(
+        "TenantDataKey", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -217,3 +223,72 @@ class JobOutput(models.Model):
 
     def __str__(self):
         return f"output {self.name} of job {self.job_id} (attempt {self.attempt})"
+
+
+class TenantDataKey(models.Model):
+    """A tenant's 256-bit data key for its outputs at rest (jobs/encryption_at_rest.py), kept
+    wrapped: sealed by the key ring (pools/encryption.py) under `key_id`. One active key per
+    tenant seals new outputs; every key stays while an output names it."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility()  # operators only; no API shows it
+
+    tenant = models.ForeignKey("pools.Tenant", on_delete=models.PROTECT, related_name="data_keys")
+    key_id = models.CharField(max_length=32, help_text="The key ring's key that wraps it")
+    wrapped = models.BinaryField(help_text="nonce || AES-256-GCM(data key) under key_id")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    rewrapped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=models.Q(active=True),
+                name="tenant_data_key_one_active",
+            )
+        ]
+
+    def __str__(self):
+        return f"data key {self.pk} of tenant {self.tenant_id}"
+
+
+class TenantRetention(models.Model):
+    """How long a tenant's outputs and logs are kept after its jobs end: in one pool, or (pool
+    NULL) in every pool without a row of its own; without a row, the pool's
+    `output_retention_days` knob (jobs/retention.py)."""
+
+    objects = VisibleQuerySet.as_manager()
+    visibility = Visibility(tenant="tenant", seen_by=(PlatformRole.POLICY_ADMIN,))
+
+    tenant = models.ForeignKey(
+        "pools.Tenant", on_delete=models.CASCADE, related_name="output_retentions"
+    )
+    pool = models.ForeignKey(
+        "pools.ComputePool",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Empty: every pool without a row of its own",
+    )
+    output_retention_days = models.PositiveIntegerField()
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "pool"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "pool"], name="tenant_retention_one_per_pool"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=models.Q(pool__isnull=True),
+                name="tenant_retention_one_for_all_pools",
+            ),
+        ]
+
+    def __str__(self):
+        where = f"pool {self.pool_id}" if self.pool_id else "every pool"
+        return f"tenant {self.tenant_id}: {self.output_retention_days} days in {where}"

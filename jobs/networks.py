@@ -96,6 +96,8 @@ def input_errors(pool, inputs: list[dict]) -> dict:
     knobs, refused_pairs = knobs_for(pool), refused(pool)
     errors = {}
     for index, item in enumerate(inputs):
+        if item["url"].startswith("s3://"):  # a registered bucket, presigned (object_store.py)
+            continue
         host = urlsplit(item["url"]).hostname or ""
         if problem := _address_problem(host, knobs, refused_pairs):
             errors[str(index)] = {"url": [f"{problem}."]}
@@ -155,12 +157,20 @@ def presigned_input(url: str, name: str) -> dict:
     return {"url": url, "name": name, "presigned": True}
 
 
-def assignment_inputs(inputs: list[dict]) -> list[dict]:
+def assignment_inputs(inputs: list[dict], presign=None) -> list[dict]:
     """A job's inputs as the agent gets them: the presigned mark kept only on a URL of an
-    endpoint registered now."""
+    endpoint registered now; an `s3://bucket/key` input of the tenant's registered bucket
+    becomes its presigned GET through `presign(url)` (jobs/object_store.py `input_presigner`),
+    marked presigned when its endpoint is registered (and without `presign`, left out)."""
     origins = set(object_store_origins())
     out = []
     for item in inputs or ():
+        if item["url"].startswith("s3://"):
+            if presign is not None:
+                signed = presign(item["url"])  # None: its bucket is gone (the job fails)
+                if signed and _origin(signed) in origins:
+                    out.append(presigned_input(signed, item["name"]))
+            continue
         entry = {"url": item["url"], "name": item["name"]}
         if item.get("presigned") is True and _origin(item["url"]) in origins:
             entry["presigned"] = True

@@ -11,8 +11,10 @@ from leases.models import Lease
 from nodes.services import node_allocatable_lower
 from pools.actors import Actor
 
-from .choices import ACTIVE
+from . import selectors
+from .choices import ACTIVE, TERMINAL
 from .lifecycle import job_capacity_vanished
+from .models import Job
 
 DIMENSIONS = ("cpu_millicores", "memory_mib", "scratch_mib")
 
@@ -80,3 +82,31 @@ def on_capacity_vanished(
             )
             if allocatable:
                 node_allocatable_lower(node=node, allocatable=allocatable, inventory=inventory)
+
+
+def on_storage_statement(sender, lease, **kwargs) -> dict | None:
+    """A job's lease says what its job's statement says (leases/signals.py
+    `storage_statement`), with this lease as the lease."""
+    job = lease.job
+    return None if job is None else selectors.job_storage(job, lease=lease)
+
+
+def on_volume_jobs(sender, *, volume_id: int, **kwargs) -> list[int]:
+    """The jobs that have not ended and mount the volume (storage/signals.py `volume_jobs`):
+    its delete is refused and its retention waits while there are any. Read over the jobs of
+    the volume's tenant and pool that mount something (JSON containment is PostgreSQL's only;
+    `make run` is SQLite)."""
+    volume = sender.objects.filter(pk=volume_id).values("tenant_id", "pool_id").first()
+    if volume is None:
+        return []
+    rows = (
+        Job.objects.filter(tenant_id=volume["tenant_id"], pool_id=volume["pool_id"])
+        .exclude(state__in=TERMINAL)
+        .exclude(volumes=[])
+        .values_list("pk", "volumes")
+    )
+    return [
+        pk
+        for pk, mounts in rows
+        if any(isinstance(m, dict) and m.get("volume") == volume_id for m in mounts or ())
+    ]

@@ -4,8 +4,9 @@ from leases.models import Lease
 from leases.services import explain_request
 from nodes.models import GpuDevice
 from pools.images import ImageRef
+from storage.models import Volume
 
-from . import trace
+from . import retention, trace
 from .choices import JobState
 from .models import Job
 
@@ -121,4 +122,99 @@ def job_trace(job: Job, actor) -> dict:
         "spans": [
             trace.span_dict(span, infrastructure=infrastructure) for span in job_trace_spans(job)
         ],
+    }
+
+
+# --- what is ephemeral, what persists (docs/storage.md) ------------------------------------
+
+
+def _iso(value):
+    if value is None:
+        return None
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def job_storage(job: Job, *, lease=None, retentions: dict | None = None) -> dict:
+    """What of the job is gone when its attempt ends, what persists, until when, and where its
+    outputs are fetched after its lease ended: one statement for the job's API answer, its
+    lease's and its page, computed from the job's fields (output destination, volumes,
+    output limit, scratch), its effective retention (jobs/retention.py) and its newest lease.
+    `retentions` caches the effective retention per (tenant, pool) across a list."""
+    if lease is None:
+        cache = getattr(job, "_prefetched_objects_cache", {})
+        leases = cache["leases"] if "leases" in cache else job.leases.order_by("-id")[:1]
+        lease = max(leases, key=lambda held: held.pk, default=None)
+    scratch = (job.resources or {}).get("scratch_mib") or 0
+    ephemeral = ["container filesystem (removed with the container)"]
+    if scratch:
+        ephemeral.append(f"scratch ({scratch} MiB, deleted on the node when the attempt ends)")
+    if job.inputs:
+        ephemeral.append("inputs (fetched onto the node for each attempt, deleted when it ends)")
+    limit = f"{job.output_limit_mib} MiB" if job.output_limit_mib else "no size limit"
+    ephemeral.append(
+        f"/outputs on the node ({limit}; uploaded when the attempt ends, then deleted there)"
+    )
+    key = (job.tenant_id, job.pool_id)
+    if retentions is not None and key in retentions:
+        kept = retentions[key]
+    else:
+        kept = retention.effective(job.tenant_id, job.pool)
+        if retentions is not None:
+            retentions[key] = kept
+    outputs_api = f"/api/v1/jobs/{job.pk}/outputs/"
+    if job.output_destination:
+        outputs = {
+            "what": "outputs",
+            "where": job.output_destination,
+            "until": None,  # the tenant's bucket keeps them as its own lifecycle says
+            "encrypted": "server-side, by the object store",
+            "fetch": job.output_destination,
+            "listed": outputs_api,
+        }
+    else:
+        outputs = {
+            "what": "outputs",
+            "where": "control plane",
+            "until": _iso(retention.expires_at(job, kept)),
+            "retention_days": kept.days,
+            "retention_from": kept.source,
+            "encrypted": "AES-256-GCM under the tenant's data key",
+            "fetch": outputs_api,
+        }
+    persists = [outputs]
+    mounts = [m for m in job.volumes or () if isinstance(m, dict)]
+    ids = [m.get("volume") for m in mounts]
+    volumes = {
+        v.pk: v
+        for v in Volume.objects.select_related("node").filter(
+            pk__in=[i for i in ids if isinstance(i, int)]
+        )
+    }
+    for mount in mounts:
+        volume = volumes.get(mount.get("volume"))
+        entry = {
+            "what": f"volume {volume.name if volume else mount.get('volume')}",
+            "volume": mount.get("volume"),
+            "path": mount.get("path"),
+            "read_only": bool(mount.get("read_only")),
+        }
+        if volume is not None:
+            entry |= {
+                "where": f"node {volume.node.name}",
+                "until": _iso(volume.expires_at),
+                "retention_days": volume.retention_days,
+            }
+        persists.append(entry)
+    return {
+        "ephemeral": ephemeral,
+        "persists": persists,
+        # the newest lease: when it ended, or (still held) when it expires unless renewed
+        "lease": None
+        if lease is None
+        else {
+            "id": lease.pk,
+            "ended_at": _iso(lease.ended_at),
+            "expires_at": _iso(lease.expires_at),
+        },
     }

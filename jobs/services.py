@@ -19,6 +19,8 @@ from pools.knobs import knobs_for
 from pools.models import ComputePool, PriorityClass, Quota, ResourceShape, Tenant
 from pools.reasons import Reason
 from pools.statemachine import Refusal, TransitionRefused, check_allowed, create_many, transition
+from storage import services as volume_services
+from storage.mounts import volume_placement
 
 from .choices import JOB_TRANSITIONS, TERMINAL, AntiAffinityScope, JobState
 from .events import publish_job_event
@@ -90,6 +92,7 @@ def job_submit(
     retry_policy: dict | None = None,
     output_destination: str = "",
     output_limit_mib: int | None = None,
+    volumes: list | None = None,
     image_platforms: list[str] | None = None,
     labels: dict | None = None,
     affinity: dict | None = None,
@@ -134,6 +137,10 @@ def job_submit(
         if value
     }
     output_limit_mib = _output_limit(tenant, pool, output_limit_mib)
+    # Its persistent volumes pin it to their node, a hard constraint the core's node_pin
+    # filter keeps; the pass names a wait there `volume_node_full`/`…_unavailable` and holds a
+    # read-write mount while another job has the volume (storage/scheduling.py).
+    placement |= volume_placement(tenant, pool, volumes)
     priority_class = priority_class or _default_class(pool)
     # the /outputs filesystem is disk on the node: the request reserves it with the scratch
     resources = {**resources, **placement, "output_limit_mib": output_limit_mib}
@@ -152,6 +159,8 @@ def job_submit(
             # A person's submit is capped (the system's builders, demo and benchmarks are not).
             if actor.is_person:
                 check_queue_room(tenant, pool)
+            # its volumes locked and still live: a delete takes turns with this submit
+            volume_services.volumes_hold(tenant.pk, pool.pk, volumes)
             if reservation is not None:
                 reservation = _reservation(
                     reservation, tenant, pool, resources, max_runtime_s, image_platforms, gang
@@ -176,6 +185,7 @@ def job_submit(
                 ports=ports or [],
                 output_destination=output_destination,
                 output_limit_mib=output_limit_mib,
+                volumes=volumes or [],
                 labels=labels or {},
                 affinity=affinity or {},
                 affinity_preferred=affinity_preferred or {},
@@ -304,7 +314,11 @@ def _keyed_job(tenant: Tenant, key: str, digest: str) -> Job | None:
 
 def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -> Job:
     """The one way a job changes state; `details`: message, now, changes, data, check. A job
-    that ends sends `job_ended` once that commits."""
+    that ends sends `job_ended` once that commits. A job with volumes attaches them as it
+    starts (refused `volume_in_use` when another job writes one: nothing changes) and detaches
+    them when it leaves its node (re-queued or ended), in the same transaction."""
+    if job.volumes:
+        _volumes_follow(job, to, actor, details.get("now"))
     job = transition(
         Job,
         job.pk,
@@ -320,6 +334,21 @@ def job_transition(*, job: Job, to: str, actor: Actor, reason: str, **details) -
         job_id = job.pk
         transaction.on_commit(lambda: job_ended.send(sender=Job, job_id=job_id, state=to))
     return job
+
+
+def _volumes_follow(job: Job, to: str, actor: Actor, now) -> None:
+    """A job's volume attachments follow its state (docs/storage.md "Persistent volumes")."""
+    if to == JobState.STARTING:
+        for mount in job.volumes:
+            volume_services.volume_attach(
+                volume_id=mount["volume"],
+                job_id=job.pk,
+                read_only=bool(mount.get("read_only")),
+                actor=actor,
+                now=now,
+            )
+    elif to not in (JobState.LEASED, JobState.RUNNING, JobState.CHECKPOINTING):
+        volume_services.volumes_detach(job_id=job.pk, actor=actor, now=now)
 
 
 def jobs_placed_many(placed, *, actor: Actor, now) -> JobEvent | None:
@@ -437,6 +466,25 @@ def job_finish(
         )
         job_release_leases(job=job, actor=actor, message=f"job {job.pk} {job.state}", now=now)
     return job
+
+
+def job_volume_gone(*, job_id: int, actor: Actor, message: str, now=None) -> Job | None:
+    """A placed job whose volume is gone (deleted or expired) by the time it starts: its start
+    was refused `volume_gone` (storage.services.volume_attach), and it fails with that reason
+    and its lease released, rather than waiting for the lease to expire and being queued again
+    for a volume that never comes back. None when the job moved meanwhile."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state != JobState.LEASED:
+            return None
+        return job_finish(
+            job=job,
+            actor=actor,
+            exit_code=None,
+            reason=Reason.VOLUME_GONE,
+            message=message,
+            now=now,
+        )
 
 
 def job_release_leases(*, job: Job, actor: Actor, message: str, now=None) -> None:

@@ -498,6 +498,7 @@ def _job_context(request, job) -> dict:
         "durations_s": durations,
         "data_readable": readable,
         "outputs": list(artifacts.job_outputs(job)) if readable else [],
+        "storage": display.storage_sentences(selectors.job_storage(job, lease=lease)),
         "is_active": job.state in ACTIVE,
         "has_ended": job.state in TERMINAL,
         "can_submit": _submit_tenants(request).filter(pk=job.tenant_id).exists(),

@@ -124,6 +124,13 @@ def node_features(features) -> frozenset[str]:
     return frozenset(f for f in features if isinstance(f, str))
 
 
+def cached_data(data) -> frozenset[tuple[str, int]]:
+    """{key: bytes} as the core's (key, bytes) pairs; what does not parse is left out."""
+    if not isinstance(data, dict):
+        return frozenset()
+    return frozenset((k, v) for k, v in data.items() if _int(v) is not None)
+
+
 def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -207,5 +214,10 @@ def node_view(
         features=node_features(row["features"]),
         # the image digests the node's agent reports in its cache (heartbeats)
         warm_images=frozenset(row["cached_images"] or ()),
+        # what its caches hold of the data the requests at hand need (snapshot_rows: `data`),
+        # and its measured throughput (docs/storage.md "Data locality")
+        cached_data=cached_data(row.get("data")),
+        pull_bytes_per_s=float(row.get("pull_bytes_per_s") or 0.0),
+        download_bytes_per_s=float(row.get("download_bytes_per_s") or 0.0),
         leases=() if empty else lease_ends(row.get("leases")),
     )

@@ -10,6 +10,7 @@ from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from placement import evaluate, make_context
 from pools.models import CreditAccount, Quota, ResourceShape
+from storage.selectors import disk_held_by_node
 
 from . import snapshot as snap
 from .choices import HOLDING, LeaseState
@@ -29,8 +30,9 @@ def leases_visible_to(actor):
 def ledger_problems(pool=None) -> list[str]:
     """Every way the ledger differs from the live leases or exceeds allocatable; [] is healthy.
 
-    Checked: per node CPU, memory and scratch (ledger == sum of HOLDING non-backfill leases and
-    ≤ allocatable); per GPU milli (== sum, ≤ 1000) and MIG slots (== OR of the leases' masks,
+    Checked: per node CPU, memory and scratch (ledger == sum of HOLDING non-backfill leases, and
+    for scratch the persistent volumes whose disk it still holds, and ≤ allocatable); per GPU
+    milli (== sum, ≤ 1000) and MIG slots (== OR of the leases' masks,
     no two leases sharing a slot); backfills within their reservation.
     """
     nodes = Node.objects.all() if pool is None else Node.objects.filter(pool=pool)
@@ -63,6 +65,7 @@ def ledger_problems(pool=None) -> list[str]:
             if alloc["mig_slots"] & gpu_mask[alloc["gpu"]]:
                 problems.append(f"GPU {alloc['gpu']}: MIG slot held twice")
             gpu_mask[alloc["gpu"]] |= alloc["mig_slots"]
+    volume_disk = disk_held_by_node()
     for node in nodes.values(
         "id",
         "name",
@@ -73,7 +76,8 @@ def ledger_problems(pool=None) -> list[str]:
         "memory_mib_reserved",
         "scratch_mib_reserved",
     ):
-        expected = sums.get(node["id"], [0, 0, 0])
+        expected = list(sums.get(node["id"], [0, 0, 0]))
+        expected[2] += volume_disk.get(node["id"], 0)  # persistent volumes hold disk too
         for i, dim in enumerate(("cpu_millicores", "memory_mib", "scratch_mib")):
             reserved = node[f"{dim}_reserved"]
             if reserved > node[f"{dim}_allocatable"]:

@@ -12,3 +12,8 @@ from django.dispatch import Signal
 # a backfill, its reservation's room) is free again once the transaction commits; the control
 # loop asks for a pass of the lease's pool then.
 capacity_returned = Signal()
+
+# A lease's API answer asks what of its work is ephemeral and what persists (docs/storage.md):
+# sender Lease, lease (one with a job). The jobs app answers with its job's statement
+# (jobs/selectors.py `job_storage`); no answer (None) leaves the lease's own.
+storage_statement = Signal()

@@ -31,8 +31,10 @@ from leases.snapshot_rows import GPU_FIELDS, NODE_FIELDS, read, zone_work_labels
 from nodes.choices import SCHEDULABLE, NodeState, Reachability
 from nodes.models import GpuDevice, Node
 from placement import types as core
+from placement.plugins import data_locality
 from pools.choices import GpuSharingClass
 from pools.knobs import pool_policy as pool_policy  # the core's policy of a pool, re-exported
+from worker_agent.input_cache import key_for
 
 
 class Snapshot:
@@ -86,6 +88,7 @@ def pool_snapshot(
     reachable_only: bool = True,
     work: bool = True,
     zone_work: bool | None = None,
+    data_keys=(),
 ) -> Snapshot:
     """Nodes of the pool in `states` as core views: one query (PostgreSQL), no locks.
 
@@ -96,7 +99,9 @@ def pool_snapshot(
     back. `leases=False`: without the nodes' lease ends (see `snapshot_rows.read`; the
     reserve hot path). `zone_work` (default: as `work`): each node's `zone_workload_labels`,
     the labels of the work on every node of its zone in the pool, those the snapshot leaves
-    out (draining, unreachable) included: what zone-scoped anti-affinity reads.
+    out (draining, unreachable) included: what zone-scoped anti-affinity reads. `data_keys`
+    (`data_keys_of` the requests at hand): each node's `cached_data` holds what its caches
+    have of those only (data locality); none: nothing of its caches is read.
     """
     rows, gpus_by_node = read(
         pool_id,
@@ -104,6 +109,7 @@ def pool_snapshot(
         leases=leases and not empty,
         reachable_only=reachable_only and not empty,
         work=work and not empty,
+        data_keys=() if empty else data_keys,
     )
     zones = {}
     if (work if zone_work is None else zone_work) and not empty:
@@ -123,6 +129,25 @@ def all_nodes_snapshot(pool_id: int) -> Snapshot:
     """Every node of the pool that is not retired, as it is now (for explanations)."""
     states = [s for s in NodeState.values if s != NodeState.RETIRED]
     return pool_snapshot(pool_id, states=states, reachable_only=False)
+
+
+def data_keys_of(requests) -> frozenset[str]:
+    """The image digests and input keys `requests` (core Requests) need on their node."""
+    return frozenset(key for req in requests for key in data_locality.data_keys(req))
+
+
+def input_keys(inputs) -> tuple[str, ...]:
+    """A job's `inputs` ([{"url", "name"}]) as the node input cache keys them
+    (worker_agent.input_cache.key_for): plain http(s) URLs; s3:// inputs are presigned per lease
+    on their bucket's endpoint, which the snapshot does not read: not keyed (yet)."""
+    keys = []
+    for item in inputs or ():
+        url = item.get("url") if isinstance(item, dict) else item
+        if isinstance(url, str) and url.startswith(("http://", "https://")):
+            keys.append(
+                key_for(url, presigned=isinstance(item, dict) and item.get("presigned") is True)
+            )
+    return tuple(dict.fromkeys(keys))
 
 
 def image_archs(platforms) -> tuple[str, ...]:

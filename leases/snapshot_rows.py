@@ -42,6 +42,8 @@ NODE_FIELDS = (
     "cpu_millicores_reserved",
     "memory_mib_reserved",
     "scratch_mib_reserved",
+    "pull_bytes_per_s",
+    "download_bytes_per_s",
 )
 GPU_FIELDS = (
     "id",
@@ -65,7 +67,13 @@ GPU_FIELDS = (
 
 
 def read(
-    pool_id: int, states: list[str], *, leases: bool, reachable_only: bool, work: bool
+    pool_id: int,
+    states: list[str],
+    *,
+    leases: bool,
+    reachable_only: bool,
+    work: bool,
+    data_keys=(),
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """Nodes of the pool in `states` (ordered by name) and their GPUs (by index), each node
     with `leases` (its holding leases' ends) and `work` (what placement reads of the work on
@@ -73,12 +81,16 @@ def read(
     `leases=False` leaves the lease ends out (an empty list per node): placement does not use
     them, only explanations do, and reading them costs O(live leases of the pool).
     `reachable_only`: without the nodes that missed their heartbeats. `work`: with the labels
-    and NUMA pins of the node's holding leases (off for the empty view)."""
+    and NUMA pins of the node's holding leases (off for the empty view). `data_keys`: the
+    image digests and input keys the requests at hand need; each node's `data` is what its
+    caches hold of those alone, {key: bytes} (data locality: never the whole cache)."""
+    data_keys = sorted(set(data_keys))
     if not backend.postgresql():
-        return _read_orm(pool_id, states, leases, reachable_only, work)
+        return _read_orm(pool_id, states, leases, reachable_only, work, data_keys)
     sql = _SELECT.format(
         work=_WORK if work else "'[]'",
         ends=_ENDS if leases else "'[]'",
+        data=_DATA if data_keys else "'{}'",
         reachable="AND n.reachability = %(reachable)s " if reachable_only else "",
     )
     params = {
@@ -86,17 +98,18 @@ def read(
         "pool": pool_id,
         "states": states,
         "reachable": Reachability.REACHABLE.value,
+        "data_keys": data_keys,
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         raw = cursor.fetchall()
     rows, gpus_by_node = [], {}
     for record in raw:  # JSON comes as text, for orjson: 3x faster than psycopg's json.loads
-        row = dict(zip(NODE_FIELDS, record[:-3], strict=True))
+        row = dict(zip(NODE_FIELDS, record[:-4], strict=True))
         for key in ("labels", "runtimes", "features", "cached_images", "numa_layout"):
             if isinstance(row[key], str):
                 row[key] = orjson.loads(row[key])
-        gpus, row["work"], row["leases"] = (orjson.loads(text) for text in record[-3:])
+        gpus, row["work"], row["leases"], row["data"] = (orjson.loads(text) for text in record[-4:])
         gpus_by_node[row["id"]] = gpus
         rows.append(row)
     return rows, gpus_by_node
@@ -124,12 +137,19 @@ _ENDS = (
     f"FROM {Lease._meta.db_table} l WHERE l.node_id = n.id AND l.state = ANY(%(holding)s) "
     "AND l.backfill_of_id IS NULL AND l.expires_at IS NOT NULL) AS text)"
 )
-# {work}, {ends}, {reachable}: the fragments above, or stand-ins for what is not read
+# what the node's caches hold of the data the requests at hand need: {key: bytes}
+# (the key-existence test first: most nodes hold none of them, and it reads no entry)
+_DATA = (
+    "CASE WHEN n.cached_data ?| CAST(%(data_keys)s AS text[]) THEN "
+    "CAST((SELECT jsonb_object_agg(d.key, d.value) "
+    "FROM jsonb_each(n.cached_data) d WHERE d.key = ANY(%(data_keys)s)) AS text) ELSE '{}' END"
+)
+# {work}, {ends}, {data}, {reachable}: the fragments above, or stand-ins for what is not read
 _SELECT = (
     "SELECT " + ", ".join(f'n."{f}"' for f in NODE_FIELDS) + ", "
     "CAST((SELECT COALESCE(json_agg(x ORDER BY x.\"index\"), '[]'::json) FROM (SELECT "
     f"{_GPU_COLUMNS} FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) x) AS text), "
-    "{work}, {ends} "
+    "{work}, {ends}, {data} "
     f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND n.state = ANY(%(states)s) "
     "{reachable}ORDER BY n.name"
 )
@@ -151,13 +171,24 @@ def zone_work_labels(pool_id: int) -> dict[str, frozenset[str]]:
 
 
 def _read_orm(
-    pool_id: int, states: list[str], leases: bool, reachable_only: bool, work: bool
+    pool_id: int,
+    states: list[str],
+    leases: bool,
+    reachable_only: bool,
+    work: bool,
+    data_keys=(),
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
     nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
     if reachable_only:
         nodes = nodes.filter(reachability=Reachability.REACHABLE)
-    rows = list(nodes.order_by("name").values(*NODE_FIELDS))
+    fields = (*NODE_FIELDS, "cached_data") if data_keys else NODE_FIELDS
+    rows = list(nodes.order_by("name").values(*fields))
+    wanted = set(data_keys)
+    for row in rows:
+        held = row.pop("cached_data", None)
+        held = held if isinstance(held, dict) else {}
+        row["data"] = {key: held[key] for key in wanted.intersection(held)}
     ids = [row["id"] for row in rows]
     gpus_by_node: dict[int, list[dict]] = {node_id: [] for node_id in ids}
     for gpu in GpuDevice.objects.filter(node_id__in=ids).order_by("index").values(*GPU_FIELDS):

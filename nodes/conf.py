@@ -20,6 +20,7 @@ DEFAULTS = {
     "NODE_PROBE_SECONDS_PER_ITERATION": 0.05,  # generous: far beyond a busybox sha256 round
     "NODE_PROBE_SECONDS_BASE": 60,  # container start, the memory fill, a slow disk
     "NODE_IMAGE_PULL_TIMES_MAX": 512,  # pull times kept per node (newest win)
+    "NODE_INPUT_DOWNLOAD_TIMES_MAX": 512,  # input download times kept per node (newest win)
 }
 
 

@@ -63,6 +63,23 @@ class Node(models.Model):
     cached_images = models.JSONField(default=list, blank=True)
     # {"sha256:…": seconds} the agent measured pulling each image here (newest 512 kept)
     image_pull_seconds = models.JSONField(default=dict, blank=True)
+    # Data locality (docs/storage.md "Data locality"): what the agent's heartbeats say its caches
+    # hold, {"sha256:…" (an image) or an input's cache key: bytes}; the throughput it measured
+    # pulling images and downloading inputs (bytes/s, 0: not measured yet); the seconds each
+    # input took to download, {key: seconds} (newest NODE_INPUT_DOWNLOAD_TIMES_MAX kept)
+    cached_data = models.JSONField(default=dict, blank=True)
+    pull_bytes_per_s = models.FloatField(default=0.0)
+    download_bytes_per_s = models.FloatField(default=0.0)
+    input_download_seconds = models.JSONField(default=dict, blank=True)
+    # The disk that holds the agent's work root, as its heartbeats report it (statvfs), in MiB:
+    # its size, what is free, and what the node's reservations (jobs' scratch and outputs
+    # images, volumes) have already written there (docs/storage.md "Scratch on disk"); null:
+    # never reported. `disk_short`: its free space + held is below what the node has reserved.
+    disk_total_mib = models.BigIntegerField(null=True, blank=True)
+    disk_free_mib = models.BigIntegerField(null=True, blank=True)
+    disk_held_mib = models.BigIntegerField(null=True, blank=True)
+    disk_reported_at = models.DateTimeField(null=True, blank=True)
+    disk_short = models.BooleanField(default=False)
     features = models.JSONField(default=list, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     region = models.CharField(max_length=40, blank=True)

@@ -197,7 +197,7 @@ class Planner:
         top = self._top(cls, TOP_CANDIDATES)
         i = top[0].index
         placement = to_placement(
-            req, self.nodes[i], _on(self.nodes[i], cls.results[i]), self.policy
+            req, self.nodes[i], _on(self.nodes[i], cls.results[i]), self.policy, self.ctx
         )
         decision = {
             "policy_version": self.policy.version,

@@ -36,6 +36,8 @@ class ScoreContext:
     # apply_to_nodes keeps unchanged nodes as the same objects, so placing many requests on one
     # snapshot re-evaluates only the nodes that changed.
     evaluations: dict = field(default_factory=dict)
+    # data key → bytes, the largest any node of the pass reports holding (data_locality)
+    data_sizes: dict = field(default_factory=dict)
 
 
 _GENERIC = generic_workload()
@@ -52,4 +54,15 @@ def make_context(nodes, policy: Policy, peers=(), rng: Random | None = None) -> 
         max_gpu_milli=max_gpu,
         peers=tuple(peers),
         rng=rng or Random(policy.seed),
+        data_sizes=data_sizes(nodes),
     )
+
+
+def data_sizes(nodes) -> dict[str, int]:
+    """key → bytes, the largest any of `nodes` reports holding in its caches."""
+    sizes: dict[str, int] = {}
+    for node in nodes:
+        for key, size in node.cached_data:
+            if size > sizes.get(key, -1):
+                sizes[key] = size
+    return sizes

@@ -15,6 +15,7 @@ from .bookkeeping import apply_placement, with_zone_work
 from .context import ScoreContext, make_context
 from .evaluation import Evaluation, evaluate
 from .explain import explain
+from .plugins import data_locality
 from .registry import random_scorer
 from .types import (
     COLOCATE_INTERCONNECT,
@@ -83,7 +84,7 @@ def place(
         _, node, result = ctx.rng.choice([(None, n, res) for n, res in feasible])
     else:
         _, node, result = best
-    return to_placement(request, node, result, policy)
+    return to_placement(request, node, result, policy, ctx)
 
 
 def _request_key(req: Request) -> tuple:
@@ -141,9 +142,20 @@ def _invalid(req: Request) -> str:
     return ""
 
 
-def to_placement(req: Request, node: NodeView, result: Evaluation, policy: Policy) -> Placement:
-    """The placement of ``req`` on ``node`` from its ``evaluate`` result."""
+def to_placement(
+    req: Request, node: NodeView, result: Evaluation, policy: Policy, ctx=None
+) -> Placement:
+    """The placement of ``req`` on ``node`` from its ``evaluate`` result; with the pass's
+    context, what its data (image, inputs) costs there (``data_locality.estimate``)."""
     fit = result.fit
+    data = {}
+    if ctx is not None and (req.image or req.inputs):
+        avoided, moved, seconds = data_locality.estimate(req, node, ctx.data_sizes)
+        data = {
+            "data_avoided_bytes": avoided,
+            "data_moved_bytes": moved,
+            "data_arrival_s": round(seconds, 3),
+        }
     return Placement(
         node=node.name,
         request=req,
@@ -157,6 +169,7 @@ def to_placement(req: Request, node: NodeView, result: Evaluation, policy: Polic
         policy_version=policy.version,
         policy_name=policy.name,
         numa_node=fit.numa_node,
+        **data,
     )
 
 

@@ -24,7 +24,8 @@ MAX_WEIGHT = 1e12
 # FGD's typical requests, each with the mean memory of its requests; ties broken towards nodes
 # already running work, then towards the tightest node unless its GPU model is one that
 # model-pinned requests depend on, then by node name. The weights make the order
-# lexicographic. Preference scorers (locality, affinity, warm image, replica spread) come first
+# lexicographic. Preference scorers (locality, affinity, warm image, data locality — when the
+# data arrives, 0..1, so it trades against fragmentation —, replica spread) come first
 # when a request expresses them; they are 0 otherwise, as in the trace replay.
 DEFAULT_POLICY = Policy(
     name="default",
@@ -34,6 +35,7 @@ DEFAULT_POLICY = Policy(
         "locality": 1e9,
         "failure_domain_spread": 1e9,
         "warm_image": 1e8,
+        "data_locality": 1e8,
         "memory_fgd": 1e6,
         "node_in_use": 1e3,
         "best_fit_unpinned": 1.0,

@@ -174,6 +174,12 @@ class NodeView:
     price_per_hour: float = 0.0
     energy_class: int = 0  # 0 = most efficient
     warm_images: frozenset[str] = frozenset()
+    # Data locality (plugins/data_locality.py): (key, bytes) of what the node's caches hold of
+    # the data the requests at hand need ("sha256:…" an image, else an input's cache key), and
+    # the throughput it measured pulling images and downloading inputs (bytes/s; 0: unknown)
+    cached_data: frozenset[tuple[str, int]] = frozenset()
+    pull_bytes_per_s: float = 0.0
+    download_bytes_per_s: float = 0.0
     trust_level: int = 0
     tenants: frozenset[str] = frozenset()  # tenants with work on the node
     workload_labels: frozenset[str] = frozenset()  # "key=value" labels of work on the node
@@ -206,6 +212,10 @@ class NodeView:
         data["leases"] = tuple(
             x if isinstance(x, LeaseEnd) else LeaseEnd.from_dict(x) for x in data.get("leases", ())
         )
+        if "cached_data" in data:  # {key: bytes} or (key, bytes) pairs
+            held = data["cached_data"]
+            pairs = held.items() if isinstance(held, Mapping) else held
+            data["cached_data"] = frozenset((str(k), int(b)) for k, b in pairs)
         for key in (
             "runtimes",
             "features",
@@ -278,6 +288,7 @@ class Request:
     labels: tuple[str, ...] = ()  # this workload's own "key=value" labels
     min_trust_level: int = 0
     image: str = ""  # image digest
+    inputs: tuple[str, ...] = ()  # its inputs' cache keys (data_locality)
     image_archs: tuple[str, ...] = ()  # architectures the image is built for; empty: any
     require_warm_image: bool = False
     tenant: str = ""
@@ -392,6 +403,12 @@ class Placement:
     policy_version: int
     policy_name: str = ""
     numa_node: int | None = None  # the NUMA node CPU and memory come from (require_numa)
+    # What the placement's data (image, inputs) costs on the node (plugins/data_locality.py):
+    # bytes its caches already hold, bytes still to move, and the seconds those are estimated
+    # to take to arrive (None: the request names no data)
+    data_avoided_bytes: int = 0
+    data_moved_bytes: int = 0
+    data_arrival_s: float | None = None
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -246,6 +246,14 @@ class PoolKnobs:
         f"the size of a job's /outputs when it names none (MiB, 0 … {OUTPUT_LIMIT_MAX_MIB}; 0:"
         " no limit, which only the process runtime runs)",
     )
+    # persistent volumes (storage/services.py)
+    volume_retention_days: int = knob(
+        30,
+        _whole("days", "days", 1, RETENTION_MAX_DAYS),
+        "a volume no job mounts is expired (removed) this many days after its last detach, or"
+        " after its creation when never mounted, unless it names its own"
+        f" (1 … {RETENTION_MAX_DAYS})",
+    )
     # what a job may reach (jobs/networks.py)
     private_ranges_allowed: bool = knob(
         False, _boolean, "jobs may reach private address ranges (inputs and egress)"

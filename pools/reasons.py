@@ -22,6 +22,8 @@ class Reason(models.TextChoices):
     QUARANTINED = "quarantined", "Quarantined"
     QUARANTINE_RELEASED = "quarantine_released", "Released from quarantine"
     INVENTORY_DRIFT = "inventory_drift", "Reported inventory drifted from registered"
+    DISK_SHORT = "disk_short", "The node's disk holds less than its reservations"
+    DISK_RECOVERED = "disk_recovered", "The node's disk holds its reservations again"
     NODE_UNREACHABLE = "node_unreachable", "Heartbeats missed"
     NODE_RETURNED = "node_returned", "Heartbeats resumed"
     RETIRED = "retired", "Retired"
@@ -81,6 +83,18 @@ class Reason(models.TextChoices):
     ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
     OUTPUTS_SKIPPED = "outputs_skipped", "Files the job left were not uploaded (links, FIFOs …)"
     RESULTS_UPLOADED = "results_uploaded", "The agent uploaded the attempt's log and outputs"
+    # persistent volumes (storage/, docs/storage.md "Persistent volumes")
+    VOLUME_CREATED = "volume_created", "A tenant created a volume; its size is held on its node"
+    VOLUME_ATTACHED = "volume_attached", "A job mounted the volume"
+    VOLUME_DETACHED = "volume_detached", "A job that mounted the volume ended or left its node"
+    VOLUME_DELETED = "volume_deleted", "Its tenant deleted the volume"
+    VOLUME_EXPIRED = "volume_expired", "Detached past its retention; removed"
+    VOLUME_DISK_RELEASED = "volume_disk_released", "Its node confirmed the image gone"
+    VOLUME_EXPORT_REQUESTED = (
+        "volume_export_requested",
+        "Its tenant asked for a copy in a registered bucket (a job of the tenant)",
+    )
+    VOLUME_GONE = "volume_gone", "A volume the job mounts was deleted or expired before it began"
     # nodes: enrollment, probes, devices, drain deadlines, credentials
     PROBE_REQUESTED = "probe_requested", "Validation or recovery probe requested"
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"
@@ -105,6 +119,22 @@ class Reason(models.TextChoices):
     MEMBER_REMOVED = "member_removed", "A member was removed from the tenant"
     # tenants: membership (a refusal, not an event)
     LAST_ADMIN = "last_admin", "The tenant's last admin cannot be removed or demoted"
+    # tenants: registered buckets of an object store (a TenantBucketEvent each)
+    BUCKET_REGISTERED = "bucket_registered", "A tenant admin registered a bucket"
+    BUCKET_REMOVED = "bucket_removed", "A tenant admin removed a registered bucket"
+    # jobs: inputs and outputs in a tenant's bucket
+    INPUT_UNAVAILABLE = "input_unavailable", "An s3:// input's bucket is gone or unreadable"
+    OUTPUT_MISMATCH = "output_mismatch", "The stored object is not the file announced (refusal)"
+    OUTPUT_IN_OBJECT_STORE = (
+        "output_in_object_store",
+        "The output lives in the tenant's own bucket (refusal of a download)",
+    )
+    BUCKET_UNAVAILABLE = "bucket_unavailable", "The output destination's bucket is gone (refusal)"
+    OBJECT_STORE_ERROR = "object_store_error", "The object store did not answer (refusal)"
+    OUTPUT_PATH_MISMATCH = (
+        "output_path_mismatch",
+        "An upload by the other path than the job's output destination (refusal)",
+    )
     # why a queued job waits (its `pending_reason` code, not an event; plan_conflict above)
     NO_CAPACITY = "no_capacity", "No node of the pool can hold it now"
     NO_READY_NODE = "no_ready_node", "It fits only on nodes that are not ready: it blocks no one"
@@ -115,6 +145,12 @@ class Reason(models.TextChoices):
     GANG_INCOMPLETE = "gang_incomplete", "Fewer members of its gang are queued than its size"
     GANG_MISMATCH = "gang_mismatch", "The members of its gang ask for different things"
     QUOTA_EXCEEDED = "quota_exceeded", "Its tenant's quota in the pool has no room for it"
+    VOLUME_NODE_FULL = "volume_node_full", "The node its volume lives on has no room for it now"
+    VOLUME_NODE_UNAVAILABLE = (
+        "volume_node_unavailable",
+        "The node its volume lives on is draining, quarantined, retired or unreachable",
+    )
+    VOLUME_IN_USE = "volume_in_use", "Another job mounts its volume read-write"
     CREDIT_EXHAUSTED = "credit_exhausted", "Its tenant's credit in the pool is used up"
     # robustness: one bad row never stops a pass or a sweep
     SCHEDULING_ERROR = "scheduling_error", "The scheduler could not process this job"

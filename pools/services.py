@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from placement import DEFAULT_POLICY
 
-from . import encryption, validation
+from . import encryption, objectstore, validation
 from .actors import Actor
 from .choices import (
     OPERATOR_SCOPES,
@@ -37,6 +37,8 @@ from .models import (
     SupportGrant,
     SupportGrantEvent,
     Tenant,
+    TenantBucket,
+    TenantBucketEvent,
     TenantSecret,
     new_token_secret,
     token_digest,
@@ -359,6 +361,92 @@ def tenant_secrets_reencrypt() -> int:
 def tenant_secret_delete(*, secret: TenantSecret) -> None:
     """Jobs that still name it can no longer receive its value when they start."""
     secret.delete()
+
+
+def _bucket_event(tenant: Tenant, bucket: str, *, actor: Actor, reason: str, to: str, data: dict):
+    event = TenantBucketEvent.build(
+        tenant,
+        actor=actor,
+        from_state="" if to == "registered" else "registered",
+        to_state=to,
+        reason=reason,
+        message=f"s3://{bucket} {to}",
+        data={"bucket": bucket} | data,
+    )
+    event.bucket = bucket
+    event.save()
+    return event
+
+
+def bucket_register(
+    *,
+    tenant: Tenant,
+    bucket: str,
+    endpoint: str,
+    region: str,
+    access_key_id: str,
+    secret_access_key: str,
+    server_side_encryption: str = "",
+    actor: Actor,
+) -> TenantBucket:
+    """A tenant admin registers a bucket of an OBJECT_STORE_ENDPOINTS store with the tenant's
+    credentials, after a HEAD of the bucket with them (ValidationError on the field to fix:
+    nothing is stored when the store refuses). A bucket registered again is replaced (new
+    credentials: a rotation). Writes a `bucket_registered` TenantBucketEvent."""
+    if not objectstore.registered_endpoint(endpoint):
+        raise ValidationError({"endpoint": "Not an endpoint of OBJECT_STORE_ENDPOINTS."})
+    target = objectstore.Target(
+        endpoint, region, bucket, access_key_id, secret_access_key, server_side_encryption
+    )
+    try:
+        objectstore.check_bucket(target)
+    except objectstore.StoreError as error:
+        raise ValidationError({error.field: error.message}) from None
+    with transaction.atomic():
+        row = TenantBucket.objects.select_for_update().filter(tenant=tenant, bucket=bucket).first()
+        row = row or TenantBucket(tenant=tenant, bucket=bucket)
+        row.endpoint, row.region = endpoint, region
+        row.server_side_encryption = server_side_encryption
+        row.created_by = actor.user if actor.user_id else None
+        row.created_at = timezone.now()
+        row.seal(access_key_id, secret_access_key)
+        row.save()
+        _bucket_event(
+            tenant,
+            bucket,
+            actor=actor,
+            reason=Reason.BUCKET_REGISTERED,
+            to="registered",
+            data={"endpoint": endpoint, "region": region, "sse": server_side_encryption},
+        )
+    return row
+
+
+@transaction.atomic
+def bucket_remove(*, row: TenantBucket, actor: Actor) -> None:
+    """Jobs that name it afterwards are refused at submit; a queued one whose inputs are in it
+    fails `input_unavailable` when placed. Objects already in the bucket stay (they are the
+    tenant's). Writes a `bucket_removed` TenantBucketEvent, kept after the row is gone."""
+    _bucket_event(
+        row.tenant, row.bucket, actor=actor, reason=Reason.BUCKET_REMOVED, to="removed", data={}
+    )
+    row.delete()
+
+
+def tenant_buckets_reencrypt() -> int:
+    """Re-seals every bucket's credentials not under the current key (the rotation of
+    tenant_secrets_reencrypt); how many."""
+    current = encryption.current_key_id()
+    done = 0
+    for pk in TenantBucket.objects.exclude(key_id=current).values_list("pk", flat=True):
+        with transaction.atomic():
+            row = TenantBucket.objects.select_for_update().filter(pk=pk).first()
+            if row is None or row.key_id == current:
+                continue
+            row.seal(*row.reveal())
+            row.save(update_fields=["ciphertext", "key_id"])
+            done += 1
+    return done
 
 
 def credit_top_up(account: CreditAccount, amount, *, by: str, note: str = "", now=None):

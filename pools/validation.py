@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 from django.core.exceptions import ValidationError
 
 from placement.types import GANG_TOPOLOGIES
+from pools.objectstore import parse_url
 
 # Lists of names in a shape (gpu_models, regions, zones).
 LIST_MAX_ITEMS = 32
@@ -268,8 +269,21 @@ def _http_url(url) -> str | None:
         parts.port  # noqa: B018 (raises on a port out of range)
     except ValueError:
         return "not a valid URL"
+    if url.startswith("s3://"):
+        return _s3_input_url(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "only http(s) URLs with a host"
+        return "only http(s) URLs with a host, or s3://bucket/key of a registered bucket"
+    return None
+
+
+def _s3_input_url(url: str) -> str | None:
+    """What is wrong with an `s3://bucket/key` input (an object, not a prefix), or None."""
+    try:
+        _, key = parse_url(url)
+    except ValueError as exc:
+        return str(exc).rstrip(".")
+    if not key or key.endswith("/"):
+        return "an s3:// input names one object: s3://bucket/key"
     return None
 
 
@@ -335,6 +349,71 @@ def retry_policy(value) -> dict:
     if not _is_int(attempts) or not 1 <= attempts <= RETRY_MAX_ATTEMPTS:
         raise ValidationError(f"max_attempts is an integer from 1 to {RETRY_MAX_ATTEMPTS}.")
     if not _is_int(backoff) or not 0 <= backoff <= RETRY_BACKOFF_MAX_S:
+# A job's persistent volume mounts (docs/storage.md "Persistent volumes")
+VOLUME_MOUNTS_MAX = 8
+VOLUME_PATH_MAX_CHARS = 200
+# what the agent mounts itself: a volume is never mounted at, above or inside one of these
+VOLUME_RESERVED_PATHS = ("/outputs", "/scratch", "/inputs", "/secrets", "/run/secrets", "/tmp")
+# the image's system directories: never at or inside one (nor "/" itself)
+VOLUME_SYSTEM_DIRS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
+    "/run", "/sbin", "/sys", "/usr", "/var",
+)  # fmt: skip
+_VOLUME_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+", re.ASCII)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def volume_path(path) -> str:
+    """An absolute, normal path (no `.`/`..`, no trailing slash, plain characters) that is not
+    a system directory or inside one, and neither at, above nor inside what the agent mounts."""
+    if not isinstance(path, str) or not path or len(path) > VOLUME_PATH_MAX_CHARS:
+        raise ValidationError(f"An absolute path of at most {VOLUME_PATH_MAX_CHARS} characters.")
+    if not _VOLUME_PATH.fullmatch(path) or any(p in (".", "..") for p in path.split("/")):
+        raise ValidationError(
+            f"{path[:60]!r}: an absolute path such as /data, of letters, digits, '.', '_', '-'."
+        )
+    for taken in VOLUME_RESERVED_PATHS:
+        if _inside(path, taken) or _inside(taken, path):
+            raise ValidationError(f"{path}: {taken} is the agent's; mount elsewhere, e.g. /data.")
+    for system in VOLUME_SYSTEM_DIRS:
+        if _inside(path, system):
+            raise ValidationError(f"{path}: inside the system directory {system}.")
+    return path
+
+
+def job_volumes(value) -> list[dict]:
+    """A job's `volumes`: at most VOLUME_MOUNTS_MAX `{"volume": id, "path": "/data",
+    "read_only": false}`, each volume once, no path at or inside another. Whether each volume
+    is the tenant's own is the submit's to check (jobs/api/serializers.py)."""
+    if not isinstance(value, list):
+        raise ValidationError('A list of {"volume": id, "path": "/data", "read_only": false}.')
+    if len(value) > VOLUME_MOUNTS_MAX:
+        raise ValidationError(f"At most {VOLUME_MOUNTS_MAX} volume mounts.")
+    mounts = []
+    for index, entry in enumerate(value):
+        if not isinstance(entry, dict) or set(entry) - {"volume", "path", "read_only"}:
+            raise ValidationError(f"Mount {index}: an object of volume, path and read_only.")
+        volume, read_only = entry.get("volume"), entry.get("read_only", False)
+        if not _is_int(volume) or not 1 <= volume <= BIGINT_MAX:
+            raise ValidationError(f"Mount {index}: volume is a volume's id.")
+        if not isinstance(read_only, bool):
+            raise ValidationError(f"Mount {index}: read_only is true or false.")
+        try:
+            path = volume_path(entry.get("path"))
+        except ValidationError as error:
+            raise ValidationError(f"Mount {index}: {error.messages[0]}") from None
+        for other in mounts:
+            if other["volume"] == volume:
+                raise ValidationError(f"Mount {index}: volume {volume} is mounted twice.")
+            if _inside(path, other["path"]) or _inside(other["path"], path):
+                raise ValidationError(f"Mount {index}: {path} overlaps {other['path']}.")
+        mounts.append({"volume": volume, "path": path, "read_only": read_only})
+    return mounts
+
+
         raise ValidationError(f"backoff_s is an integer from 0 to {RETRY_BACKOFF_MAX_S}.")
     if (
         not isinstance(retry_on, list)
@@ -373,13 +452,24 @@ def job_gang(value) -> dict:
 
 
 def output_destination(value) -> str:
-    """Where outputs go: "" is the control plane's artifact storage (the only one so far)."""
+    """Where outputs go: "" is the control plane's artifact storage; `s3://bucket/prefix/` a
+    bucket the tenant registered (checked against the tenant's buckets by the job serializer),
+    normalised with a trailing "/" after a non-empty prefix."""
     if not isinstance(value, str) or len(value) > OUTPUT_DESTINATION_MAX_CHARS:
         raise ValidationError(f"A string of at most {OUTPUT_DESTINATION_MAX_CHARS} characters.")
     if value.startswith("s3://"):
-        raise ValidationError("S3 output destinations need OUTPUT_S3_* settings.")
+        try:
+            bucket, prefix = parse_url(value)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return f"s3://{bucket}/{prefix}"
     if value:
-        raise ValidationError('Leave it empty ("") for the control plane\'s artifact storage.')
+        raise ValidationError(
+            'Leave it empty ("") for the control plane\'s artifact storage, or name a registered '
+            "bucket: s3://bucket/prefix/."
+        )
     return value
 
 

@@ -12,7 +12,9 @@ be null: unknown). Two estimates meet in the window:
   would not fit even then gets no window.
 
 The window starts at the later of the two lower bounds and ends at the later of the upper
-ones, then widens outward to the steps of `LADDER_S` — the coarse windows of every explanation
+ones, both pushed back by the time the job's data (image, inputs) is estimated to take to reach
+the best node for it (`_data_arrival`, the data_locality scorer's estimate), then widen outward
+to the steps of `LADDER_S` — the coarse windows of every explanation
 (now, 1 h, 4 h, 24 h, 7 days; placement.explain.COARSE_WINDOWS) — so it never tells an
 exact position in the queue, nor when another tenant's lease ends. It holds nothing else: no
 job or lease ids, no tenant, nothing of another tenant's work beyond what the pool's totals
@@ -28,14 +30,21 @@ from bisect import bisect_left, bisect_right
 from datetime import timedelta
 
 from django.db import connection, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from leases import backend
 from leases.models import gpu_share
+from leases.snapshot import data_keys_of, input_keys
+from nodes.choices import SCHEDULABLE, Reachability
+from nodes.models import Node
+from placement.context import data_sizes
 from placement.explain import COARSE_WINDOWS
+from placement.plugins.data_locality import estimate
 from placement.queue import order, queue_class
+from placement.types import NodeView, Request
 from pools.reasons import Reason
 from scheduling.fairshare import (
     holding_leases,
@@ -67,9 +76,13 @@ def refresh(pool_id: int, now=None) -> int:
             "id", "not_before"
         )
     )
+    arrival = _data_arrival(pool_id, [job.id for job in ranked])
     forecasts = []
     for ahead, job in enumerate(ranked):
         earliest, latest = _window(ahead, velocity, frees(job.demand))
+        if earliest is not None and job.id in arrival:  # its data must reach its node too
+            earliest += arrival[job.id]
+            latest = None if latest is None else latest + arrival[job.id]
         if earliest is not None and job.id in not_before:  # retry backoff
             wait = (not_before[job.id] - now).total_seconds()
             earliest, latest = max(earliest, wait), None if latest is None else max(latest, wait)
@@ -126,6 +139,53 @@ def _write_portable(pool_id: int, forecasts: list[dict]) -> None:
     ]
     # only jobs still queued when written (one placed meanwhile gets none)
     Job.objects.filter(state=JobState.QUEUED).bulk_update(changed, ["forecast"])
+
+
+def _data_arrival(pool_id: int, job_ids: list[int]) -> dict[int, float]:
+    """job id → the seconds its data (image, inputs) would take to reach the best node of the
+    pool for it (placement.plugins.data_locality.estimate): the least over the schedulable nodes
+    whose caches hold some of it and over the pool's fastest throughputs (any node's share of
+    it arrives no sooner). Jobs that need nothing any node reports are left out (0)."""
+    wants: dict[int, Request] = {}
+    rows = Job.objects.filter(id__in=job_ids).values_list("id", "image", "inputs")
+    for pk, image, inputs in rows.iterator(chunk_size=2000):
+        digest = image.rsplit("@", 1)[1] if "@" in (image or "") else ""
+        request = Request(image=digest, inputs=input_keys(inputs))
+        if digest or request.inputs:
+            wants[pk] = request
+    if not wants:
+        return {}
+    keys = sorted(data_keys_of(wants.values()))
+    nodes = Node.objects.filter(
+        pool_id=pool_id, state__in=SCHEDULABLE, reachability=Reachability.REACHABLE
+    )
+    wanted = set(keys)
+    views = [
+        NodeView(
+            name=str(pk),
+            cached_data=frozenset((k, v) for k, v in (held or {}).items() if k in wanted),
+            pull_bytes_per_s=pull,
+            download_bytes_per_s=download,
+        )
+        for pk, held, pull, download in nodes.filter(cached_data__has_any_keys=keys).values_list(
+            "pk", "cached_data", "pull_bytes_per_s", "download_bytes_per_s"
+        )
+    ]
+    sizes = data_sizes(views)
+    if not sizes:
+        return {}
+    fastest = nodes.aggregate(pull=Max("pull_bytes_per_s"), download=Max("download_bytes_per_s"))
+    views.append(
+        NodeView(
+            name="fastest",
+            pull_bytes_per_s=fastest["pull"] or 0.0,
+            download_bytes_per_s=fastest["download"] or 0.0,
+        )
+    )
+    return {
+        pk: min(estimate(request, view, sizes)[2] for view in views)
+        for pk, request in wants.items()
+    }
 
 
 def _velocity(pool_id: int, now) -> float:

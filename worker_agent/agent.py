@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker_agent import __version__
+from worker_agent import __version__, input_cache
 from worker_agent.client import ApiClient, ApiError, ApiUnreachable
 from worker_agent.host import Host, cpu_features
 from worker_agent.identity import KeyRefused, NodeKey, default_key_file
+from worker_agent.inventory import storage_report
 from worker_agent.metrics import AgentMetrics
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Runner
@@ -28,6 +29,7 @@ from worker_agent.runtime.docker import DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.runtime.protocol import Runtime
 from worker_agent.state import AgentState
+from worker_agent.volumes import Volumes
 from worker_agent.workroot import WorkRoot, WorkRootError, default_work_root
 
 log = logging.getLogger(__name__)
@@ -144,7 +146,10 @@ class Agent:
         key_file = config.key_file or default_key_file(config.state_dir)
         self.key = load_key(key_file, (self.work.dir, self.state.dir))
         self.client = ApiClient(config.api, self.state, key=self.key, stop=self.stop_event)
+        self.volumes = Volumes(self.work.dir)  # persistent volumes: outside every attempt
         self.host = host or Host(self.work.dir)  # the disk jobs write to
+        # the node's input cache, under the state dir, never mounted (docs/storage.md)
+        self.input_cache = input_cache.configure(self.state.dir / "input-cache")
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
         )
@@ -311,19 +316,33 @@ class Agent:
         log.info("node credential rotated")
 
     # ------------------------------------------------------------------ heartbeat
+    def storage(self, image_sizes: dict | None) -> dict:
+        """The heartbeat's disk, caches and downloads (docs/storage.md); {} when the disk
+        cannot be read (the heartbeat goes on without them)."""
+        try:
+            return storage_report(
+                root=self.work.dir, image_sizes=image_sizes or {}, cache=self.input_cache
+            )
+        except OSError as exc:
+            log.warning("storage report left out: %s", exc)
+            return {}
+
     def heartbeat(self) -> dict:
         self.reap()
+        sizes = getattr(self.primary, "image_sizes", None)  # the Docker runtimes'
+        image_sizes = sizes() if sizes is not None else None
         workloads = [w for w in (r.workload() for r in self.runners.values()) if w]
         body = {
             "agent_version": __version__,
             "usage": self.host.usage(),
             "gpus": self.host.gpu_health(),
             "workloads": workloads,
-            "images": self.primary.images(),
+            "images": list(image_sizes) if image_sizes is not None else self.primary.images(),
             "runtime": self.primary.name,
             "runtimes": list(self.runtimes),
             "features": cpu_features(),  # a migrated VM may have gained or lost some
         }
+        body |= self.storage(image_sizes)
         answer = self.client.heartbeat(body) or {}
         self.metrics.heartbeat_taken()
         if answer.get("heartbeat_interval_s"):
@@ -333,7 +352,17 @@ class Agent:
         if self.rotate_requested or self.state.credential_due_for_rotation():
             self.rotate_credential()
         self.run_probes(answer.get("probes") or [])
+        self.reconcile_volumes()
         return answer
+
+    def reconcile_volumes(self) -> None:
+        """The volumes held here, reported; the deleted or expired ones removed (a control
+        plane without the endpoint, 404: nothing to do)."""
+        try:
+            self.volumes.reconcile(self.client)
+        except ApiError as exc:
+            if exc.status not in (404, 405):
+                log.warning("volumes not reconciled: %s", exc)
 
     # ------------------------------------------------------------------ probes
     def run_probes(self, probes: list) -> None:
@@ -444,6 +473,7 @@ class Agent:
             found=found,
             gpu_usage=self.host.gpu_usage,
             metrics=self.metrics,
+            volumes=self.volumes,
         )
         if found is None:  # a new attempt, not one a previous agent left running
             self.metrics.taken_up(assignment.leased_at)

@@ -195,6 +195,10 @@ class ApiClient:
     def probe_result(self, probe: int, result: dict) -> dict:
         return self.request("POST", f"agent/probes/{int(probe)}/result", json={"result": result})
 
+    def volumes(self, held: list[dict]) -> dict:
+        """The persistent volumes held here; the answer's `remove` names the gone ones."""
+        return self.request("POST", "agent/volumes", json={"volumes": held})
+
     def assignments(self) -> list[dict]:
         return self.request("GET", "agent/assignments") or []
 
@@ -256,6 +260,32 @@ class ApiClient:
             data=body,
             headers=headers | self._trace_headers(job),
             timeout=max(self.timeout, 300),
+        )
+
+    def output_presign(
+        self, job: int, fencing_token: str, name: str, size: int, sha256: str
+    ) -> dict:
+        """A presigned PUT of one output to the job's s3:// destination: {url, headers,
+        location} (docs/storage.md); the bucket's credentials never come with it."""
+        body = {"fencing_token": fencing_token, "name": name, "size": size, "sha256": sha256}
+        return self.request(
+            "POST",
+            f"agent/jobs/{int(job)}/outputs/presign",
+            json=body,
+            headers=self._trace_headers(job),
+        )
+
+    def output_record(
+        self, job: int, fencing_token: str, name: str, size: int, sha256: str
+    ) -> dict:
+        """Asks the control plane to record an output PUT by its presigned URL (it checks the
+        object's size and sha256 with a HEAD: 409 `output_mismatch` otherwise)."""
+        body = {"fencing_token": fencing_token, "name": name, "size": size, "sha256": sha256}
+        return self.request(
+            "POST",
+            f"agent/jobs/{int(job)}/outputs/record",
+            json=body,
+            headers=self._trace_headers(job),
         )
 
     @contextlib.contextmanager

@@ -16,7 +16,13 @@ from pathlib import Path
 import psutil
 import pynvml
 
-from worker_agent.inventory import gpu_usage, inventory_document, load_nvml, read_gpus
+from worker_agent.inventory import (
+    disk_capacity_mib,
+    gpu_usage,
+    inventory_document,
+    load_nvml,
+    read_gpus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +119,9 @@ class Host:
             self.gpu_reading(),
             cpu_millicores=cpus * 1000,
             memory_mib=psutil.virtual_memory().total // MIB,
-            scratch_mib=psutil.disk_usage(self.scratch_path).free // MIB,
+            # the size of the work root's disk; what is free of it goes with each heartbeat
+            # (docs/storage.md "Scratch on disk")
+            scratch_mib=disk_capacity_mib(self.scratch_path),
             numa=numa_nodes(),
         )
 

@@ -26,12 +26,13 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-from worker_agent import __version__, addresses, netpolicy
+from worker_agent import __version__, addresses, input_cache, netpolicy
 from worker_agent.outputs import plain_name
 from worker_agent.runtime.base import Assignment, RuntimeFailure
 
@@ -162,10 +163,28 @@ def fetch_all(assignment: Assignment, workdir: Path, *, netns: str | None, rules
 
 
 def _fetch_into(item: dict, workdir: Path, rules: Rules, *, presigned: bool) -> None:
-    """One input; a presigned one (is_presigned) unchecked, and its redirects not followed."""
+    """One input; a presigned one (is_presigned) unchecked, and its redirects not followed.
+    With the node's input cache (worker_agent/input_cache.py), an entry of the same object is
+    revalidated by a conditional GET made exactly as the download (304: filled from the
+    cache), and a download with a validator is kept for the next attempt."""
     name, target, size = item["name"], workdir / "inputs" / item["name"], 0
+    cache = input_cache.active()
+    key = input_cache.key_for(item["url"], presigned=presigned) if cache else ""
+    entry = cache.lookup(key) if cache else None
+    started = time.monotonic()
     try:
-        response = open_checked(item["url"], rules, follow=not presigned, checked=not presigned)
+        response = open_checked(
+            item["url"],
+            rules,
+            follow=not presigned,
+            checked=not presigned,
+            headers=entry.validators() if entry else None,
+        )
+        if entry is not None and response.status == 304:
+            response.close()
+            cache.fill(entry, target)
+            return
+        keep = input_cache.cacheable(response.headers) if cache and response.status == 200 else None
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with response, os.fdopen(fd, "wb") as f:
             while block := response.read(1024 * 1024):
@@ -176,11 +195,24 @@ def _fetch_into(item: dict, workdir: Path, rules: Rules, *, presigned: bool) -> 
     except (InputRefused, OSError, http.client.HTTPException, ssl.SSLError) as exc:
         raise RuntimeFailure("runtime_error", f"input {name}: {exc}") from exc
     os.chmod(target, 0o644)
+    if cache:
+        cache.record_download(key, size, time.monotonic() - started)
+        if keep is not None:
+            try:
+                cache.store(key, target, keep)
+            except OSError as exc:  # the cache is an optimisation: the attempt goes on
+                log.warning("input %s not cached: %s", name, exc)
+        elif entry is not None:
+            cache.forget(key)  # the server no longer allows keeping it
 
 
-def open_checked(url: str, rules: Rules, *, follow: bool = True, checked: bool = True):
+def open_checked(
+    url: str, rules: Rules, *, follow: bool = True, checked: bool = True, headers=None
+):
     """The response to GET `url` (status 2xx), every hop resolved, checked and connected to
-    the checked address; redirects followed (at most MAX_REDIRECTS) only when `follow`."""
+    the checked address; redirects followed (at most MAX_REDIRECTS) only when `follow`.
+    `headers`: a conditional request's validators (the input cache's), then 304 is answered
+    too."""
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -189,9 +221,8 @@ def open_checked(url: str, rules: Rules, *, follow: bool = True, checked: bool =
         infos = rules.check(parts.hostname, port) if checked else _lookup(parts.hostname, port)
         connection = _pinned(parts.scheme, parts.hostname, port, infos)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        connection.request(
-            "GET", path, headers={"User-Agent": f"compute-pool-worker-agent/{__version__}"}
-        )
+        sent = {"User-Agent": f"compute-pool-worker-agent/{__version__}", **(headers or {})}
+        connection.request("GET", path, headers=sent)
         response = connection.getresponse()
         location = response.getheader("Location")
         if response.status in REDIRECTS and location:
@@ -201,6 +232,8 @@ def open_checked(url: str, rules: Rules, *, follow: bool = True, checked: bool =
                 raise InputRefused(f"HTTP {response.status}: redirects are not followed here")
             url = urljoin(url, location)
             continue
+        if headers and response.status == 304:
+            return response
         if not 200 <= response.status < 300:
             response.close()
             connection.close()

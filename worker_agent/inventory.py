@@ -13,13 +13,19 @@ reconciled later) and per-device health readings (sent with heartbeats).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import stat
 import sys
 from types import SimpleNamespace
 
 import pynvml
 
-from worker_agent.schema import GPU_KEYS, SCHEMA_VERSION, validate_inventory
+from worker_agent.schema import GPU_KEYS, SCHEMA_VERSION, storage_errors, validate_inventory
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
 
 
 def load_nvml():
@@ -492,6 +498,74 @@ def inventory_document(
             "gpus": inventory_only(reading),
         }
     )
+
+
+# --------------------------------------------------------------------------- the disk
+
+
+def disk_capacity_mib(path) -> int:
+    """The size of the filesystem that holds `path`, in MiB: the inventory's `scratch_mib`
+    (what the node has; what is free now goes with each heartbeat, `disk_report`)."""
+    stats = os.statvfs(path)
+    return stats.f_blocks * stats.f_frsize // MIB
+
+
+def held_bytes(root, *, depth: int = 3) -> int:
+    """What the node's reservations have already written on the filesystem of `root` (the work
+    root): the allocated blocks of the disk images below it (`*.img`: jobs' scratch and
+    outputs, volumes), those of another filesystem left out. A sparse image counts what its
+    job wrote, never its size."""
+    try:
+        device = os.stat(root).st_dev
+    except OSError:
+        return 0
+    total, stack = 0, [(os.fspath(root), 0)]
+    while stack:
+        folder, level = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if info.st_dev != device:
+                continue
+            if stat.S_ISDIR(info.st_mode) and level < depth:
+                stack.append((entry.path, level + 1))
+            elif stat.S_ISREG(info.st_mode) and entry.name.endswith(".img"):
+                total += min(info.st_blocks * 512, info.st_size)
+    return total
+
+
+def disk_report(root) -> dict:
+    """The heartbeat's `disk` (worker_agent/schemas/storage-v1.json): statvfs of the work
+    root's filesystem — its size and what is free to the agent — and what the node's
+    reservations already wrote there (`held_bytes`)."""
+    stats = os.statvfs(root)
+    total = stats.f_blocks * stats.f_frsize
+    free = min(stats.f_bavail * stats.f_frsize, total)
+    return {"total_bytes": total, "free_bytes": free, "held_bytes": min(held_bytes(root), total)}
+
+
+def storage_report(*, root, image_sizes: dict, cache=None) -> dict:
+    """The heartbeat's storage parts (`disk`, `cache`, `downloads`), checked against the schema
+    first: a part the control plane would refuse is left out (and logged), never sent."""
+    report = {"disk": disk_report(root)}
+    images = [{"digest": d, "bytes": int(b)} for d, b in list(image_sizes.items())[:512]]
+    report["cache"] = {"images": images, "inputs": cache.report() if cache else []}
+    if cache is not None:
+        downloads = cache.take_downloads()
+        if downloads:
+            report["downloads"] = downloads
+    for part in list(report):
+        problems = storage_errors({part: report[part]})
+        if problems:
+            log.warning("storage report: %s left out: %s", part, problems[:3])
+            del report[part]
+    return report
 
 
 if __name__ == "__main__":  # pragma: no cover - run on a GPU machine

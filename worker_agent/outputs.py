@@ -14,12 +14,13 @@ the control plane records them in the job's events.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import tarfile
 from dataclasses import dataclass, field
 
-from worker_agent import tarstream
+from worker_agent import presigned, tarstream
 from worker_agent.client import ApiError
 from worker_agent.runtime.base import CHECKPOINT_SUBDIR
 from worker_agent.runtime.protocol import Runtime
@@ -112,6 +113,11 @@ class Outputs:
     skipped_total: int = 0
     checkpoint: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → size, mtime
     read: int = 0
+    # the assignment's `output_store` ({"kind": "s3", "location"}: each file PUT by a presigned
+    # URL, docs/storage.md) and the object-store origins it may reach (pool_network's)
+    store: dict | None = None
+    store_endpoints: tuple[str, ...] = ()
+    pending: list[tuple[str, int, str]] = field(default_factory=list)  # name, size, sha256
 
     def skip(self, name: str, reason: str) -> None:
         log.warning("job %s: output %r skipped (%s)", self.job, name[:200], reason)
@@ -134,6 +140,8 @@ class Outputs:
             return
         with stream:
             self._members(tarstream.open_stream(stream))
+        for name, size, sha256 in self.pending:
+            self._upload_object(name, size, sha256)
         if self.checkpoint:
             self._upload_checkpoint()
 
@@ -165,10 +173,12 @@ class Outputs:
                 self.skip(path, "name")
             elif path == CHECKPOINT_ARCHIVE:
                 self.skip(path, "reserved")
-            elif len(self.uploaded) >= OUTPUT_FILES_MAX:
+            elif len(self.uploaded) + len(self.pending) >= OUTPUT_FILES_MAX:
                 self.skip(path, "too_many")
             elif member.size > OUTPUT_FILE_MAX_BYTES:
                 self.skip(path, "too_large")
+            elif self.store:  # hashed now, PUT after this read (one archive stream at a time)
+                self.pending.append((path, member.size, _sha256(tarstream.data_of(tar, member))))
             else:
                 self._upload(
                     path,
@@ -196,6 +206,45 @@ class Outputs:
             self.skip(name, "failed")
             return
         self.uploaded.append(name)
+
+    def _upload_object(self, name: str, size: int, sha256: str) -> None:
+        """One output to the job's s3:// destination, its sha256 taken in the first read: a
+        presigned PUT (from the control plane: this file's key, size and digest signed in) fed
+        by a second read of the file, then the control plane records it after a HEAD. Nothing
+        is written to the node's disk; the checkpoint still goes to the control plane."""
+        for attempt in (1, 2):  # a failed PUT is tried once more, with a fresh URL
+            try:
+                signed = self.client.output_presign(
+                    self.job, self.fencing_token, name, size, sha256
+                )
+                presigned.put(
+                    str(signed.get("url", "")),
+                    dict(signed.get("headers") or {}),
+                    size,
+                    self._reread(name, size),
+                    endpoints=self.store_endpoints,
+                )
+                self.client.output_record(self.job, self.fencing_token, name, size, sha256)
+            except ApiError as exc:
+                if exc.status not in (400, 409, 413):
+                    raise
+                log.warning("job %s: output %s refused: %s", self.job, name, exc.code or exc)
+                self.skip(name, "refused")
+                return
+            except presigned.PutRefused as exc:
+                log.warning("job %s: output %s: %s", self.job, name, exc)
+                if attempt == 2 or "no registered" in str(exc):
+                    self.skip(name, "refused")
+                    return
+                continue
+            except (OSError, tarfile.TarError) as exc:
+                log.warning("job %s: output %s: %s", self.job, name, exc)
+                if attempt == 2:
+                    self.skip(name, "failed")
+                    return
+                continue
+            self.uploaded.append(name)
+            return
 
     def _reread(self, name: str, size: int):
         stream = self.runtime.archive(self.handle, f"{OUTPUTS}/{name}")
@@ -257,6 +306,13 @@ class Outputs:
             yield tarstream.END
 
         self._upload(CHECKPOINT_ARCHIVE, size, opener(), reread=opener)
+
+
+def _sha256(chunks) -> str:
+    digest = hashlib.sha256()
+    for block in chunks:
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def _utf8(text: str) -> bool:

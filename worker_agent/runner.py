@@ -49,6 +49,7 @@ from worker_agent.runtime.base import (
     Step,
 )
 from worker_agent.runtime.protocol import Runtime
+from worker_agent.volumes import Volumes
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,10 @@ class Runner(threading.Thread):
         poll_s: float = 1.0,
         gpu_usage=None,
         metrics: AgentMetrics | None = None,
+        volumes: Volumes | None = None,
     ):
         super().__init__(daemon=True, name=f"job-{assignment.job}")
+        self.volumes = volumes  # the node's persistent volumes (worker_agent/volumes.py)
         self.assignment, self.client, self.runtime = assignment, client, runtime
         if client is not None:
             client.trace_job(assignment.job, assignment.traceparent)
@@ -222,6 +225,7 @@ class Runner(threading.Thread):
         self.phase = Phase.STARTING
         self._report(Step.STARTING)
         self._prepare_dirs()
+        a = self.assignment = self._with_volumes(a)
         starting = time.monotonic()
         handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
         try:
@@ -272,6 +276,18 @@ class Runner(threading.Thread):
                 raise RuntimeFailure("runtime_error", f"ingress address {host!r}: {exc}") from exc
         bind = str(address) if address is not None else "127.0.0.1"
         return replace(a, pool_network=replace(a.pool_network, ingress_address=bind))
+
+    def _with_volumes(self, a: Assignment) -> Assignment:
+        """The assignment with each persistent volume made (or mounted again) on the node, and
+        the host folder its container gets."""
+        if not a.volumes:
+            return a
+        if self.volumes is None:
+            raise RuntimeFailure("runtime_error", "this agent keeps no persistent volumes")
+        ready = tuple(
+            replace(v, source=str(self.volumes.ensure(v.id, v.size_mib))) for v in a.volumes
+        )
+        return replace(a, volumes=ready)
 
     def _running(self, handle) -> None:
         host = self._bound(self.assignment).pool_network.ingress_address
@@ -466,7 +482,16 @@ class Runner(threading.Thread):
         (worker_agent/outputs.py); the final report's fields for what was skipped."""
         token = self.assignment.fencing_token
         budget = read_budget(self.assignment.limits.output_limit_mib)
-        outputs = Outputs(self.runtime, handle, self.client, self.job, token, read_max=budget)
+        outputs = Outputs(
+            self.runtime,
+            handle,
+            self.client,
+            self.job,
+            token,
+            read_max=budget,
+            store=self.assignment.output_store,
+            store_endpoints=self.assignment.pool_network.object_store_endpoints,
+        )
         try:
             outputs.upload()
         except (ApiError, ApiUnreachable, RuntimeFailure, OSError, tarfile.TarError) as exc:

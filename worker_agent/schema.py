@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from itertools import islice
 
 from jsonschema import Draft202012Validator, validators
 
@@ -102,3 +103,57 @@ def _explain(error) -> list[tuple[Path, str]]:
     if keyword in _MESSAGES:
         return [(path, _MESSAGES[keyword].format(bound))]
     return [(path, error.schema.get("description") or "Invalid value.")]  # anyOf and the like
+
+
+# The storage parts of a heartbeat (disk, caches, downloads): `schemas/storage-v1.json`, checked
+# by the agent before it sends and by the control plane when it receives
+# (nodes.api.serializers.HeartbeatSerializer), as the inventory is.
+STORAGE_SCHEMA: dict = json.loads(
+    resources.files(__package__).joinpath("schemas/storage-v1.json").read_text()
+)
+STORAGE_PARTS = tuple(STORAGE_SCHEMA["properties"])  # ("disk", "cache", "downloads")
+STORAGE_ERRORS_MAX = 20  # a hostile report is told its first few problems, not thousands
+
+
+def _storage_overlong(report) -> list[tuple[Path, str]]:
+    """The lists longer than the schema allows, found without walking their items."""
+    if not isinstance(report, dict):
+        return []
+    props = STORAGE_SCHEMA["properties"]
+    lists = [(("downloads",), report.get("downloads"), props["downloads"]["maxItems"])]
+    cache = report.get("cache")
+    if isinstance(cache, dict):
+        for part in ("images", "inputs"):
+            bound = props["cache"]["properties"][part]["maxItems"]
+            lists.append((("cache", part), cache.get(part), bound))
+    return [
+        (path, _MESSAGES["maxItems"].format(bound))
+        for path, value, bound in lists
+        if isinstance(value, list) and len(value) > bound
+    ]
+
+
+_STORAGE_VALIDATOR = _Validator(STORAGE_SCHEMA)
+
+
+def storage_errors(report) -> list[tuple[Path, str]]:
+    """Everything wrong with a heartbeat's storage parts ({"disk": …, "cache": …,
+    "downloads": …}, each optional), as (path, message) pairs; [] if valid. Beyond the schema:
+    free and held within the disk's size, each digest and key listed once."""
+    if too_long := _storage_overlong(report):
+        return too_long  # before the schema walks a hostile list item by item
+    explained = (pair for e in _STORAGE_VALIDATOR.iter_errors(report) for pair in _explain(e))
+    errors = list(dict.fromkeys(islice(explained, STORAGE_ERRORS_MAX)))
+    if errors:
+        return errors
+    disk = report.get("disk")
+    if disk is not None:
+        for field in ("free_bytes", "held_bytes"):
+            if disk[field] > disk["total_bytes"]:
+                errors.append((("disk", field), "Must not exceed total_bytes."))
+    cache = report.get("cache") or {}
+    for part, key in (("images", "digest"), ("inputs", "key")):
+        names = [entry[key] for entry in cache.get(part, ())]
+        if len(set(names)) != len(names):
+            errors.append((("cache", part), f"Each {key} is listed once."))
+    return errors

@@ -6,16 +6,17 @@ import hashlib
 import logging
 
 from django.core.exceptions import ValidationError
-from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from jobs import artifacts, assignments, lifecycle
+from jobs import artifacts, assignments, lifecycle, object_store
+from jobs.api.downloads import EncryptionUnavailable, output_response
 from jobs.api.views import TraceContextMixin
 from jobs.models import Job
+from jobs.services import job_volume_gone
 from jobs.trace import parse_traceparent
 from leases.choices import HOLDING
 from nodes.api.views import NodeErrorsMixin
@@ -25,7 +26,9 @@ from pools import logcontext, validation
 from pools.actors import Actor
 from pools.api.parsers import TextJSONParser
 from pools.api.permissions import IsNode
+from pools.encryption import EncryptionError
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +126,22 @@ class OutputsSerializer(serializers.Serializer):
     )
 
 
+class ObjectOutputSerializer(serializers.Serializer):
+    """One output file for the job's s3:// destination (jobs/object_store.py)."""
+
+    fencing_token = serializers.RegexField(FENCING_TOKEN)
+    name = serializers.CharField(max_length=255, trim_whitespace=False)
+    size = serializers.IntegerField(min_value=0, max_value=object_store.OUTPUT_MAX_BYTES)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+    def validate_name(self, value):
+        try:
+            validation.file_name(value)
+        except ValidationError as error:
+            raise serializers.ValidationError(error.messages) from None
+        return value
+
+
 class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewSet):
     """Acts on jobs placed on the asking node and nothing else."""
 
@@ -171,14 +190,9 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
         checkpoint = assignments.job_checkpoint(job)
         if checkpoint is None:
             raise NotFound("This job has no checkpoint of an earlier attempt.")
-        response = FileResponse(
-            checkpoint.file.open("rb"),
-            as_attachment=True,
-            filename=assignments.CHECKPOINT_OUTPUT,
-            content_type="application/x-tar",
+        return output_response(
+            checkpoint, filename=assignments.CHECKPOINT_OUTPUT, content_type="application/x-tar"
         )
-        response["X-Checksum-Sha256"] = checkpoint.sha256
-        return response
 
     @extend_schema(request=ReportSerializer, responses={200: dict})
     @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/report")
@@ -187,9 +201,14 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
         serializer = ReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         actor = self.actor()
-        job = lifecycle.job_report(
-            job=job, node=actor.node, actor=actor, **serializer.validated_data
-        )
+        try:
+            job = lifecycle.job_report(
+                job=job, node=actor.node, actor=actor, **serializer.validated_data
+            )
+        except TransitionRefused as refused:  # its start refused: a volume it mounts is gone
+            if refused.code == Reason.VOLUME_GONE:
+                job_volume_gone(job_id=job.pk, actor=actor, message=refused.message)
+            raise
         return Response({"job": job.pk, "state": job.state, "attempts": job.attempts})
 
     @extend_schema(request=LogSerializer, responses={200: dict})
@@ -238,9 +257,37 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
                 raise serializers.ValidationError(
                     {"files": {upload.name[:255]: error.messages}}
                 ) from error
+            except EncryptionError as error:  # no ring: nothing is stored unencrypted
+                logger.error("job %s: output not stored: %s", job.pk, error)
+                raise EncryptionUnavailable() from None
             stored.append({"name": output.name, "size": output.size, "sha256": output.sha256})
         return Response({"job": job.pk, "outputs": stored}, status=201)
 
+    def _object_output(self, request, job_id):
+        job = self.placed_job(job_id)
+        serializer = ObjectOutputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        lifecycle.upload_lease(job, self.actor().node, data.pop("fencing_token"))
+        return job, data
+
+    @extend_schema(request=ObjectOutputSerializer, responses={200: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/outputs/presign")
+    def output_presign(self, request, job_id=None):
+        """A presigned PUT of one output to the job's s3:// destination: {url, headers (each
+        signed in: send them as given), location}. Never the bucket's credentials."""
+        job, data = self._object_output(request, job_id)
+        return Response(object_store.output_presign(job=job, attempt=job.attempts, **data))
+
+    @extend_schema(request=ObjectOutputSerializer, responses={201: dict})
+    @action(detail=False, methods=["post"], url_path=r"jobs/(?P<job_id>\d+)/outputs/record")
+    def output_record(self, request, job_id=None):
+        """Records an output PUT by its presigned URL once a HEAD shows its size and sha256
+        (409 `output_mismatch` otherwise, the object removed)."""
+        job, data = self._object_output(request, job_id)
+        output = object_store.output_record(job=job, attempt=job.attempts, **data)
+        body = {"name": output.name, "size": output.size, "sha256": output.sha256}
+        return Response({"job": job.pk, "output": body | {"location": output.location}}, 201)
 
 def _check_upload_digest(request, files) -> None:
     """A streamed upload is signed over its file's SHA-256 (`Upload-Digest`,

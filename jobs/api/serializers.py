@@ -1,17 +1,19 @@
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from jobs import networks
+from jobs import networks, object_store
 from jobs.assignments import gpu_isolation
 from jobs.choices import AntiAffinityScope, JobState
 from jobs.images import admit_image
 from jobs.models import Job, JobEvent, JobOutput
+from jobs.selectors import job_storage
 from pools import knobs, network_rules, validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
 from pools.images import parse_image_reference
 from pools.models import ComputePool, PriorityClass, Tenant, TenantSecret
 from pools.roles import tenant_roles
+from storage import mounts as volume_mounts
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -41,6 +43,7 @@ class JobSerializer(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
     gpu_isolation = serializers.SerializerMethodField()
     forecast = serializers.SerializerMethodField()
+    storage = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -64,6 +67,7 @@ class JobSerializer(serializers.ModelSerializer):
             "retry_policy",
             "output_destination",
             "output_limit_mib",
+            "volumes",
             "labels",
             "affinity",
             "affinity_preferred",
@@ -87,6 +91,7 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_checked_at",
             "forecast",
             "trace_id",
+            "storage",
         ]
 
     # `secrets` is the model's {ENV: secret name} mapping: names only, values never leave the
@@ -95,6 +100,11 @@ class JobSerializer(serializers.ModelSerializer):
     def get_gpu_isolation(self, job) -> str:
         """exclusive | mig | shared-not-isolated (time-slice/MPS) | none (no GPUs)."""
         return gpu_isolation(job.resources)
+
+    def get_storage(self, job) -> dict:
+        """What is ephemeral, what persists (until when) and where the outputs are fetched
+        after the lease ends (jobs/selectors.py `job_storage`, docs/storage.md)."""
+        return job_storage(job, retentions=self.context.setdefault("retentions", {}))
 
     def get_forecast(self, job) -> dict:
         """While queued: {"queue_class", "earliest", "latest"} (scheduling/forecast.py)."""
@@ -112,7 +122,8 @@ class JobSerializer(serializers.ModelSerializer):
 class JobOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobOutput
-        fields = ["name", "size", "sha256", "attempt", "created_at"]
+        # location: "s3://bucket/key" of an output in the tenant's own bucket ("" otherwise)
+        fields = ["name", "size", "sha256", "attempt", "location", "created_at"]
 
 
 class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
@@ -146,6 +157,11 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     network_policy = serializers.JSONField(required=False, help_text='{"mode": "none"}')
     retry_policy = serializers.JSONField(required=False)
     output_destination = serializers.JSONField(default="", help_text='"": artifact storage')
+    volumes = serializers.JSONField(
+        default=list,
+        help_text='The tenant\'s volumes it mounts: [{"volume": id, "path": "/data", '
+        '"read_only": false}] (docs/storage.md "Persistent volumes")',
+    )
     output_limit_mib = serializers.IntegerField(
         min_value=1,
         max_value=knobs.OUTPUT_LIMIT_MAX_MIB,
@@ -210,6 +226,9 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
     def validate_retry_policy(self, value):
         return validation.retry_policy(value)
 
+    def validate_volumes(self, value):
+        return validation.job_volumes(value)
+
     def validate_output_destination(self, value):
         return validation.output_destination(value)
 
@@ -264,6 +283,8 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         self._check_runtime(pool, shape, request)
         self._check_secrets(attrs)
         self._check_networks(attrs)
+        self._check_object_store(attrs)
+        self._check_volumes(attrs, request)
         # Last, since it asks the registry: 422 image_invalid / image_not_allowed /
         # image_signature_invalid (ImageRefused), nothing stored or reserved.
         admitted = admit_image(
@@ -290,6 +311,29 @@ class JobSubmitSerializer(KnownFieldsOnly, serializers.Serializer):
         if shape is not None:
             raise serializers.ValidationError({"shape": message})
         raise serializers.ValidationError({"resources": {"container_runtime": [message]}})
+
+    def _check_volumes(self, attrs, request):
+        """Each mount names a live volume of the tenant in the job's pool, all of them on one
+        node (the job is pinned there); a request pinned to another node cannot mount them."""
+        try:
+            pinned = volume_mounts.resolve(attrs["tenant"], attrs["pool"], attrs.get("volumes"))
+        except volume_mounts.MountRefused as error:
+            raise serializers.ValidationError({"volumes": str(error)}) from error
+        if pinned and request.get("node_pin") and request["node_pin"] != pinned.node_name:
+            message = (
+                f"Its volumes live on node {pinned.node_name}; the request is pinned to "
+                f"{request['node_pin']}."
+            )
+            raise serializers.ValidationError({"volumes": message})
+
+    def _check_object_store(self, attrs):
+        """s3:// inputs and an s3:// output destination name buckets the tenant registered
+        (jobs/object_store.py): a 400 on the entry otherwise."""
+        errors = object_store.submit_errors(
+            attrs["tenant"], attrs.get("inputs") or [], attrs.get("output_destination") or ""
+        )
+        if errors:
+            raise serializers.ValidationError(errors)
 
     def _check_networks(self, attrs):
         """The pool's address rules: inputs and egress that name refused addresses, or egress

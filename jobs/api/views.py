@@ -2,7 +2,7 @@ from hashlib import sha256
 from urllib.parse import urlencode
 
 import orjson
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import Http404, HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -10,6 +10,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from jobs import artifacts, selectors, services
+from jobs.api.downloads import output_response
 from jobs.api.serializers import (
     JobEventSerializer,
     JobOutputSerializer,
@@ -23,7 +24,9 @@ from pools.actors import Actor
 from pools.api.permissions import IsPerson
 from pools.api.throttles import PlacementThrottle, TokenThrottle
 from pools.choices import TokenScope
+from pools.reasons import Reason
 from pools.selectors import tenant_data_readable
+from pools.statemachine import Refusal
 from pools.validation import BIGINT_MAX
 
 EVENTS_MAX = 1000
@@ -199,12 +202,15 @@ class JobViewSet(TraceContextMixin, mixins.CreateModelMixin, viewsets.ReadOnlyMo
         output = artifacts.job_outputs(self.data_object()).filter(name=name).first()
         if output is None:
             raise Http404("This job has no output of this name.")
-        response = FileResponse(
-            output.file.open("rb"),
-            as_attachment=True,
-            filename=output.name,
-            content_type="application/octet-stream",
+        if output.location:  # in the tenant's own bucket (jobs/object_store.py)
+            raise Refusal(
+                f"This output is in the tenant's bucket at {output.location} (size and sha256 "
+                "in the outputs list): fetch it from there with the tenant's own credentials.",
+                code=Reason.OUTPUT_IN_OBJECT_STORE,
+                extra={"location": output.location},
+            )
+        response = output_response(
+            output, filename=output.name, content_type="application/octet-stream"
         )
         response["X-Content-Type-Options"] = "nosniff"
-        response["X-Checksum-Sha256"] = output.sha256
         return response

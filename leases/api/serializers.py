@@ -9,6 +9,7 @@ from rest_framework import serializers
 from leases.choices import HOLDING
 from leases.models import Lease, LeaseEvent
 from leases.services import SCHEDULER_KEY_PREFIX
+from leases.signals import storage_statement
 from pools.actors import Actor
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.models import ComputePool, Tenant
@@ -53,6 +54,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     held = serializers.SerializerMethodField()
     consumed = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
+    storage = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -85,6 +87,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "consumed",
             "idempotency_key",
             "created_at",
+            "storage",
         ]
         read_only_fields = fields
 
@@ -103,6 +106,9 @@ class LeaseSerializer(serializers.ModelSerializer):
 
     def get_consumed(self, lease) -> dict | None:
         return _consumed(lease)
+
+    def get_storage(self, lease) -> dict:
+        return lease_storage(lease)
 
 
 def _iso(value):
@@ -130,6 +136,31 @@ def _consumed(lease: Lease) -> dict | None:
         "memory_mib": lease.used_memory_mib,
         "gpu_milli": lease.used_gpu_milli,
         "reported_at": _iso(lease.usage_reported_at),
+    }
+
+
+def lease_storage(lease: Lease) -> dict:
+    """What of the lease's work is ephemeral and what persists (docs/storage.md): a job's lease
+    answers with its job's statement (the jobs app, through `storage_statement`); a lease
+    without a job holds only capacity, its scratch among it, until it ends (no query: the
+    reserve's hot path)."""
+    if lease.job_id is not None:
+        for _, answer in storage_statement.send(sender=Lease, lease=lease):
+            if answer is not None:
+                return answer
+    ephemeral = ["container filesystem (removed with the container)"]
+    if lease.scratch_mib:
+        ephemeral.append(
+            f"scratch ({lease.scratch_mib} MiB of the node's disk, until the lease ends)"
+        )
+    return {
+        "ephemeral": ephemeral,
+        "persists": [],
+        "lease": {
+            "id": lease.pk,
+            "ended_at": _iso(lease.ended_at),
+            "expires_at": _iso(lease.expires_at),
+        },
     }
 
 
@@ -173,6 +204,7 @@ def lease_representation(lease: Lease) -> dict:
         "consumed": _consumed(lease),
         "idempotency_key": lease.idempotency_key,
         "created_at": _iso(lease.created_at),
+        "storage": lease_storage(lease),
     }
 
 

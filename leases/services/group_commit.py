@@ -150,7 +150,13 @@ def _plan(batch: list[Pending]) -> list[ledger.Row]:
         # the work on the nodes is read only when a request of the pool needs it
         work = any(snap.needs_work(p.req, p.policy) for p in mine)
         zone_work = any(snap.needs_zone_work(p.req) for p in mine)
-        view = snap.pool_snapshot(pool_id, leases=False, work=work, zone_work=zone_work)
+        view = snap.pool_snapshot(
+            pool_id,
+            leases=False,
+            work=work,
+            zone_work=zone_work,
+            data_keys=snap.data_keys_of(p.req for p in mine),
+        )
         by_name = {node.name: node for node in view.nodes}
         nodes = view.nodes
         for policy, pendings in _by_policy(mine):

@@ -138,6 +138,12 @@ def placement_record(placement: core.Placement, decision: dict | None = None) ->
         # the NUMA node CPU and memory come from when the request pinned one: the agent's cpuset
         "numa_node": placement.numa_node,
     }
+    if placement.data_arrival_s is not None:
+        # the data the job needs there (image, inputs): what the node's caches held, what
+        # still moves and when it is estimated to have arrived (docs/storage.md)
+        record["data_avoided_bytes"] = placement.data_avoided_bytes
+        record["data_moved_bytes"] = placement.data_moved_bytes
+        record["data_arrival_s"] = placement.data_arrival_s
     if decision is not None:  # how the scheduling pass chose (placement.batch)
         record["decision"] = decision
     return record

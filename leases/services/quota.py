@@ -28,8 +28,9 @@ from django.utils import timezone
 
 from leases.choices import HOLDING
 from leases.models import Lease, gpu_share
-from pools.models import CreditAccount, Quota, Tenant
+from pools.models import CreditAccount, Quota
 from pools.statemachine import TransitionRefused
+from storage import services as volume_services
 
 QUOTA_CACHE_SECONDS = 5.0
 # pair → (when read, has a quota row, has a credit account)
@@ -216,12 +217,9 @@ def usage(quotas: dict[tuple[int, int], Quota | None], now=None, *, every=False)
 
 
 def stored_bytes(pool_id: int, tenant_ids) -> dict[int, int]:
-    """tenant id → bytes of its jobs' outputs in the pool (`JobOutput.size`, read through the
-    tenant's `jobs` relation: the ledger imports nothing of jobs, docs/architecture.md)."""
-    stored = Tenant.objects.filter(pk__in=set(tenant_ids)).annotate(
-        stored=Sum("jobs__outputs__size", filter=Q(jobs__pool_id=pool_id))
-    )
-    return {tenant_id: size or 0 for tenant_id, size in stored.values_list("pk", "stored")}
+    """tenant id → bytes it stores in the pool: its jobs' outputs and its live persistent
+    volumes (storage.services.stored_bytes, the one count of the `storage_mib` quota)."""
+    return volume_services.stored_bytes(pool_id, tenant_ids)
 
 
 def storage_left_mib(tenant_id: int, pool_id: int) -> float | None:

@@ -86,6 +86,8 @@ def lease_reserve(
     if job is not None and "@" in (job.image or ""):
         # a job's pinned digest: nodes whose agent has it cached are preferred (warm_image)
         req = replace(req, image=job.image.rsplit("@", 1)[1])
+    if job is not None and (inputs := snap.input_keys(getattr(job, "inputs", None))):
+        req = replace(req, inputs=inputs)  # data_locality: nodes that cache them preferred
     policy = snap.pool_policy(pool)
     conflicts = first_attempt = 0
     if window is None and not idempotency_key and group_commit.enabled():
@@ -107,6 +109,7 @@ def lease_reserve(
             leases=False,
             work=snap.needs_work(req, policy),
             zone_work=snap.needs_zone_work(req),
+            data_keys=snap.data_keys_of((req,)),
         )
         chosen_policy = policy
         if attempt >= 2:  # spread: pick at random among the nodes that fit

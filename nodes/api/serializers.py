@@ -1,5 +1,8 @@
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.extensions import (
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 from rest_framework import serializers
 
 from nodes.models import EnrollmentToken, GpuDevice, Node, NodeEvent, NodeProbe
@@ -14,7 +17,7 @@ from pools.validation import (
     parse_energy_class,
     parse_price,
 )
-from worker_agent.schema import INVENTORY_SCHEMA, inventory_errors
+from worker_agent.schema import INVENTORY_SCHEMA, STORAGE_SCHEMA, inventory_errors, storage_errors
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -359,6 +362,50 @@ IMAGES_MAX = 512  # image digests in one node's local cache
 IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
+class StoragePartField(serializers.Field):
+    """One storage part of a heartbeat (`disk`, `cache`, `downloads`), checked against the
+    schema the agent checks it with (worker_agent/schemas/storage-v1.json): what a node sends
+    is bounded in entries, lengths and values, or the heartbeat is a 400 and nothing of it is
+    written (docs/storage.md)."""
+
+    def __init__(self, part: str, **kwargs):
+        self.part = part
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        errors = storage_errors({self.part: data})
+        if errors:
+            tree = error_tree(errors)
+            raise serializers.ValidationError(
+                tree.get(self.part, tree) if isinstance(tree, dict) else tree
+            )
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class StoragePartOpenApi(OpenApiSerializerFieldExtension):
+    """The API's documentation shows the storage schema's part."""
+
+    target_class = StoragePartField
+
+    def map_serializer_field(self, auto_schema, direction):
+        part = STORAGE_SCHEMA["properties"][self.target.part]
+        return as_openapi_30(_inline_refs(part, STORAGE_SCHEMA["$defs"]))
+
+
+def _inline_refs(schema, defs):
+    """`{"$ref": "#/$defs/x"}` replaced by the definition itself (OpenAPI has no $defs)."""
+    if isinstance(schema, list):
+        return [_inline_refs(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        return _inline_refs(defs[schema["$ref"].rpartition("/")[2]], defs)
+    return {key: _inline_refs(value, defs) for key, value in schema.items()}
+
+
 class HeartbeatSerializer(serializers.Serializer):
     agent_version = serializers.CharField(max_length=40, required=False, allow_blank=True)
     usage = BoundedDictField(child=NumberField(min_value=0, max_value=COUNTER_MAX), default=dict)
@@ -379,6 +426,11 @@ class HeartbeatSerializer(serializers.Serializer):
     )
     # the features it has now, as at enrollment ("avx512", "sgx"); absent: kept as they were
     features = FeaturesField(required=False)
+    # storage (docs/storage.md): the work root's disk, the node's caches, the inputs it
+    # downloaded since its last heartbeat; each absent: kept as it was
+    disk = StoragePartField("disk", required=False)
+    cache = StoragePartField("cache", required=False)
+    downloads = StoragePartField("downloads", required=False)
 
 
 class ProbeSerializer(serializers.ModelSerializer):

@@ -11,6 +11,7 @@
 - `health`: device health from heartbeats
 - `heartbeats`: heartbeat, unreachable, the heartbeat sweep
 - `inventory`: inventory report, reconciliation on drift, its sweep
+- `storage`: the disk and caches heartbeats report (scratch reconciled with the real disk)
 
 A lifecycle change goes through `node_transition`; a change of a condition (reachability), of a
 device's health, of capacity or of credentials writes a NodeEvent too, with from_state ==
@@ -62,6 +63,13 @@ from .lifecycle import (
     nodes_register_ready,
 )
 from .probes import gpu_recover, probe_request, probe_result_submit
+from .storage import (
+    disk_ceiling_mib,
+    node_cache_report,
+    node_disk_ceiling,
+    node_disk_report,
+    node_downloads_record,
+)
 
 __all__ = [
     "CREDENTIAL_PREFIX",
@@ -69,6 +77,7 @@ __all__ = [
     "EnrollmentRefused",
     "NodeScopeRefused",
     "credential_for_secret",
+    "disk_ceiling_mib",
     "enrollment_token_issue",
     "enrollment_token_revoke",
     "gpu_health_apply",
@@ -76,10 +85,14 @@ __all__ = [
     "gpu_recover",
     "inventory_reconcile_sweep",
     "node_allocatable_lower",
+    "node_cache_report",
     "node_credential_issue",
     "node_credential_reissue",
     "node_credential_rotate",
     "node_credentials_revoke",
+    "node_disk_ceiling",
+    "node_disk_report",
+    "node_downloads_record",
     "node_drain",
     "node_drain_cancel",
     "node_enroll",

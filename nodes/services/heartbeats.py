@@ -22,6 +22,7 @@ from ..models import Node, NodeEvent
 from .base import node_event
 from .health import gpu_health_apply
 from .lifecycle import node_mark_ready, node_verify
+from .storage import node_cache_report, node_disk_report, node_downloads_record
 
 
 def node_heartbeat(
@@ -37,8 +38,12 @@ def node_heartbeat(
     runtime: str = "",
     runtimes: list[str] | None = None,
     features: list[str] | None = None,
+    disk: dict | None = None,
+    cache: dict | None = None,
+    downloads: list[dict] | None = None,
 ) -> Node:
-    """Liveness, usage, device health, the image cache, the runtimes and the features from the
+    """Liveness, usage, device health, the image cache, the runtimes, the features and the
+    storage report (`disk`, `cache`, `downloads`: nodes/services/storage.py) from the
     node's agent (`runtime` the one it runs jobs with, `runtimes` all it offers, `features` what
     it has: the scheduler's filters read both).
 
@@ -89,6 +94,13 @@ def node_heartbeat(
         except TransitionRefused:
             node.refresh_from_db()  # another heartbeat got there first
     gpu_health_apply(node=node, reports=gpus or [], actor=actor, now=now)
+    # storage (docs/storage.md): each part absent keeps what the node said last
+    if cache is not None:
+        node_cache_report(node=node, cache=cache)
+    if downloads:
+        node_downloads_record(node=node, downloads=downloads)
+    if disk is not None:
+        node = node_disk_report(node=node, disk=disk, actor=actor, now=now)
     return node
 
 

@@ -29,6 +29,7 @@ from ..signals import capacity_vanished
 from .base import node_event
 from .health import gpu_mark_unsuitable
 from .lifecycle import node_quarantine
+from .storage import node_disk_ceiling
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,14 @@ def _reconcile(node: Node, actor: Actor, now) -> tuple[list[dict], Shrink | None
                 shortfall[dimension] = reserved - allocatable[f"{dimension}_allocatable"]
                 allocatable[f"{dimension}_allocatable"] = reserved
                 capped.append(dimension)
+        ceiling = node_disk_ceiling(node)
+        if ceiling is not None:
+            # never more scratch than the disk the heartbeats report can hold (storage.py);
+            # a disk short of what is reserved is reported there, and no job ends for it here
+            scratch = allocatable["scratch_mib_allocatable"]
+            allocatable["scratch_mib_allocatable"] = max(
+                min(scratch, ceiling), node.scratch_mib_reserved
+            )
         node.cpu_millicores_raw = reported["cpu_millicores"]
         node.memory_mib_raw = reported["memory_mib"]
         node.scratch_mib_raw = reported["scratch_mib"]

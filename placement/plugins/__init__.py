@@ -11,6 +11,7 @@ lists it (``types.DEFAULT_FILTERS`` for the default chain); a new scorer once a 
 from . import (
     affinity,
     capacity,
+    data_locality,
     fgd,
     gpu_choice,
     images,
@@ -25,6 +26,7 @@ from . import (
 __all__ = [
     "affinity",
     "capacity",
+    "data_locality",
     "fgd",
     "gpu_choice",
     "images",

@@ -13,6 +13,7 @@ from .access import (
 from .catalogue import REQUEST_FIELDS, PriorityClass, PriorityClassQuerySet, ResourceShape
 from .policy import AllowedRegistry, PoolTrustedKey, SchedulingPolicy, SchedulingPolicyVersion
 from .quota import CreditAccount, CreditCharge, Quota
+from .storage import ServerSideEncryption, TenantBucket, TenantBucketEvent
 from .tenancy import ComputePool, Membership, MembershipEvent, Tenant
 
 __all__ = [
@@ -31,9 +32,12 @@ __all__ = [
     "ResourceShape",
     "SchedulingPolicy",
     "SchedulingPolicyVersion",
+    "ServerSideEncryption",
     "SupportGrant",
     "SupportGrantEvent",
     "Tenant",
+    "TenantBucket",
+    "TenantBucketEvent",
     "TenantSecret",
     "new_token_secret",
     "secret_context",

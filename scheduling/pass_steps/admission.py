@@ -20,6 +20,8 @@ from placement.queue import BACKFILL_WOULD_DELAY_HEAD, SHORT_SHARE_RESERVED, Gat
 from placement.types import schedulable
 from scheduling import fairshare
 
+from .volumes import VolumeWriters
+
 GATE_MESSAGES = {
     SHORT_SHARE_RESERVED: "the pool keeps a share of its capacity for short jobs (a declared "
     "maximum runtime under the pool's threshold); long jobs wait for room outside it",
@@ -73,6 +75,7 @@ class Admission:
     def __init__(self, headroom: dict, *, gate: Gate | None = None, queued=None, now=None):
         self.gate, self.headroom, self.queued, self.now = gate, headroom, queued or {}, now
         self.refusals: dict[int, dict] = {}  # job id → its refusal, as its pending_reason
+        self.volumes: VolumeWriters | None = None  # set by order_window: who writes a volume
 
     @classmethod
     def for_tenants(cls, pool_id: int, tenant_ids) -> Admission:
@@ -83,6 +86,9 @@ class Admission:
         """None when `job` may take `placement` (then taken from the gate and its tenant's
         headroom); else the refusal, as the job's pending_reason (nothing taken)."""
         queued = self.queued.get(job.pk)
+        if self.volumes is not None and (refusal := self.volumes.refusal(job)):
+            self.refusals[job.pk] = refusal
+            return refusal
         if self.gate is not None and (code := self.gate.admits(queued)):
             refusal = self.refusals[job.pk] = gate_refusal(code, job, self.gate, self.gate.policy)
             return refusal
@@ -116,11 +122,15 @@ class Admission:
         """All or none: what is admitted inside is taken back on exit unless `commit()`ed."""
         trial = Trial()
         saved = copy.deepcopy((self.gate, self.headroom))
+        # the volumes its writers claimed go back too (a gang tried and not placed)
+        writers = self.volumes.claims() if self.volumes is not None else None
         try:
             yield trial
         finally:
             if not trial.committed:
                 self.gate, self.headroom = saved
+                if self.volumes is not None:
+                    self.volumes.restore(writers)
 
     def admit_all(self, jobs, placements) -> dict | None:
         """Each job through `admit` with its placement, all or none: the first refusal, or
@@ -184,4 +194,6 @@ def order_window(pool_id: int, jobs: list, view, now) -> tuple[list, Admission]:
     by_id = {job.pk: job for job in jobs}
     gate = Gate.from_standings(capacity, standings, policy)
     headroom = quota.quota_headroom(pool_id, {job.tenant_id for job in jobs})
-    return [by_id[q.id] for q in ordered], Admission(headroom, gate=gate, queued=queued, now=now)
+    admission = Admission(headroom, gate=gate, queued=queued, now=now)
+    admission.volumes = VolumeWriters(pool_id)
+    return [by_id[q.id] for q in ordered], admission

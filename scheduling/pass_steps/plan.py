@@ -28,6 +28,7 @@ from placement.types import schedulable
 from pools import knobs
 from pools.reasons import Reason
 
+from . import volumes
 from .admission import Admission, order_window
 from .gangs import Gang, GangWaits, form_gangs, well_formed
 from .outcomes import PassResult, scheduling_error
@@ -63,6 +64,8 @@ def core_request(job) -> Request:
     core = snap.core_request(job.resources, job.tenant_id, job.image_platforms or ())
     if "@" in (job.image or ""):
         core = replace(core, image=job.image.rsplit("@", 1)[1])
+    if inputs := snap.input_keys(getattr(job, "inputs", None)):  # data_locality
+        core = replace(core, inputs=inputs)
     return core
 
 
@@ -73,7 +76,13 @@ def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
         jobs += well_formed(read_rows(mates), now, result)
     core_requests, shared = {}, {}  # equal requests share one core Request
     for job in jobs:
-        key = (job.key, job.tenant_id, tuple(job.image_platforms or ()), job.image)
+        key = (
+            job.key,
+            job.tenant_id,
+            tuple(job.image_platforms or ()),
+            job.image,
+            getattr(job, "inputs_key", "[]"),
+        )
         try:
             if key not in shared:
                 shared[key] = core_request(job)
@@ -89,7 +98,12 @@ def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
     # with the nodes' lease ends: a job that does not fit is told when capacity frees up
     work = any(snap.needs_work(r, policy) for r in core_requests.values())
     zone_work = any(snap.needs_zone_work(r) for r in core_requests.values())
-    view = snap.pool_snapshot(pool.pk, work=work, zone_work=zone_work)
+    view = snap.pool_snapshot(
+        pool.pk,
+        work=work,
+        zone_work=zone_work,
+        data_keys=snap.data_keys_of(core_requests.values()),
+    )
     jobs, admission = order_window(pool.pk, jobs, view, now)
     return Reading(pool, jobs, core_requests, policy, view, admission)
 
@@ -126,6 +140,7 @@ def plan(reading: Reading, now, result: PassResult) -> list[Planned]:
             elif job.pk in positions.holds:  # the queue's gate holds capacity for it
                 p.explanation = {**p.explanation, HEAD_OF_LINE: True}
         planned.append(p)
+    volumes.node_words(reading.pool.pk, planned)  # a volume-bound wait, in its words
     if members:
         result.gangs.update(job.pk for job in members)
         formed = form_gangs(members, reading.core_requests)

@@ -35,6 +35,7 @@ from .outcomes import (
     scheduling_error,
 )
 from .plan import Planned, core_request
+from .volumes import VolumeWriters, writer_refusal_locked
 from .window import gang_mates
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def place_gangs(job_ids, now, result: PassResult) -> None:
     members = [job for job in members if job.pk in core_requests]
     result.gangs.update(job.pk for job in members)
     admission = Admission.for_tenants(pool_id, {job.tenant_id for job in members})
+    admission.volumes = VolumeWriters(pool_id)  # one writer per volume, gangs included
     for gang in form_gangs(members, core_requests):
         if isinstance(gang, GangWaits):
             outcome = gang.explanation
@@ -184,7 +186,13 @@ def _backfill_advice(job: Job, now) -> str | None:
 def _reserve_and_place(job: Job, resources: dict, now, gang: str = "") -> None:
     """One job placed (its row locked by the caller): a lease through `lease_reserve` for
     `resources` (the job's, or pinned to its gang's node), and the job queued → leased in the
-    same transaction. Refusals (NoCapacity, TransitionRefused) are the caller's."""
+    same transaction. Refusals (NoCapacity, TransitionRefused) are the caller's. A job that
+    writes a volume another job writes (or is placed to) is refused `volume_in_use`, under
+    the volumes' row locks (the batch pass's `VolumeWriters` rule, race-safe here)."""
+    if busy := writer_refusal_locked(job):
+        refused = TransitionRefused(busy["code"], busy["message"])
+        refused.extra = {"volume": busy["volume"]}
+        raise refused
     lease = lease_reserve(
         pool=job.pool,
         tenant=job.tenant,

@@ -69,6 +69,8 @@ class JobRow:
     max_wait_s: int | None
     key: str = ""
     gang: dict | None = None  # {"name", "size", "topology"}, or {}
+    inputs: list | None = None  # [{"url", "name"}] (data locality keys them)
+    inputs_key: str = "[]"  # its inputs as text, which equal inputs share
 
 
 def read_rows(job_ids: list[int]) -> list[JobRow]:
@@ -81,7 +83,7 @@ def read_rows(job_ids: list[int]) -> list[JobRow]:
             "SELECT j.id, j.name, j.tenant_id, j.resources::text, j.image, "
             "j.image_platforms::text, j.attempts, j.max_runtime_s, j.checkpointable, "
             "j.state_changed_at, "
-            f"p.value, p.max_wait_s, j.gang::text FROM {Job._meta.db_table} j "
+            f"p.value, p.max_wait_s, j.gang::text, j.inputs::text FROM {Job._meta.db_table} j "
             f"LEFT JOIN {PriorityClass._meta.db_table} p ON p.id = j.priority_class_id "
             "WHERE j.id = ANY(CAST(%s AS bigint[])) AND j.state = %s",
             [job_ids, JobState.QUEUED.value],
@@ -89,12 +91,13 @@ def read_rows(job_ids: list[int]) -> list[JobRow]:
         rows = cursor.fetchall()
     parsed: dict[str, object] = {}
     jobs = []
-    for pk, name, tenant_id, resources, image, platforms, *rest, gang in rows:
-        for text in (resources, platforms, gang):
+    for pk, name, tenant_id, resources, image, platforms, *rest, gang, inputs in rows:
+        for text in (resources, platforms, gang, inputs):
             if text not in parsed:
                 parsed[text] = orjson.loads(text)
         job = JobRow(pk, name, tenant_id, parsed[resources], image, parsed[platforms], *rest)
         job.key, job.gang = resources, parsed[gang]
+        job.inputs, job.inputs_key = parsed[inputs], inputs
         jobs.append(job)
     return jobs
 

@@ -32,12 +32,13 @@ from config.builders import (
     pinned_test_image,
     submit_job,
 )
+from jobs.retention import retention_set
 from leases import services as lease_services
 from nodes import services as node_services
 from nodes.services import enrollment_token_issue
 from pools.actors import Actor
 from pools.choices import PlatformRole, TenantRole
-from pools.models import ApiToken, ResourceShape
+from pools.models import ApiToken, ResourceShape, TenantBucket
 from pools.services import api_token_revoke, support_grant_create
 from scheduling.passes import scheduling_pass
 from tests.clients import bearer_client
@@ -333,6 +334,32 @@ ROWS = [
         "usage",
     ),
     Row("GET", "quotas", "quotas", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    # a tenant's retention of outputs: its people (operators, policy admins) read, admins set
+    Row(
+        "GET",
+        "output-retention",
+        "output-retention",
+        "401 200 200 200 200 200 200 200 403 403 200 401 401",
+    ),
+    Row(
+        "POST",
+        "output-retention",
+        "output-retention",
+        "401 400 403 200 403 403 403 400 403 403 403 401 401",
+        {"tenant": "vision", "output_retention_days": 9},
+    ),
+    Row(
+        "GET",
+        "output-retention/{pk}",
+        "output-retention/{w.retention.pk}",
+        "401 404 200 200 200 200 200 404 403 403 200 401 401",
+    ),
+    Row(
+        "DELETE",
+        "output-retention/{pk}",
+        "output-retention/{w.retention.pk}",
+        "401 404 403 204 403 403 403 404 403 403 403 401 401",
+    ),
     # nodes and enrollment: operators (their actions need the `operate` scope)
     Row("GET", "nodes", "nodes", "401 403 403 403 200 200 403 403 403 403 403 401 401"),
     Row(
@@ -490,6 +517,55 @@ ROWS = [
         "outputs",
         multipart=True,
     ),
+    # an s3:// destination's presigned PUT and its record: this job's outputs go to the
+    # control plane (output_destination ""), so its own node is told so (409)
+    Row(
+        "POST",
+        "agent/jobs/{job_id}/outputs/presign",
+        "agent/jobs/{w.job.pk}/outputs/presign",
+        "401 403 403 403 403 403 403 403 409 403 403 401 401",
+        "object_output",
+    ),
+    Row(
+        "POST",
+        "agent/jobs/{job_id}/outputs/record",
+        "agent/jobs/{w.job.pk}/outputs/record",
+        "401 403 403 403 403 403 403 403 409 403 403 401 401",
+        "object_output",
+    ),
+    # registered buckets: the tenant's people list them, its admins register and remove them
+    Row("GET", "buckets", "buckets", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "POST",
+        "buckets",
+        "buckets",
+        "401 400 403 400 400 400 400 400 403 403 403 401 401",
+        {
+            "tenant": "vision",
+            "bucket": "vision-more",
+            "endpoint": "http://127.0.0.1:1",
+            "access_key_id": "AKIAX",
+            "secret_access_key": "x",
+        },
+    ),
+    Row(
+        "GET",
+        "buckets/{pk}",
+        "buckets/{w.bucket.pk}",
+        "401 404 200 200 404 404 404 404 403 403 200 401 401",
+    ),
+    Row(
+        "DELETE",
+        "buckets/{pk}",
+        "buckets/{w.bucket.pk}",
+        "401 404 403 204 404 404 404 404 403 403 403 401 401",
+    ),
+    Row(
+        "GET",
+        "buckets/events",
+        "buckets/events",
+        "401 403 403 200 403 403 403 403 403 403 403 401 401",
+    ),
     Row(
         "GET",
         "agent/jobs/{job_id}/checkpoint",
@@ -529,6 +605,8 @@ class World:
     leases: dict  # tenant slug → lease ids
 
     grant: object  # the tenant admin's support grant for vision to `support`
+    retention: object = None  # vision's retention of outputs in every pool
+    bucket: object = None  # vision's registered bucket (docs/storage.md "Object stores")
 
     def client(self, actor):
         return bearer_client(self.secrets.get(actor))
@@ -563,6 +641,7 @@ class World:
             "report": {**token, "step": "succeeded", "exit_code": 0},
             "log": {**token, "text": "a line\n"},
             "outputs": {**token, "files": [SimpleUploadedFile("more.txt", b"more\n")]},
+            "object_output": {**token, "name": "o.bin", "size": 3, "sha256": "0" * 64},
         }[name]
 
 
@@ -576,6 +655,14 @@ def _enroll(pool, name, tag, operator):
     node = node_services.node_heartbeat(node=enrolled.node, actor=Actor.for_node(enrolled.node))
     assert node.state == "ready", node.state
     return enrolled
+
+
+def _bucket(tenant):
+    """A registered bucket, made without the store's HEAD (the matrix asks no store)."""
+    row = TenantBucket(tenant=tenant, bucket="vision-data", endpoint="http://127.0.0.1:9000")
+    row.seal("AKIAMATRIX", "matrix-secret")
+    row.save()
+    return row
 
 
 def _build_world() -> World:
@@ -683,6 +770,8 @@ def _build_world() -> World:
         enroll_secret=enroll_secret,
         secrets=secrets,
         grant=grant,
+        retention=retention_set(tenant=vision, pool=None, days=40, actor=SYSTEM),
+        bucket=_bucket(vision),
         jobs={"vision": {job.pk}, "nlp": {other_job.pk}},
         leases={
             "vision": {lease.pk, reserved.pk},

@@ -80,7 +80,8 @@ def test_outputs_are_stored_listed_and_downloaded(api, member, job, media):
     # under a key of its own below the attempt's folder; the name is the row's
     assert stored.file.name.startswith(f"outputs/{job.pk}/1/")
     assert "greeting" not in stored.file.name
-    assert (media / stored.file.name).read_bytes() == content
+    sealed = (media / stored.file.name).read_bytes()  # ciphertext at rest (tests/storage/)
+    assert content not in sealed and artifacts.output_open(stored).read() == content
     client = api(member)
     listing = client.get(f"/api/v1/jobs/{job.pk}/outputs").json()
     assert [(o["name"], o["size"], o["sha256"]) for o in listing] == [
@@ -100,7 +101,7 @@ def test_a_large_upload_from_a_temporary_file_is_hashed_completely(job):
     upload.seek(0)
     stored = artifacts.job_output_store(job=job, attempt=1, name="big.bin", fileobj=upload)
     assert stored.size == len(data) and stored.sha256 == hashlib.sha256(data).hexdigest()
-    with stored.file.open("rb") as handle:
+    with artifacts.output_open(stored) as handle:  # stored sealed, read back in plaintext
         assert handle.read() == data
 
 
@@ -114,7 +115,7 @@ def test_the_same_name_replaces_and_the_newest_attempt_is_listed(
             job=job, attempt=1, name="a.txt", fileobj=io.BytesIO(b"2")
         )
     assert JobOutput.objects.filter(job=job).count() == 1
-    assert not default_storage.exists(old_path) and again.file.read() == b"2"
+    assert not default_storage.exists(old_path) and artifacts.output_open(again).read() == b"2"
     artifacts.job_output_store(job=job, attempt=2, name="b.txt", fileobj=io.BytesIO(b"3"))
     listing = api(member).get(f"/api/v1/jobs/{job.pk}/outputs").json()
     assert [(o["name"], o["attempt"]) for o in listing] == [("b.txt", 2)]

@@ -147,12 +147,15 @@ def test_bad_values_get_a_400_naming_the_field(api, member, tenant, cpu_shape, b
     assert not Job.objects.exists()
 
 
-def test_s3_destinations_are_refused_honestly(api, member, cpu_shape):
+def test_an_s3_destination_names_a_bucket_the_tenant_registered(api, member, cpu_shape):
+    """(docs/storage.md "Object stores"; the registered case: tests/storage/.)"""
     response = submit(api(member), output_destination="s3://bucket/prefix")
     assert response.status_code == 400
     assert response.json()["output_destination"] == [
-        "S3 output destinations need OUTPUT_S3_* settings."
+        "The tenant has registered no bucket 'bucket' (POST /api/v1/buckets, by a tenant admin)."
     ]
+    response = submit(api(member), output_destination="s3://NOT a bucket")
+    assert response.status_code == 400 and "bucket name" in response.json()["output_destination"][0]
 
 
 def test_a_job_waiting_out_its_backoff_is_not_in_the_pass_window(pool, tenant):

@@ -10,7 +10,7 @@ import pytest
 
 from config.builders import TEST_IMAGE_TAG, pinned_test_image
 from jobs import artifacts
-from jobs.models import Job
+from jobs.models import Job, JobOutput
 from jobs.services import job_cancel
 from leases.models import Lease
 from poolctl.commands import unseen
@@ -226,7 +226,13 @@ def test_an_output_that_changed_in_storage_is_not_kept(poolctl, job_id, tmp_path
     output = artifacts.job_output_store(
         job=job, attempt=1, name="model.bin", fileobj=io.BytesIO(b"weights")
     )
-    Path(output.file.path).write_bytes(b"rotten!")  # the storage changed under the record
+    # sealed at rest (docs/storage.md): an altered file is refused by the server before a byte
+    Path(output.file.path).write_bytes(b"rotten!")
+    result = poolctl("outputs", job_id, "--get", "model.bin", "-o", tmp_path / "model.bin")
+    assert result.code == 2 and "output_unreadable" in result.err
+    assert list(tmp_path.glob("model.bin*")) == []
+    # an output stored before encryption is served as stored: poolctl's digest check catches it
+    JobOutput.objects.filter(pk=output.pk).update(data_key=None)
     result = poolctl("outputs", job_id, "--get", "model.bin", "-o", tmp_path / "model.bin")
     assert result.code == 3
     assert f"the server said {hashlib.sha256(b'weights').hexdigest()}" in result.err

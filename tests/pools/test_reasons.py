@@ -21,7 +21,7 @@ def test_every_reason_code_is_emitted_somewhere():
     root = DOC.parents[1]
     sources = [
         path
-        for app in ("config", "jobs", "leases", "nodes", "pools", "scheduling")
+        for app in ("config", "jobs", "leases", "nodes", "pools", "scheduling", "storage")
         for path in (root / app).rglob("*.py")
         if "migrations" not in path.parts and path != root / "pools" / "reasons.py"
     ]

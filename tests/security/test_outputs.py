@@ -14,6 +14,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from config.builders import submit_job
+from jobs import artifacts
 from tests.clients import bearer_client
 from tests.jobs.test_agent_api import place, run
 from tests.worker_agent.conftest import (  # noqa: F401
@@ -309,7 +310,7 @@ def test_an_output_name_of_255_bytes_can_be_uploaded_twice(agent, tenant):
         response = api.post(url, {"fencing_token": str(lease.fencing_token), "files": [upload]})
         assert response.status_code == 201, response.content
     [output] = job.outputs.all()
-    assert output.name == LONG and output.file.read() == b"second"
+    assert output.name == LONG and artifacts.output_open(output).read() == b"second"
     unicode_name = "é" * 255  # 510 bytes: a name the database takes, no file system would
     upload = SimpleUploadedFile(unicode_name, b"x")
     response = api.post(url, {"fencing_token": str(lease.fencing_token), "files": [upload]})

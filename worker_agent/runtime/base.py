@@ -156,8 +156,43 @@ class PoolNetwork:
         )
 
 
+def _output_store(data) -> dict | None:
+    """The assignment's `output_store` when it names a kind the agent knows (else None: the
+    outputs go to the control plane, as before)."""
+    if isinstance(data, dict) and data.get("kind") == "s3":
+        return {"kind": "s3", "location": str(data.get("location") or "")}
+    return None
+
+
 def _strings(items) -> tuple[str, ...]:
     return tuple(str(item) for item in items or ())
+
+
+@dataclass(frozen=True)
+class VolumeMount:
+    """One persistent volume of the job (docs/storage.md "Persistent volumes"): the control
+    plane's volume id, its size, where the job sees it and how; `source` is the host folder
+    its filesystem is mounted at, set by the runner once the volume is there
+    (worker_agent/volumes.py)."""
+
+    id: int
+    size_mib: int
+    path: str
+    read_only: bool = False
+    source: str = ""
+
+    @classmethod
+    def parse_all(cls, items) -> tuple[VolumeMount, ...]:
+        return tuple(
+            cls(
+                id=int(item["id"]),
+                size_mib=int(item.get("size_mib") or 0),
+                path=str(item["path"]),
+                read_only=item.get("read_only") is True,
+            )
+            for item in items or ()
+            if isinstance(item, dict)
+        )
 
 
 @dataclass(frozen=True)
@@ -185,6 +220,7 @@ class Assignment:
     runtime: str = "docker"
     limits: Limits = field(default_factory=Limits)
     checkpoint_requested: bool = False
+    volumes: tuple[VolumeMount, ...] = ()  # its persistent volumes
     # The checkpoint of an earlier attempt to unpack into $CHECKPOINT_DIR before start:
     # {"url", "sha256"} (docs/data-plane.md, "Checkpoints"), or None.
     restore: dict | None = None
@@ -193,6 +229,9 @@ class Assignment:
     # when the control plane made the attempt's lease (seconds since the epoch, its clock):
     # the agent's assignment lag is measured from it
     leased_at: float | None = None
+    # where outputs go when not to the control plane: {"kind": "s3", "location"} (each file
+    # by a presigned PUT the control plane issues: worker_agent/outputs.py), else None
+    output_store: dict | None = None
 
     @classmethod
     def parse(cls, data: dict) -> Assignment:
@@ -223,9 +262,11 @@ class Assignment:
             runtime=str(data.get("runtime") or "docker"),
             limits=Limits.parse(data.get("limits")),
             checkpoint_requested=bool(data.get("checkpoint_requested")),
+            volumes=VolumeMount.parse_all(data.get("volumes")),
             restore=_restore(data.get("restore")),
             traceparent=valid_traceparent(data.get("traceparent")),
             leased_at=_epoch(data.get("leased_at")),
+            output_store=_output_store(data.get("output_store")),
         )
 
     @property

@@ -70,6 +70,18 @@ def disk_mounts(assignment: Assignment, workdir: Path) -> list[Mount]:
     return mounts
 
 
+def volume_mounts(assignment: Assignment) -> list[Mount]:
+    """The job's persistent volumes: each one's filesystem (worker_agent/volumes.py, mounted by
+    the runner outside every attempt's directory) bind-mounted at the job's path, read-only
+    when asked. A volume the runner did not make ready is never mounted empty."""
+    mounts = []
+    for volume in assignment.volumes:
+        if not volume.source:
+            raise RuntimeFailure("runtime_error", f"volume {volume.id} is not mounted on the node")
+        mounts.append(Mount(volume.path, volume.source, type="bind", read_only=volume.read_only))
+    return mounts
+
+
 def inputs_mount(workdir: Path) -> Mount:
     return Mount("/inputs", str(workdir / "inputs"), type="bind", read_only=True)
 

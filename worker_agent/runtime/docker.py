@@ -70,6 +70,7 @@ from worker_agent.runtime.container_spec import (
     inputs_mount,
     job_options,
     secrets_mount,
+    volume_mounts,
 )
 from worker_agent.runtime.engine import Engine, remove_container, seconds_since_start
 from worker_agent.runtime.network_owner import (
@@ -199,11 +200,19 @@ class DockerRuntime:
 
     def images(self) -> list[str]:
         """Manifest digests of the images in the local cache (`sha256:…`), at most 512."""
-        digests: dict[str, None] = {}
+        return list(self.image_sizes())
+
+    def image_sizes(self) -> dict[str, int]:
+        """{manifest digest: bytes on this node} of the local cache, at most 512 (the engine's
+        image list: its repo digests and sizes), for the heartbeat's cache report."""
+        sizes: dict[str, int] = {}
         for image in self.client.images.list():
+            size = int(image.attrs.get("Size") or 0)
             for repo_digest in image.attrs.get("RepoDigests") or []:
-                digests[repo_digest.partition("@")[2]] = None
-        return [digest for digest in digests if digest][:IMAGES_MAX]
+                digest = repo_digest.partition("@")[2]
+                if digest:
+                    sizes.setdefault(digest, size)
+        return dict(list(sizes.items())[:IMAGES_MAX])
 
     # ------------------------------------------------------------------ create and start
     def _secret_mounts(self) -> secret_files.HostMounts:
@@ -225,7 +234,7 @@ class DockerRuntime:
             refused = netpolicy.refused(assignment.pool_network)
         try:
             outputs, *scratch = disk_mounts(assignment, workdir)
-            mounts = [outputs, inputs_mount(workdir), *scratch]
+            mounts = [outputs, inputs_mount(workdir), *scratch, *volume_mounts(assignment)]
             if assignment.secrets:  # a ramfs of this attempt, read-only in the container
                 secrets = assignment.secrets
                 source = self._secret_mounts().prepare(name, secrets, JOB_USER_ID, JOB_USER_ID)

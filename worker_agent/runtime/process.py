@@ -143,6 +143,12 @@ class ProcessRuntime:
                 f"(output_limit_mib {limits.output_limit_mib}, scratch_mib {limits.scratch_mib}; "
                 "its pools set the knob output_limit_mib to 0 and ask for no scratch)",
             )
+        if assignment.volumes:  # a volume is a filesystem of its size: the agent mounts none here
+            raise RuntimeFailure(
+                "runtime_error",
+                "persistent volumes need the Docker (or gVisor) runtime: the process runtime "
+                "mounts nothing",
+            )
         for folder in ("scratch", "tmp", "outputs", f"outputs/{CHECKPOINT_SUBDIR}"):
             (workdir / folder).mkdir(exist_ok=True)
         if assignment.network_mode == "pool" and assignment.egress_allow:
