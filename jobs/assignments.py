@@ -191,6 +191,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             "gpus": _gpu_ids(lease, devices),
             "gpu_isolation": _lease_gpu_isolation(lease),
         },
+        # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
+        "volumes": assignment_volumes(job.volumes),
         "checkpoint_requested": job.state == S.CHECKPOINTING,
         # the job's trace context: the agent sends it back on the job's reports and uploads
         "traceparent": job_traceparent(job),
@@ -200,8 +202,6 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
 def _cpuset(node, numa_node) -> str | None:
     """The CPUs of the NUMA node the lease is pinned to, as Docker's cpuset ("0,1,2")."""
     if numa_node is None:
-        # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
-        "volumes": assignment_volumes(job.volumes),
         return None
     for entry in node.numa_layout or ():
         cpus = entry.get("cpus") if isinstance(entry, dict) else None

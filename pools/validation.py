@@ -335,20 +335,6 @@ def job_ports(value) -> list[int]:
     return value
 
 
-def retry_policy(value) -> dict:
-    """A job's `retry_policy`; keys left out keep their defaults (one attempt, 30 s backoff,
-    retry when the node is lost)."""
-    if not isinstance(value, dict):
-        raise ValidationError("An object: max_attempts, backoff_s, retry_on.")
-    policy = {"max_attempts": 1, "backoff_s": 30, "retry_on": ["node_lost"]}
-    unknown = sorted(set(value) - set(policy))
-    if unknown:
-        raise ValidationError(f"Unknown keys: {', '.join(unknown)[:200]}.")
-    policy |= value
-    attempts, backoff, retry_on = policy["max_attempts"], policy["backoff_s"], policy["retry_on"]
-    if not _is_int(attempts) or not 1 <= attempts <= RETRY_MAX_ATTEMPTS:
-        raise ValidationError(f"max_attempts is an integer from 1 to {RETRY_MAX_ATTEMPTS}.")
-    if not _is_int(backoff) or not 0 <= backoff <= RETRY_BACKOFF_MAX_S:
 # A job's persistent volume mounts (docs/storage.md "Persistent volumes")
 VOLUME_MOUNTS_MAX = 8
 VOLUME_PATH_MAX_CHARS = 200
@@ -414,6 +400,20 @@ def job_volumes(value) -> list[dict]:
     return mounts
 
 
+def retry_policy(value) -> dict:
+    """A job's `retry_policy`; keys left out keep their defaults (one attempt, 30 s backoff,
+    retry when the node is lost)."""
+    if not isinstance(value, dict):
+        raise ValidationError("An object: max_attempts, backoff_s, retry_on.")
+    policy = {"max_attempts": 1, "backoff_s": 30, "retry_on": ["node_lost"]}
+    unknown = sorted(set(value) - set(policy))
+    if unknown:
+        raise ValidationError(f"Unknown keys: {', '.join(unknown)[:200]}.")
+    policy |= value
+    attempts, backoff, retry_on = policy["max_attempts"], policy["backoff_s"], policy["retry_on"]
+    if not _is_int(attempts) or not 1 <= attempts <= RETRY_MAX_ATTEMPTS:
+        raise ValidationError(f"max_attempts is an integer from 1 to {RETRY_MAX_ATTEMPTS}.")
+    if not _is_int(backoff) or not 0 <= backoff <= RETRY_BACKOFF_MAX_S:
         raise ValidationError(f"backoff_s is an integer from 0 to {RETRY_BACKOFF_MAX_S}.")
     if (
         not isinstance(retry_on, list)
