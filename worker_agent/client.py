@@ -245,15 +245,20 @@ class ApiClient:
             "POST", f"agent/jobs/{int(job)}/logs", json=body, headers=self._trace_headers(job)
         )
 
-    def output(self, job: int, fencing_token: str, name: str, size: int, opener) -> dict:
+    def output(
+        self, job: int, fencing_token: str, name: str, size: int, opener, sha256: str | None = None
+    ) -> dict:
         """One output streamed as the multipart upload `fencing_token` + `files`: `opener()`
         gives its data (exactly `size` bytes, in chunks) and is called again for a retry, so
         nothing of it is kept on the node or in memory."""
         body = StreamedUpload(fencing_token, name, size, opener)
-        digest = hashlib.sha256()  # signed before the body goes: one read ahead of the upload
-        for block in opener():
-            digest.update(block)
-        headers = {"Content-Type": body.content_type, UPLOAD_DIGEST: digest_field(digest.digest())}
+        if sha256 is None:  # signed before the body goes: one whole read ahead of the upload
+            digest = hashlib.sha256()
+            for block in opener():
+                digest.update(block)
+            sha256 = digest.hexdigest()
+        signed = digest_field(bytes.fromhex(sha256))
+        headers = {"Content-Type": body.content_type, UPLOAD_DIGEST: signed}
         return self.request(
             "POST",
             f"agent/jobs/{int(job)}/outputs",

@@ -141,7 +141,11 @@ class Outputs:
         with stream:
             self._members(tarstream.open_stream(stream))
         for name, size, sha256 in self.pending:
-            self._upload_object(name, size, sha256)
+            if self.store:
+                self._upload_object(name, size, sha256)
+            else:
+                reread = lambda name=name, size=size: self._reread(name, size)  # noqa: E731
+                self._upload(name, size, reread(), reread=reread, sha256=sha256)
         if self.checkpoint:
             self._upload_checkpoint()
 
@@ -177,25 +181,20 @@ class Outputs:
                 self.skip(path, "too_many")
             elif member.size > OUTPUT_FILE_MAX_BYTES:
                 self.skip(path, "too_large")
-            elif self.store:  # hashed now, PUT after this read (one archive stream at a time)
+            else:  # hashed now (the upload is signed over it), sent after this read: one
+                # archive stream at a time (a second one during the first hangs the engine)
                 self.pending.append((path, member.size, _sha256(tarstream.data_of(tar, member))))
-            else:
-                self._upload(
-                    path,
-                    member.size,
-                    tarstream.data_of(tar, member),
-                    reread=lambda name=path, size=member.size: self._reread(name, size),
-                )
 
-    def _upload(self, name: str, size: int, data, *, reread) -> None:
-        """`data` (an iterator of chunks) as the output `name`; a retry sends `reread()`."""
+    def _upload(self, name: str, size: int, data, *, reread, sha256: str | None = None) -> None:
+        """`data` (an iterator of chunks) as the output `name`, whose SHA-256 is `sha256` (None:
+        the client reads it once ahead); a retry sends `reread()`."""
         first = [data]
 
         def opener():
             return first.pop() if first else reread()
 
         try:
-            self.client.output(self.job, self.fencing_token, name, size, opener)
+            self.client.output(self.job, self.fencing_token, name, size, opener, sha256=sha256)
         except ApiError as exc:
             if exc.status not in (400, 409, 413):
                 raise

@@ -41,7 +41,8 @@ from pools.choices import PlatformRole, TenantRole
 from pools.models import ApiToken, ResourceShape, TenantBucket
 from pools.services import api_token_revoke, support_grant_create
 from scheduling.passes import scheduling_pass
-from tests.clients import bearer_client
+from tests.clients import SignedClient, bearer_client
+from worker_agent.identity import NodeKey
 
 ACTORS = (
     "anonymous",
@@ -483,6 +484,13 @@ ROWS = [
         "agent/credential/rotate",
         "401 403 403 403 403 403 403 403 201 201 403 401 401",
     ),
+    Row(  # a key rotation needs the new key and its proof (tests/nodes/test_identity.py)
+        "POST",
+        "agent/key/rotate",
+        "agent/key/rotate",
+        "401 403 403 403 403 403 403 403 400 400 403 401 401",
+        {},
+    ),
     Row(
         "GET",
         "agent/assignments",
@@ -634,7 +642,6 @@ class World:
             "enroll": {
                 "token": self.enroll_secret,
                 "name": "newcomer-node",
-                "identity": "ssh-ed25519 AAAAnew",
                 "inventory": gpu_inventory(gpus=1, uuid_tag="new0"),
             },
             "inventory": gpu_inventory(gpus=2, uuid_tag="0001"),
@@ -881,6 +888,8 @@ def test_each_caller_gets_the_exact_status_on_every_route(world, actor, db):
         expected = int(row.expected.split()[column])
         body = world.body(row.body) if isinstance(row.body, str) else row.body
         url = "/api/v1/" + row.url.format(w=world)
+        if row.body == "enroll":  # signed by the key it binds, whoever holds the token
+            client, body = _enrolling(client, body)
         with transaction.atomic():
             if body is None:
                 response = client.generic(row.method, url)
@@ -896,6 +905,17 @@ def test_each_caller_gets_the_exact_status_on_every_route(world, actor, db):
         if response.status_code == 404 and expected == 404:
             assert response.json()["code"] == "not_found"
     assert wrong == [], f"{actor}:\n" + "\n".join(wrong)
+
+
+def _enrolling(client, body):
+    """An enrollment as an agent sends it: the body names a new key and is signed by it; a
+    node's client keeps its own signature (its credential is refused either way)."""
+    key = NodeKey.generate()
+    if not isinstance(client, SignedClient):
+        signed = SignedClient(key)
+        signed._credentials = dict(client._credentials)
+        client = signed
+    return client, body | {"public_key": key.public_key}
 
 
 # --- node callbacks are checked against the lease and job they claim, fencing token included --

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nodes', '0008_gpudevice_compute_capability'),
+        ('nodes', '0009_storage_disk_cache'),
     ]
 
     operations = [
