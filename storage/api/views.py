@@ -7,11 +7,14 @@ export of a volume (`POST /api/v1/volumes/{id}/export`) runs as a job: jobs/api/
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from nodes.api.views import NodeErrorsMixin
 from pools.actors import Actor
 from pools.api.permissions import IsNode, IsPerson
+from pools.choices import TenantRole
+from pools.roles import tenant_roles
 from storage import selectors, services
 from storage.api.serializers import (
     VolumeCreateSerializer,
@@ -61,7 +64,14 @@ class VolumeViewSet(
     def destroy(self, request, *args, **kwargs):
         """Deletes it (409 `volume_in_use` while a job mounts it); 200 with the volume as it
         is now (`deleted`): its node removes the image at its next report."""
-        volume = services.volume_delete(volume=self.get_object(), actor=Actor.from_request(request))
+        volume = self.get_object()
+        # the tenant's data: its people delete it, never an operator (metadata only)
+        if tenant_roles(request.user).get(volume.tenant_id) not in (
+            TenantRole.MEMBER,
+            TenantRole.ADMIN,
+        ):
+            raise PermissionDenied("Only the tenant's members and admins delete its volumes.")
+        volume = services.volume_delete(volume=volume, actor=Actor.from_request(request))
         volume = self.get_queryset().get(pk=volume.pk)
         return Response(VolumeSerializer(volume).data)
 

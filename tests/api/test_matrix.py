@@ -41,6 +41,7 @@ from pools.choices import PlatformRole, TenantRole
 from pools.models import ApiToken, ResourceShape, TenantBucket
 from pools.services import api_token_revoke, support_grant_create
 from scheduling.passes import scheduling_pass
+from storage.services import volume_create
 from tests.clients import SignedClient, bearer_client
 from worker_agent.identity import NodeKey
 
@@ -574,6 +575,48 @@ ROWS = [
         "buckets/events",
         "401 403 403 200 403 403 403 403 403 403 403 401 401",
     ),
+    # persistent volumes (docs/storage.md): the tenant's people; operators read their metadata
+    # (a volume's node, state, risk), never delete or export one
+    Row("GET", "volumes", "volumes", "401 200 200 200 200 200 200 200 403 403 200 401 401"),
+    Row(
+        "POST",
+        "volumes",
+        "volumes",
+        "401 400 201 201 400 400 400 400 403 403 403 401 401",
+        {"tenant": "vision", "pool": "matrix", "name": "more-data", "size_mib": 8},
+    ),
+    Row(
+        "GET",
+        "volumes/{pk}",
+        "volumes/{w.volume.pk}",
+        "401 404 200 200 200 200 404 404 403 403 200 401 401",
+    ),
+    Row(
+        "GET",
+        "volumes/{pk}/events",
+        "volumes/{w.volume.pk}/events",
+        "401 404 200 200 200 200 404 404 403 403 200 401 401",
+    ),
+    Row(
+        "DELETE",
+        "volumes/{pk}",
+        "volumes/{w.volume.pk}",
+        "401 404 200 200 403 403 404 404 403 403 403 401 401",
+    ),
+    Row(
+        "POST",
+        "volumes/{pk}/export",
+        "volumes/{w.volume.pk}/export",
+        "401 404 202 202 403 403 404 404 403 403 403 401 401",
+        {"destination": "s3://vision-data/exports/"},
+    ),
+    Row(
+        "POST",
+        "agent/volumes",
+        "agent/volumes",
+        "401 403 403 403 403 403 403 403 200 200 403 401 401",
+        {"volumes": []},
+    ),
     Row(
         "GET",
         "agent/jobs/{job_id}/checkpoint",
@@ -615,6 +658,7 @@ class World:
     grant: object  # the tenant admin's support grant for vision to `support`
     retention: object = None  # vision's retention of outputs in every pool
     bucket: object = None  # vision's registered bucket (docs/storage.md "Object stores")
+    volume: object = None  # vision's persistent volume (docs/storage.md "Persistent volumes")
 
     def client(self, actor):
         return bearer_client(self.secrets.get(actor))
@@ -779,6 +823,9 @@ def _build_world() -> World:
         grant=grant,
         retention=retention_set(tenant=vision, pool=None, days=40, actor=SYSTEM),
         bucket=_bucket(vision),
+        volume=volume_create(
+            tenant=vision, pool=pool, name="matrix-data", size_mib=8, actor=SYSTEM
+        ),
         jobs={"vision": {job.pk}, "nlp": {other_job.pk}},
         leases={
             "vision": {lease.pk, reserved.pk},
