@@ -289,6 +289,7 @@ class AgentJobsViewSet(TraceContextMixin, NodeErrorsMixin, viewsets.GenericViewS
         body = {"name": output.name, "size": output.size, "sha256": output.sha256}
         return Response({"job": job.pk, "output": body | {"location": output.location}}, 201)
 
+
 def _check_upload_digest(request, files) -> None:
     """A streamed upload is signed over its file's SHA-256 (`Upload-Digest`,
     nodes/signatures.py) instead of its body: the one file it carries must have that digest
