@@ -13,6 +13,7 @@ from django.db.models import Q
 from leases.choices import HOLDING, LeaseState
 from leases.models import Lease
 from nodes.models import GpuDevice
+from placement.devices import mps_memory_mib, mps_thread_percentage
 from pools.actors import Actor
 from pools.choices import ContainerRuntime, GpuSharingClass
 from pools.encryption import EncryptionError
@@ -190,6 +191,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             "cpuset": _cpuset(node, (lease.placement or {}).get("numa_node")),
             "gpus": _gpu_ids(lease, devices),
             "gpu_isolation": _lease_gpu_isolation(lease),
+            # an MPS share's caps, per device (worker_agent/mps.py); [] for every other class
+            "mps": _mps_shares(lease, devices),
         },
         # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
         "volumes": assignment_volumes(job.volumes),
@@ -226,6 +229,33 @@ def _gpu_ids(lease, devices) -> list[str]:
         else:
             ids.append(device.uuid)
     return ids
+
+
+def _mps_shares(lease, devices) -> list[dict]:
+    """Per device of an MPS share: its UUID, `thread_percentage` (its compute) and
+    `memory_mib` (its memory), from what the ledger reserved (the allocation's milli) by the
+    one rule placement uses (placement.devices.mps_memory_mib). Only for a lease whose request
+    is an MPS share on MPS devices; [] otherwise."""
+    request = lease.request or {}
+    if request.get("gpu_sharing_class") != GpuSharingClass.MPS:
+        return []
+    shares = []
+    for alloc in lease.gpu_allocations or ():
+        device = devices.get(alloc.get("gpu"))
+        milli = int(alloc.get("milli") or 1000)
+        if device is None or milli >= 1000 or alloc.get("mig_slots"):
+            continue
+        if device.sharing_mode != GpuSharingClass.MPS:
+            continue
+        shares.append(
+            {
+                "gpu": device.uuid,
+                "milli": milli,
+                "thread_percentage": mps_thread_percentage(milli),
+                "memory_mib": mps_memory_mib(device.memory_mib, milli),
+            }
+        )
+    return shares
 
 
 def gpu_isolation(resources: dict) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import reasons as r
 from .mig import free_starts, occupied_slices, profiles_for
-from .types import EXCLUSIVE, MIG, NON_ISOLATED, GpuView, NodeView, Request
+from .types import EXCLUSIVE, MIG, MPS, NON_ISOLATED, GpuView, NodeView, Request
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -56,12 +56,30 @@ def mixes_tenants(device: GpuView, req: Request, policy) -> bool:
     return any(t != req.tenant for t in device.tenants)
 
 
+def mps_memory_mib(device_memory_mib: int, milli: int) -> int:
+    """The GPU memory an MPS share of `milli` thousandths holds on a device of
+    `device_memory_mib`: the same fraction of its memory as of its compute, so the shares the
+    ledger lets onto one device (their milli sum at most 1000) never promise more memory than
+    it has. The one definition: placement compares `gpu_memory_mib` with it, and the agent caps
+    the job's client at it (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, jobs/assignments.py)."""
+    return max(0, int(device_memory_mib)) * max(0, min(1000, int(milli))) // 1000
+
+
+def mps_thread_percentage(milli: int) -> int:
+    """An MPS share's compute: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, milli / 10, at least 1."""
+    return max(1, min(100, int(milli) // 10))
+
+
 def usable_memory_mib(device: GpuView, req: Request) -> int:
     """GPU memory the request would see on ``device``: a MIG slice has its profile's memory
-    (memory-isolated), not the device's; anything else sees the whole device."""
+    (memory-isolated), an MPS share its fraction of the device's (`mps_memory_mib`, the limit
+    its client gets), not the device's; anything else (a time-slice share among them, which
+    reserves no memory) sees the whole device."""
     if req.sharing == MIG:
         profile = profiles_for(device.model, device.memory_mib).get(req.mig_profile)
         return profile.memory_mib if profile else 0
+    if req.sharing == MPS and req.gpu_milli < 1000:
+        return mps_memory_mib(device.memory_mib, req.gpu_milli)
     return device.memory_mib
 
 

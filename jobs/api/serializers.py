@@ -10,6 +10,7 @@ from jobs.selectors import job_storage
 from pools import knobs, network_rules, validation
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
 from pools.choices import TenantRole
+from pools.gpu_sharing import gpu_sharing_note
 from pools.images import parse_image_reference
 from pools.models import ComputePool, PriorityClass, Tenant, TenantSecret
 from pools.roles import tenant_roles
@@ -42,6 +43,7 @@ class JobSerializer(serializers.ModelSerializer):
     )
     usage = serializers.SerializerMethodField()
     gpu_isolation = serializers.SerializerMethodField()
+    gpu_sharing_note = serializers.SerializerMethodField()
     forecast = serializers.SerializerMethodField()
     storage = serializers.SerializerMethodField()
 
@@ -55,6 +57,7 @@ class JobSerializer(serializers.ModelSerializer):
             "shape",
             "resources",
             "gpu_isolation",
+            "gpu_sharing_note",
             "image",
             "image_requested",
             "image_platforms",
@@ -100,6 +103,11 @@ class JobSerializer(serializers.ModelSerializer):
     def get_gpu_isolation(self, job) -> str:
         """exclusive | mig | shared-not-isolated (time-slice/MPS) | none (no GPUs)."""
         return gpu_isolation(job.resources)
+
+    def get_gpu_sharing_note(self, job) -> str:
+        """What the job's GPUs isolate, in words ("" without GPUs): a time-slice share says it
+        has no memory or compute isolation (pools/gpu_sharing.py)."""
+        return gpu_sharing_note(job.resources)
 
     def get_storage(self, job) -> dict:
         """What is ephemeral, what persists (until when) and where the outputs are fetched

@@ -12,6 +12,7 @@ from leases.services import SCHEDULER_KEY_PREFIX
 from leases.signals import storage_statement
 from pools.actors import Actor
 from pools.api.serializers import KnownFieldsOnly, ResourceRequestSerializer, shape_or_resources
+from pools.gpu_sharing import gpu_sharing_note
 from pools.models import ComputePool, Tenant
 from pools.validation import BIGINT_MAX
 
@@ -55,6 +56,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     consumed = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
     storage = serializers.SerializerMethodField()
+    gpu_sharing_note = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -71,6 +73,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "memory_mib",
             "scratch_mib",
             "gpu_allocations",
+            "gpu_sharing_note",
             "request",
             "placement",
             "policy_version",
@@ -109,6 +112,10 @@ class LeaseSerializer(serializers.ModelSerializer):
 
     def get_storage(self, lease) -> dict:
         return lease_storage(lease)
+
+    def get_gpu_sharing_note(self, lease) -> str:
+        """What its GPUs isolate, in words ("" without GPUs; pools/gpu_sharing.py)."""
+        return gpu_sharing_note(lease.request)
 
 
 def _iso(value):
@@ -188,6 +195,8 @@ def lease_representation(lease: Lease) -> dict:
         "memory_mib": lease.memory_mib,
         "scratch_mib": lease.scratch_mib,
         "gpu_allocations": lease.gpu_allocations,
+        # what its GPUs isolate, in words (a time-slice share: no memory or compute isolation)
+        "gpu_sharing_note": gpu_sharing_note(lease.request),
         "request": lease.request,
         "placement": lease.placement,
         "policy_version": lease.policy_version,

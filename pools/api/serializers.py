@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from pools import knobs, validation
 from pools.choices import SupportGrantState, TenantRole, TokenScope
+from pools.gpu_sharing import gpu_sharing_note
 from pools.models import (
     REQUEST_FIELDS,
     ApiToken,
@@ -116,10 +117,15 @@ class PoolSerializer(serializers.ModelSerializer):
 
 class ShapeSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    gpu_sharing_note = serializers.SerializerMethodField()
 
     class Meta:
         model = ResourceShape
-        fields = ["id", "pool", "name", "description", *REQUEST_FIELDS]
+        fields = ["id", "pool", "name", "description", *REQUEST_FIELDS, "gpu_sharing_note"]
+
+    def get_gpu_sharing_note(self, shape) -> str:
+        """What the shape's GPUs isolate, in words ("" without GPUs; pools/gpu_sharing.py)."""
+        return gpu_sharing_note(shape.as_request())
 
 
 class KnownFieldsOnly:
