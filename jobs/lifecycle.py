@@ -47,6 +47,8 @@ FAILURES = frozenset(
         Reason.IMAGE_INVALID,
         Reason.RUNTIME_ERROR,
         Reason.RUNTIME_UNAVAILABLE,
+        Reason.MPS_UNAVAILABLE,
+        Reason.GPU_MEMORY_SHARE_EXCEEDED,
     }
 )
 STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed", "stopped")

@@ -78,6 +78,14 @@ class Reason(models.TextChoices):
     MAX_RUNTIME_EXCEEDED = "max_runtime_exceeded", "Killed at its maximum runtime"
     RUNTIME_ERROR = "runtime_error", "The container runtime failed to run it"
     RUNTIME_UNAVAILABLE = "runtime_unavailable", "The node does not offer the job's runtime"
+    MPS_UNAVAILABLE = (
+        "mps_unavailable",
+        "The node's agent could not run the MPS daemon the job's share needs; nothing started",
+    )
+    GPU_MEMORY_SHARE_EXCEEDED = (
+        "gpu_memory_share_exceeded",
+        "An MPS share's job failed with a CUDA out-of-memory error at its memory cap",
+    )
     SECRET_UNREADABLE = "secret_unreadable", "A secret of the job cannot be decrypted"
     RETRY_SCHEDULED = "retry_scheduled", "Failed or lost; queued again by its retry policy"
     ARTIFACTS_EXPIRED = "artifacts_expired", "Outputs and logs deleted after the pool's retention"
