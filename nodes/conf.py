@@ -19,6 +19,15 @@ DEFAULTS = {
     "NODE_PROBE_MEMORY_MAX_MIB": 2048,  # the claimed memory is proven up to this much
     "NODE_PROBE_SECONDS_PER_ITERATION": 0.05,  # generous: far beyond a busybox sha256 round
     "NODE_PROBE_SECONDS_BASE": 60,  # container start, the memory fill, a slow disk
+    # the GPU challenge (docs/nodes.md "GPU challenge"): the image its container runs in
+    # (python3 ≥ 3.9 and glibc; the agent's package is mounted into it), the claimed memory
+    # left to the driver and the context, the words read back, the FMA kernel's length at the
+    # claimed class, the model assumed where no class is known
+    "NODE_GPU_PROBE_IMAGE": "docker.io/library/python:3.12-slim",
+    "NODE_GPU_CHALLENGE_RESERVE_MIB": 2048,
+    "NODE_GPU_CHALLENGE_SAMPLES": 64,
+    "NODE_GPU_CHALLENGE_FMA_SECONDS": 0.5,
+    "NODE_GPU_CHALLENGE_UNCLASSED_GFLOPS": 5000,
     "NODE_IMAGE_PULL_TIMES_MAX": 512,  # pull times kept per node (newest win)
     "NODE_INPUT_DOWNLOAD_TIMES_MAX": 512,  # input download times kept per node (newest win)
 }

@@ -16,6 +16,11 @@ class Reason(models.TextChoices):
     AGENT_AUTHENTICATED = "agent_authenticated", "Agent authenticated (private fleet)"
     PROBE_PASSED = "probe_passed", "Validation probe matched the claims"
     PROBE_MISMATCH = "probe_mismatch", "Validation probe contradicted the claims"
+    # the GPU challenge's kernel (nodes/challenge.py): a validation probe quarantines with these,
+    # a recovery probe keeps its device out with them
+    GPU_CHALLENGE_WRONG = "gpu_challenge_wrong", "A GPU's challenge answer was wrong"
+    GPU_CHALLENGE_SLOW = "gpu_challenge_slow", "A GPU was too slow for its claimed model"
+    GPU_CHALLENGE_MISSING = "gpu_challenge_missing", "A claimed GPU gave no challenge answer"
     DRAIN_REQUESTED = "drain_requested", "Drain requested"
     DRAIN_COMPLETED = "drain_completed", "Drain completed"
     DRAIN_CANCELLED = "drain_cancelled", "Drain cancelled"
