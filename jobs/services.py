@@ -136,7 +136,7 @@ def job_submit(
         )
         if value
     }
-    output_limit_mib = _output_limit(tenant, pool, output_limit_mib)
+    output_limit_mib = _output_limit(tenant, pool, output_limit_mib, output_destination)
     # Its persistent volumes pin it to their node, a hard constraint the core's node_pin
     # filter keeps; the pass names a wait there `volume_node_full`/`…_unavailable` and holds a
     # read-write mount while another job has the volume (storage/scheduling.py).
@@ -286,11 +286,16 @@ def jobs_submit_many(*, pool: ComputePool, specs: list[dict], actor: Actor, now=
     return created
 
 
-def _output_limit(tenant: Tenant, pool: ComputePool, wanted: int | None) -> int:
+def _output_limit(
+    tenant: Tenant, pool: ComputePool, wanted: int | None, destination: str = ""
+) -> int:
     """The job's output limit (the pool's knob `output_limit_mib` when it names none); 400 on
-    `output_limit_mib` when it is above what the tenant's storage quota in the pool has left."""
+    `output_limit_mib` when it is above what the tenant's storage quota in the pool has left.
+    Outputs bound for the tenant's own bucket (`s3://…`) are not kept here: no quota applies."""
     if wanted is None:
         wanted = knobs_for(pool).output_limit_mib
+    if destination:
+        return wanted
     left = storage_left_mib(tenant.pk, pool.pk)
     if left is not None and wanted > left:
         raise ValidationError(

@@ -55,12 +55,17 @@ class VolumeInvalid(Refusal):
 
 
 def stored_bytes(pool_id: int, tenant_ids) -> dict[int, int]:
-    """tenant id → bytes it stores in the pool: its jobs' outputs (`JobOutput.size`, read
-    through the tenant's `jobs` relation: storage imports nothing of jobs) and the sizes of its
-    live volumes. What the `storage_mib` quota counts."""
+    """tenant id → bytes it stores in the pool: its jobs' outputs the control plane keeps
+    (`JobOutput.size`, read through the tenant's `jobs` relation: storage imports nothing of
+    jobs) and the sizes of its live volumes. What the `storage_mib` quota counts."""
     tenant_ids = set(tenant_ids)
     outputs = Tenant.objects.filter(pk__in=tenant_ids).annotate(
-        stored=Sum("jobs__outputs__size", filter=Q(jobs__pool_id=pool_id))
+        # outputs kept by the control plane only: those in a tenant's own bucket (`location`)
+        # are the tenant's store's, not this quota's
+        stored=Sum(
+            "jobs__outputs__size",
+            filter=Q(jobs__pool_id=pool_id, jobs__outputs__location=""),
+        )
     )
     stored = {tenant_id: size or 0 for tenant_id, size in outputs.values_list("pk", "stored")}
     volumes = (

@@ -6,16 +6,18 @@ wait. The real agent and Docker: test_volumes_e2e.py; races: test_volumes_race.p
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, build_person, build_pool, build_tenant, submit_job
 from jobs.choices import JobState
+from jobs.models import JobOutput
 from jobs.services import job_transition
 from leases.selectors import ledger_problems
 from leases.services.quota import stored_bytes
 from nodes import services as node_services
 from nodes.models import Node
-from pools.models import Quota
+from pools.models import Quota, TenantBucket
 from pools.reasons import Reason
 from scheduling.passes import scheduling_pass
 from storage import services
@@ -90,6 +92,30 @@ def test_the_storage_quota_counts_volumes(pool, tenant, alice):
     assert refused.json()["code"] == "quota_exceeded"
     assert refused.json()["dimension"] == "storage_mib"
     assert create(client_for(alice), name="more", size_mib=100).status_code == 201
+
+
+def test_outputs_in_the_tenants_own_bucket_count_against_no_quota_here(pool, tenant, alice):
+    """The storage quota counts what the control plane keeps: an output that lives in the
+    tenant's bucket (`location`) takes none of it, and a job bound for that bucket may ask for
+    more /outputs than the quota has left (a job bound for the control plane may not)."""
+    build_node(pool, "n1", scratch=10_000)
+    Quota.objects.create(
+        tenant=tenant, pool=pool, cpu_millicores=4000, memory_mib=8192, storage_mib=300
+    )
+    bucket = TenantBucket(tenant=tenant, bucket="vol-data", endpoint="http://127.0.0.1:9000")
+    bucket.seal("AKIAVOL", "vol-secret")
+    bucket.save()
+    job = submit_job(pool, tenant, output_destination="s3://vol-data/out/", output_limit_mib=500)
+    assert job.output_limit_mib == 500
+    JobOutput.objects.create(
+        job=job, attempt=1, name="big.bin", size=250 * MIB, sha256="0" * 64,
+        location="s3://vol-data/out/1/1/big.bin",
+    )  # fmt: skip
+    assert stored_bytes(pool.pk, [tenant.pk])[tenant.pk] == 0
+    assert create(client_for(alice), size_mib=300).status_code == 201  # the whole quota
+    with pytest.raises(ValidationError) as refused:
+        submit_job(pool, tenant, output_limit_mib=1)
+    assert "output_limit_mib" in str(refused.value)
 
 
 def test_names_are_unique_among_live_volumes_and_bad_input_is_a_400(pool, tenant, alice):
