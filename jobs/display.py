@@ -113,6 +113,10 @@ def clone_values(job) -> dict:
         "anti_affinity_scope": job.anti_affinity_scope,
         "require_numa": "on" if job.require_numa else "",
         "output_destination": job.output_destination,
+        "volumes": "\n".join(
+            f"{m['volume']}:{m['path']}{':ro' if m.get('read_only') else ''}"
+            for m in job.volumes or []
+        ),
         "reservation": str(job.reservation_id or ""),
         "priority_class": job.priority_class.name if job.priority_class_id else "",
         "checkpointable": "on" if job.checkpointable else "",

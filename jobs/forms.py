@@ -63,6 +63,21 @@ def _pairs(text: str, field: str, errors: dict) -> dict:
     return pairs
 
 
+def _mounts(text: str, errors: dict) -> list[dict]:
+    """`<volume id>:<path>[:ro]` lines as the API's `volumes` (docs/storage.md)."""
+    mounts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        volume, _, rest = line.strip().partition(":")
+        path, _, mode = rest.rpartition(":") if rest.endswith((":ro", ":rw")) else (rest, "", "")
+        if not volume.isdigit() or not path:
+            errors["volumes"] = f"Line {number}: write <volume id>:<path>, or …:<path>:ro."
+            return []
+        mounts.append({"volume": int(volume), "path": path, "read_only": mode == "ro"})
+    return mounts
+
+
 def submit_body(post) -> tuple[dict, dict]:
     """(the API's submit body, errors of the text itself keyed by form field)."""
     errors: dict[str, str] = {}
@@ -89,6 +104,8 @@ def submit_body(post) -> tuple[dict, dict]:
     except ValueError as exc:  # an unclosed quote
         errors["command"] = f"Not a command line: {exc}."
     body["inputs"] = [line.strip() for line in post.get("inputs", "").splitlines() if line.strip()]
+    if mounts := _mounts(post.get("volumes", ""), errors):
+        body["volumes"] = mounts
     ports = _split(post.get("ports", ""))
     if all(port.isdigit() for port in ports):
         body["ports"] = [int(port) for port in ports]

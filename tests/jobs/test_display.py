@@ -126,6 +126,10 @@ def a_job(**fields):
         "anti_affinity_scope": "zone",
         "require_numa": True,
         "output_destination": "s3://results/train-7",
+        "volumes": [
+            {"volume": 12, "path": "/data", "read_only": False},
+            {"volume": 13, "path": "/ref:erence", "read_only": True},
+        ],
         "reservation_id": None,
         "priority_class_id": 4,
         "priority_class": SimpleNamespace(name="batch"),
@@ -160,6 +164,7 @@ def test_a_clone_prefills_the_same_fields_as_the_job_asked_for():
     assert values["secrets"] == "HF_TOKEN=hf-token"  # the reference, never a value
     assert values["ports"] == "8080, 9090"
     assert values["inputs"] == "https://data.example/a.tar\nhttps://data.example/b.tar"
+    assert values["volumes"] == "12:/data\n13:/ref:erence:ro"
     assert (values["shape_mode"], values["shape"]) == ("catalogue", "cpu-small")
     assert values["priority_class"] == "batch" and values["checkpointable"] == "on"
 
@@ -177,6 +182,7 @@ def test_a_clone_prefills_the_same_fields_as_the_job_asked_for():
     assert body["priority_class"] == "batch"
     assert body["anti_affinity_scope"] == "zone" and body["require_numa"] is True
     assert body["output_destination"] == "s3://results/train-7"
+    assert body["volumes"] == job.volumes  # read-only kept, a ':' inside a path too
 
 
 def test_a_clone_of_a_custom_request_prefills_its_resources_and_gang():
@@ -217,3 +223,11 @@ def test_a_clone_of_a_custom_request_prefills_its_resources_and_gang():
     assert body["gang"] == {"name": "allreduce", "size": 4, "topology": "same_zone"}
     assert body["network_policy"] == {"mode": "none"}
     assert "priority_class" not in body and body["checkpointable"] is False
+
+
+def test_a_volume_line_that_is_not_id_colon_path_is_the_volumes_fields_error():
+    post = QueryDict(mutable=True)
+    post.update({"tenant": "vision", "pool": "main", "name": "x", "volumes": "data:/x"})
+    body, errors = submit_body(post)
+    assert "volumes" not in body
+    assert errors["volumes"] == "Line 1: write <volume id>:<path>, or …:<path>:ro."
