@@ -22,8 +22,9 @@ from worker_agent.host import Host, cpu_features
 from worker_agent.identity import KeyRefused, NodeKey, default_key_file
 from worker_agent.inventory import storage_report
 from worker_agent.metrics import AgentMetrics
+from worker_agent.mps import MpsDaemons
 from worker_agent.probe import probe_result, recovery_result
-from worker_agent.runner import Runner
+from worker_agent.runner import Phase, Runner
 from worker_agent.runtime.base import Assignment, RuntimeUnconfigured
 from worker_agent.runtime.docker import DockerRuntime, GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
@@ -86,7 +87,9 @@ def machine_id() -> str:
     return ""
 
 
-def make_runtimes(choice: str, work: WorkRoot, pause_image: str = "") -> dict[str, Runtime]:
+def make_runtimes(
+    choice: str, work: WorkRoot, pause_image: str = "", mps: MpsDaemons | None = None
+) -> dict[str, Runtime]:
     """The runtimes this agent offers, the primary first. `process` is always present for the
     pools that allow it (the control plane sends runtime "process" nowhere else); `gvisor` beside
     `docker` where the engine has gVisor's two runsc runtimes. Their owner is set once the agent
@@ -96,7 +99,7 @@ def make_runtimes(choice: str, work: WorkRoot, pause_image: str = "") -> dict[st
     if choice in ("auto", "docker"):
         if DockerRuntime.available():
             try:
-                runtimes["docker"] = DockerRuntime(pause_image=pause_image or None)
+                runtimes["docker"] = DockerRuntime(pause_image=pause_image or None, mps=mps)
             except RuntimeUnconfigured as exc:
                 raise AgentError(str(exc)) from exc
             if GVisorRuntime.available():
@@ -153,7 +156,12 @@ class Agent:
         self.node_name = (
             config.node_name or self.state.info().get("node_name") or (default_node_name())
         )
-        self.runtimes = runtimes or make_runtimes(config.runtime, self.work, config.pause_image)
+        # the MPS control daemons of the GPUs that MPS leases use (worker_agent/mps.py): their
+        # logs under the state dir, never mounted
+        self.mps = MpsDaemons(None, self.state.dir / "mps")
+        self.runtimes = runtimes or make_runtimes(
+            config.runtime, self.work, config.pause_image, mps=self.mps
+        )
         self.primary = next(iter(self.runtimes.values()))
         self.address = config.address or default_address()
         self.heartbeat_interval = config.heartbeat_interval_s
@@ -244,6 +252,8 @@ class Agent:
             runner.halt()
         for runner in self.runners.values():
             runner.join(10)
+        # the MPS daemons of containers left running stay for them (and the next agent)
+        self.keep_mps(only=lambda r: r.phase == Phase.LEFT_RUNNING, supervise=False)
         self.host.close()
         self.metrics.close()
         log.info("agent stopped; %d workload(s) left to the next agent", len(self.runners))
@@ -434,6 +444,23 @@ class Agent:
         for key, assignment in current.items():
             if key not in self.runners and key not in self.finished:
                 self._start_runner(assignment)
+        self.keep_mps()
+
+    def keep_mps(self, only=None, supervise: bool = True) -> None:
+        """The MPS daemons of the GPUs that this node's MPS runs use kept (one that died
+        started again), the others stopped (worker_agent/mps.py)."""
+        gpus = {
+            share.gpu
+            for runner in self.runners.values()
+            if only is None or only(runner)
+            for share in runner.assignment.limits.mps
+        }
+        try:
+            self.mps.retain(gpus)
+            if supervise:
+                self.mps.supervise()
+        except Exception:  # never the loop's end
+            log.exception("MPS daemons not supervised")
 
     def reconcile(self) -> None:
         """What a previous agent left: containers of current assignments are adopted (still

@@ -11,6 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from worker_agent.logs import valid_traceparent
+from worker_agent.mps import MpsShare
 
 DIGEST_MARK = "@sha256:"
 # label prefix: computepool.job, .lease, .attempt, .node (its name, for people), .node_id and
@@ -110,6 +111,8 @@ class Limits:
     gpus: tuple[str, ...] = ()  # exact device UUIDs (GPU-…) or MIG instances (MIG-…)
     # exclusive | mig | shared-not-isolated (time-slice/MPS) | none: a container label
     gpu_isolation: str = "none"
+    # an MPS share's caps per device (worker_agent/mps.py); () for every other class
+    mps: tuple[MpsShare, ...] = ()
 
     @classmethod
     def parse(cls, data: dict | None) -> Limits:
@@ -126,6 +129,7 @@ class Limits:
             cpuset=str(cpuset) if cpuset else None,
             gpus=tuple(str(gpu) for gpu in data.get("gpus") or ()),
             gpu_isolation=str(data.get("gpu_isolation") or "none")[:32],
+            mps=MpsShare.parse_all(data.get("mps")),
         )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from docker.types import DeviceRequest, LogConfig, Mount
 
+from worker_agent import mps as mps_daemons
 from worker_agent.runtime import disks
 from worker_agent.runtime import secrets as secret_files
 from worker_agent.runtime.base import (
@@ -99,6 +100,21 @@ def memory_scratch(limits: Limits) -> dict:
     return {"/scratch": f"rw,nosuid,nodev,size={limits.scratch_mib}m,{owner},mode=0700"}
 
 
+def mps_options(endpoint: mps_daemons.Endpoint, share: mps_daemons.MpsShare) -> dict:
+    """What an MPS share's container adds (worker_agent/mps.py): its GPU's daemon's pipe folder
+    at /run/nvidia-mps and the daemon's shm folder as its /dev/shm (the IPC namespace stays
+    private: nothing else of the host's is shared), and its client's caps in the environment."""
+    pipe = mps_daemons.CONTAINER_PIPE_DIR
+    return {
+        "mounts": [
+            Mount(pipe, str(endpoint.pipe_dir), type="bind", read_only=False),
+            Mount("/dev/shm", str(endpoint.shm_dir), type="bind", read_only=False),
+        ],
+        "environment": mps_daemons.client_environment(share, pipe),
+        "labels": {f"{LABEL}.mps": "1"},
+    }
+
+
 def job_options(
     assignment: Assignment,
     *,
@@ -108,23 +124,27 @@ def job_options(
     network: dict,
     device_ids: list[str],
     engine_runtime: str | None,
+    mps: dict | None = None,
 ) -> dict:
-    """The engine's create options of the job's container, every limit of the lease."""
+    """The engine's create options of the job's container, every limit of the lease; `mps`:
+    an MPS share's additions (`mps_options`)."""
     limits = assignment.limits
+    mps = mps or {"mounts": [], "environment": {}, "labels": {}}
     options = {
         "name": name,
         # how its GPUs are isolated, for whoever inspects the node's containers
-        "labels": labels | {f"{LABEL}.gpu_isolation": limits.gpu_isolation},
+        "labels": labels | {f"{LABEL}.gpu_isolation": limits.gpu_isolation} | mps["labels"],
         "environment": assignment.environment(SECRETS_DIR)
         | {
             "OUTPUTS_DIR": "/outputs",
             "INPUTS_DIR": "/inputs",
             "SCRATCH_DIR": "/scratch",
             "CHECKPOINT_DIR": f"/outputs/{CHECKPOINT_SUBDIR}",
-        },
+        }
+        | mps["environment"],  # last: the job's own env never replaces its caps here
         **HARDENED,
         "tmpfs": {"/tmp": TMP_TMPFS} | memory_scratch(limits),
-        "mounts": mounts,
+        "mounts": [*mounts, *mps["mounts"]],
         "nano_cpus": limits.cpu_millicores * 1_000_000,
         "mem_limit": f"{limits.memory_mib}m",
         "memswap_limit": f"{limits.memory_mib}m",  # == memory: no extra swap

@@ -48,6 +48,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from worker_agent import mps as mps_daemons
 from worker_agent import netpolicy
 from worker_agent.host import architecture
 from worker_agent.inventory import container_device_ids, load_nvml
@@ -69,6 +70,7 @@ from worker_agent.runtime.container_spec import (
     disk_mounts,
     inputs_mount,
     job_options,
+    mps_options,
     secrets_mount,
     volume_mounts,
 )
@@ -94,6 +96,10 @@ START_STEP_S = 0.1
 # passes through the namespace Docker gives the container (its network owner's, with the egress
 # rules), never the host's.
 GVISOR_ENGINE_RUNTIMES = {"none": "runsc-none", "pool": "runsc-netns"}
+# What a CUDA allocation past an MPS share's memory cap prints (the runtime API's error
+# string, its enum name, the driver API's): read from the end of an MPS job's output only.
+CUDA_OOM_MARKERS = ("out of memory", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
+OOM_TAIL_LINES = 50
 
 
 class DockerRuntime:
@@ -107,6 +113,7 @@ class DockerRuntime:
         pause_image: str | None = None,
         nvml=None,
         secrets_root: Path | None = None,
+        mps: mps_daemons.MpsDaemons | None = None,
     ):
         pause_image = pause_image or os.environ.get(PAUSE_IMAGE_ENV, "")
         if not pause_image:
@@ -117,6 +124,7 @@ class DockerRuntime:
             )
         self.secrets_root = Path(secrets_root or secret_files.ROOT_DEFAULT)
         self.nvml = nvml  # None: the real NVML, loaded when a lease names MIG instances
+        self.mps = mps  # the node's MPS daemons (worker_agent/mps.py); None: no MPS shares
         self.client = client or docker.from_env(timeout=120)
         self.engine = Engine(self.client, owner)
         self.networks = NetworkOwners(self.engine, pause_image)
@@ -161,6 +169,21 @@ class DockerRuntime:
                 client.close()
         except DockerException:
             return False
+
+    def _mps_for(self, assignment: Assignment) -> dict | None:
+        """An MPS share's daemon (started if need be) and what its container adds; None for
+        every other lease. `mps_unavailable` when the daemon cannot run: never without caps."""
+        limits = assignment.limits
+        if not limits.mps:
+            return None
+        try:
+            share = mps_daemons.the_share(limits.mps, limits.gpus)
+            if self.mps is None:
+                raise mps_daemons.MpsUnavailable("this agent runs no MPS daemons")
+            endpoint = self.mps.ensure(share.gpu)
+        except mps_daemons.MpsUnavailable as exc:
+            raise RuntimeFailure(exc.reason, exc.message) from exc
+        return mps_options(endpoint, share)
 
     def engine_runtime(self, assignment: Assignment) -> str | None:
         """The dockerd runtime the job's container is created with (None: the engine's default,
@@ -226,6 +249,7 @@ class DockerRuntime:
         check_digest(assignment.image)
         limits = assignment.limits
         device_ids = self._device_ids(limits.gpus) if limits.gpus else []  # before creating
+        mps = self._mps_for(assignment)  # its daemon, before anything of the job exists
         name = self.container_name(assignment)
         self._remove_leftover(name)
         if fetcher is not None:  # the addresses its inputs and its egress may not reach
@@ -250,6 +274,7 @@ class DockerRuntime:
                 network=network,
                 device_ids=device_ids,
                 engine_runtime=self.engine_runtime(assignment),
+                mps=mps,
             )
             try:
                 return self.client.containers.create(assignment.image, **options)
@@ -314,7 +339,26 @@ class DockerRuntime:
             return None
         code = int(state.get("ExitCode", -1))
         oom = bool(state.get("OOMKilled")) or engine_io.oom_event(self.client, container)
+        if code != 0 and not oom and self._past_mps_memory(container):
+            return Ended.failed(
+                "gpu_memory_share_exceeded",
+                f"exit code {code}; its output ends with a CUDA out-of-memory error: it most "
+                "likely allocated past its MPS share's GPU memory",
+                code,
+            )
         return Ended.from_exit(code, oom=oom)
+
+    def _past_mps_memory(self, container) -> bool:
+        """Whether an MPS share's container ended with a CUDA out-of-memory error in the last
+        lines of its output (the agent cannot see inside the job: its words are all it has)."""
+        if (container.labels or {}).get(f"{LABEL}.mps") != "1":
+            return False
+        try:
+            tail = container.logs(stdout=True, stderr=True, tail=OOM_TAIL_LINES)
+        except (NotFound, APIError):
+            return False
+        text = tail.decode(errors="replace") if isinstance(tail, bytes) else str(tail)
+        return any(marker in text for marker in CUDA_OOM_MARKERS)
 
     def stop(self, container, grace: float) -> None:
         if grace <= 0:
@@ -430,6 +474,10 @@ class GVisorRuntime(DockerRuntime):
         return runtime in GVISOR_ENGINE_RUNTIMES.values()
 
     def create(self, assignment: Assignment, workdir: Path, fetcher=None):
+        if assignment.limits.mps:  # its client could not reach the host's daemon from runsc
+            raise RuntimeFailure(
+                mps_daemons.UNAVAILABLE, "gVisor runs no MPS share: it needs the Docker runtime"
+            )
         if assignment.limits.gpus:  # refused before anything is created (runsc passes none)
             raise RuntimeFailure("runtime_unavailable", "gVisor runs no GPU work on this node")
         return super().create(assignment, workdir, fetcher)

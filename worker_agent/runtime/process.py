@@ -135,6 +135,13 @@ class ProcessRuntime:
         if not assignment.command:
             raise RuntimeFailure("runtime_error", "the process runtime needs a command")
         limits = assignment.limits
+        if limits.mps:
+            # Its client would use the host's /dev/shm, not its daemon's (worker_agent/mps.py),
+            # and CUDA runs a client that does not reach its daemon with no caps at all.
+            raise RuntimeFailure(
+                "mps_unavailable",
+                "the process runtime runs no MPS share: it needs the Docker runtime",
+            )
         if limits.output_limit_mib or limits.scratch_mib:
             # The job writes where it likes as the agent's user: a size would be a false promise.
             raise RuntimeFailure(
