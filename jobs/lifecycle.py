@@ -49,6 +49,7 @@ FAILURES = frozenset(
         Reason.RUNTIME_UNAVAILABLE,
         Reason.MPS_UNAVAILABLE,
         Reason.GPU_MEMORY_SHARE_EXCEEDED,
+        Reason.MIG_PROFILE_MISMATCH,  # the agent found another MIG instance at the slot
     }
 )
 STEPS = ("pulling", "starting", "running", "succeeded", "failed", "checkpointed", "stopped")

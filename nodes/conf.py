@@ -9,6 +9,17 @@ DEFAULTS = {
     "NODE_CREDENTIAL_OVERLAP": timedelta(minutes=10),
     "NODE_MISSED_HEARTBEATS": 3,  # unreachable after this many intervals of silence
     "NODE_GPU_MAX_TEMPERATURE_C": 90,  # when NVML gives no slowdown threshold
+    # Device health rules (nodes/health_rules.py, docs/nodes.md "Device health"). Xids that
+    # mean the device (not a job's code) failed: double-bit ECC (48), internal micro-controller
+    # breakpoint/halt (61, 62), ECC page retirement or row remap recording failure (64),
+    # NVLink error (74), fallen off the bus (79), high single-bit ECC rate (92), contained and
+    # uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids a job
+    # can cause (13, 31, 43, 45, 68, 69) are left out: a tenant could take devices away.
+    "NODE_GPU_CRITICAL_XIDS": (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140),
+    "NODE_GPU_ECC_AGGREGATE_UNCORRECTED_MAX": 10,  # in the device's life
+    "NODE_GPU_RETIRED_PAGES_MAX": 60,  # NVIDIA retires at most 64 pages before an RMA
+    "NODE_GPU_NVLINK_CRC_PER_S_MAX": 100.0,  # CRC flit + data errors per second (DCGM's)
+    "NODE_GPU_NVLINK_REPLAY_PER_S_MAX": 10.0,  # replays per second
     "NODE_DRIFT_LARGE_PERCENT": 10,  # CPU or memory shrinking more than this quarantines
     "NODE_PROBE_MEMORY_TOLERANCE_PERCENT": 5,  # a container sees a little less than the host
     # The validation probe's challenge (nodes/challenge.py): the image it runs in (a tag is

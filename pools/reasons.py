@@ -113,6 +113,37 @@ class Reason(models.TextChoices):
     PROBE_FAILED = "probe_failed", "Recovery probe failed; the device stays unschedulable"
     GPU_UNSUITABLE = "gpu_unsuitable", "A device became unsuitable and unschedulable"
     GPU_RECOVERED = "gpu_recovered", "A recovery probe passed; the device is schedulable again"
+    # nodes: device health rules (nodes/health_rules.py), one per NVML reading: the rules a
+    # device broke are in the data of its gpu_unsuitable / probe_failed event and its flags
+    GPU_XID = "gpu_xid", "The device raised a critical Xid event"
+    GPU_ECC_UNCORRECTED = "gpu_ecc_uncorrected", "Uncorrected ECC errors since the driver loaded"
+    GPU_ECC_AGGREGATE_THRESHOLD = (
+        "gpu_ecc_aggregate_threshold",
+        "Uncorrected ECC errors over the device's life reached the threshold",
+    )
+    GPU_RETIRED_PAGES_PENDING = (
+        "gpu_retired_pages_pending",
+        "A page retirement or row remap waits for a GPU reset",
+    )
+    GPU_ROW_REMAP_FAILURE = (
+        "gpu_row_remap_failure",
+        "A row remap failed, or too many pages were retired",
+    )
+    GPU_TOO_HOT = "gpu_too_hot", "At or above its slowdown temperature"
+    GPU_THROTTLED = "gpu_throttled", "Clocks slowed by the hardware (not idle, not a setting)"
+    GPU_NVLINK_ERRORS = "gpu_nvlink_errors", "NVLink CRC/replay error rate or link recoveries"
+    GPU_NVLINK_DOWN = "gpu_nvlink_down", "NVLinks of the device are down"
+    GPU_PCIE_DEGRADED = "gpu_pcie_degraded", "PCIe link narrower than its maximum"
+    GPU_HEALTH_CHECK_FAILED = "gpu_health_check_failed", "A device health check failed"
+    # nodes, jobs: MIG instances (worker_agent/mig.py, docs/scheduler.md "MIG")
+    MIG_PROFILE_MISMATCH = (
+        "mig_profile_mismatch",
+        "The MIG instance at the lease's slot is missing or has another profile",
+    )
+    MIG_LAYOUT_REQUESTED = (
+        "mig_layout_requested",
+        "The control plane asked the node for another MIG layout on an idle GPU",
+    )
     DRAIN_DEADLINE = "drain_deadline", "The node's drain deadline passed"
     CREDENTIAL_ROTATED = "credential_rotated", "Node credential rotated"
     CREDENTIAL_REVOKED = "credential_revoked", "Node credential revoked"

@@ -23,6 +23,8 @@ from worker_agent.inventory import (
     load_nvml,
     read_gpus,
 )
+from worker_agent.nvml_health import XidWatcher
+from worker_agent.schema import checked_gpu_health
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class Host:
     def __init__(self, scratch_path: str | os.PathLike = "/"):
         self.scratch_path = str(scratch_path)
         self.nvml = None
+        self.xid_watcher = None
         self.gpu_note = ""
         try:
             self.nvml = load_nvml()
@@ -100,11 +103,11 @@ class Host:
             self.gpu_note = f"no GPUs reported: NVML unavailable ({exc})"
             log.info("%s", self.gpu_note)
 
-    def gpu_reading(self) -> dict:
+    def gpu_reading(self, xids: dict | None = None) -> dict:
         if self.nvml is None:
             return {"gpus": [], "health": []}
         try:
-            return read_gpus(self.nvml)
+            return read_gpus(self.nvml, xids=xids)
         except pynvml.NVMLError as exc:
             self.gpu_note = f"GPU reading failed: {exc}"
             log.warning("%s", self.gpu_note)
@@ -126,8 +129,18 @@ class Host:
         )
 
     def gpu_health(self) -> list[dict]:
-        """Per-device readings for heartbeats."""
-        return self.gpu_reading()["health"]
+        """Per-device readings for heartbeats, with the Xid events NVML queued since the last
+        one (worker_agent.nvml_health.XidWatcher; read here only, so none is reported twice)."""
+        xids = {}
+        if self.nvml is not None:
+            if self.xid_watcher is None:
+                self.xid_watcher = XidWatcher(self.nvml)
+            try:
+                xids = self.xid_watcher.take()
+            except pynvml.NVMLError as exc:
+                log.debug("Xid events not read: %s", exc)
+        readings = (checked_gpu_health(r) for r in self.gpu_reading(xids=xids)["health"])
+        return [r for r in readings if r is not None]
 
     def gpu_usage(self, uuids) -> dict:
         """A lease's devices now (NVML), for its workload's usage; {} without a driver."""
@@ -155,6 +168,9 @@ class Host:
         }
 
     def close(self) -> None:
+        if self.xid_watcher is not None:
+            self.xid_watcher.close()
+            self.xid_watcher = None
         if self.nvml is not None:
             with contextlib.suppress(pynvml.NVMLError):
                 self.nvml.nvmlShutdown()

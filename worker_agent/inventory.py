@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pynvml
 
+from worker_agent.nvml_health import NVLINK_COUNTERS, device_health
 from worker_agent.schema import GPU_KEYS, SCHEMA_VERSION, storage_errors, validate_inventory
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,32 @@ def _compute_capability(nvml, handle) -> str:
     return f"{int(major)}.{int(minor)}"
 
 
+PROFILE_NAME = re.compile(r"(\d+g\.\d+gb(?:\+me)?)")
+
+
+def mig_profile_name(text) -> str:
+    """ "3g.40gb" out of a MIG device's or a GPU instance profile's name ("NVIDIA H100 80GB
+    HBM3 MIG 3g.40gb", "MIG 3g.40gb"); the text itself when it names none."""
+    text = _text(text)
+    match = PROFILE_NAME.search(text)
+    return match.group(1) if match else text
+
+
+def gpu_instance_info(nvml, parent, mig):
+    """NVML's info of the GPU instance a MIG device belongs to (its id, profile id and
+    placement), or None where the driver does not say (it needs a privileged agent)."""
+    instance = _optional(nvml.nvmlDeviceGetGpuInstanceId, mig)
+    if instance is None:
+        return None
+    gpu_instance = _optional(nvml.nvmlDeviceGetGpuInstanceById, parent, instance)
+    if gpu_instance is None:
+        return None
+    return _optional(nvml.nvmlGpuInstanceGetInfo, gpu_instance)
+
+
 def _mig_slices(nvml, handle) -> list[dict]:
+    """The MIG instances carved on a device as NVML lists them: the real layout the scheduler
+    places on (`start`: the GPU instance's first memory slice, where the driver says)."""
     slices = []
     count = _optional(nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
     for i in range(count):
@@ -71,15 +97,16 @@ def _mig_slices(nvml, handle) -> list[dict]:
         if mig is None:
             continue
         name = _text(nvml.nvmlDeviceGetName(mig))
-        match = re.search(r"(\d+g\.\d+gb)", name)
-        slices.append(
-            {
-                "profile": match.group(1) if match else name,
-                "uuid": _text(nvml.nvmlDeviceGetUUID(mig)),
-                "memory_mib": nvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
-                "gpu_instance_id": _optional(nvml.nvmlDeviceGetGpuInstanceId, mig),
-            }
-        )
+        item = {
+            "profile": mig_profile_name(name),
+            "uuid": _text(nvml.nvmlDeviceGetUUID(mig)),
+            "memory_mib": nvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
+            "gpu_instance_id": _optional(nvml.nvmlDeviceGetGpuInstanceId, mig),
+        }
+        info = gpu_instance_info(nvml, handle, mig)
+        if info is not None:
+            item["start"] = int(info.placement.start)
+        slices.append(item)
     return slices
 
 
@@ -124,8 +151,9 @@ def _interconnect_groups(links: dict[str, set[str]]) -> dict[str, str]:
     return {bus: names.get(find(bus), "") if links[bus] else "" for bus in links}
 
 
-def read_gpus(nvml) -> dict:
-    """{"gpus": [inventory per device], "health": [readings per device]} through `nvml`."""
+def read_gpus(nvml, xids: dict | None = None) -> dict:
+    """{"gpus": [inventory per device], "health": [readings per device]} through `nvml`;
+    `xids`: the Xid events seen since the last reading by UUID (nvml_health.XidWatcher)."""
     driver = _text(nvml.nvmlSystemGetDriverVersion())
     cuda = _cuda_version(nvml)
     gpus, health, links = [], [], {}
@@ -174,6 +202,8 @@ def read_gpus(nvml) -> dict:
                 "ecc_errors_uncorrected": ecc or 0,
                 "nvlink_down": down if peers else 0,
             }
+            | device_health(nvml, handle)
+            | ({"xids": list(xids[uuid])} if xids and xids.get(uuid) else {})
         )
     groups = _interconnect_groups(links)
     for gpu in gpus:
@@ -200,13 +230,7 @@ def mig_device(nvml, identifier: str):
         mig = _optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, parent, index)
         if mig is None:
             continue
-        instance = _optional(nvml.nvmlDeviceGetGpuInstanceId, mig)
-        if instance is None:
-            continue
-        gpu_instance = _optional(nvml.nvmlDeviceGetGpuInstanceById, parent, instance)
-        if gpu_instance is None:
-            continue
-        info = _optional(nvml.nvmlGpuInstanceGetInfo, gpu_instance)
+        info = gpu_instance_info(nvml, parent, mig)
         if info is not None and int(info.placement.start) == int(slot):
             return mig
     return None
@@ -283,6 +307,16 @@ class RecordedNvml:
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    )
+    NVML_GPU_INSTANCE_PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
     def __init__(self, recording: dict):
         self.system = recording["system"]
@@ -362,8 +396,73 @@ class RecordedNvml:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlGpuInstanceGetInfo(self, gi):
-        placement = SimpleNamespace(start=self._get(gi, "placement_start"), size=0)
-        return SimpleNamespace(id=gi["gpu_instance_id"], placement=placement)
+        placement = SimpleNamespace(
+            start=self._get(gi, "placement_start"), size=gi.get("placement_size") or 0
+        )
+        return SimpleNamespace(
+            id=gi["gpu_instance_id"], profileId=gi.get("profile_id"), placement=placement
+        )
+
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        return self._get(h, "compute_instance_id")
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, profile, version=2):
+        # the device's table of GPU instance profiles, by NVML's profile enum (recorded as is)
+        for info in h.get("gpu_instance_profiles") or ():
+            if info["nvml_profile"] == profile:
+                return SimpleNamespace(
+                    id=info["id"],
+                    name=info["name"],
+                    sliceCount=info["slice_count"],
+                    memorySizeMB=info["memory_size_mb"],
+                    instanceCount=info.get("instance_count", 0),
+                )
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    # health: ECC, retirement, throttle reasons, NVLink counters, Xid events
+    def nvmlDeviceGetRetiredPages_v2(self, h, cause):
+        key = (
+            "retired_pages_dbe"
+            if cause == self.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            else "retired_pages_sbe"
+        )
+        return list(self._get(h, key))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        return self._get(h, "retired_pages_pending")
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return tuple(self._get(h, "remapped_rows"))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._get(h, "clocks_event_reasons")
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        errors = (h.get("nvlinks") or [])[link].get("errors") or {}
+        names = {v: k for k, v in NVLINK_COUNTERS.items()}
+        return self._get(errors, names.get(counter, ""))
+
+    def nvmlEventSetCreate(self):
+        return SimpleNamespace(pending=[])
+
+    def nvmlDeviceRegisterEvents(self, h, types, event_set):
+        # the device's recorded Xids are the events queued once it is registered
+        for xid in self._get(h, "xid_events"):
+            event_set.pending.append(
+                SimpleNamespace(
+                    device=h, eventType=types, eventData=xid, gpuInstanceId=0, computeInstanceId=0
+                )
+            )
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        if not event_set.pending:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return event_set.pending.pop(0)
+
+    def nvmlEventSetFree(self, event_set):
+        event_set.pending.clear()
 
     def nvmlDeviceGetNumaNodeId(self, h):
         return self._get(h, "numa_node_id")
@@ -381,7 +480,9 @@ class RecordedNvml:
         return self._get(h, "pcie_link_width_max")
 
     def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):
-        return self._get(h, "ecc_uncorrected_volatile")
+        what = "corrected" if kind == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrected"
+        when = "aggregate" if counter == self.NVML_AGGREGATE_ECC else "volatile"
+        return self._get(h, f"ecc_{what}_{when}")
 
     def nvmlDeviceGetNvLinkState(self, h, link):
         links = h.get("nvlinks") or []
@@ -391,6 +492,41 @@ class RecordedNvml:
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
         return SimpleNamespace(busId=h["nvlinks"][link]["remote_bus_id"])
+
+
+def _record_retirement(nvml, handle) -> dict:
+    pages = {}
+    for key, cause in (
+        ("retired_pages_sbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+        ("retired_pages_dbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+    ):
+        found = _optional(nvml.nvmlDeviceGetRetiredPages_v2, handle, cause)
+        pages[key] = [{k: int(v) for k, v in p.items()} for p in found] if found else found
+    rows = _optional(nvml.nvmlDeviceGetRemappedRows, handle)
+    return pages | {
+        "retired_pages_pending": _optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle),
+        "remapped_rows": [int(v) for v in rows] if rows is not None else None,
+    }
+
+
+def _record_profiles(nvml, handle) -> list[dict] | None:
+    """The device's GPU instance profiles (MIG-capable devices), by NVML's profile enum."""
+    table = []
+    for profile in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        info = _optional(nvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile)
+        if info is None:
+            continue
+        table.append(
+            {
+                "nvml_profile": profile,
+                "id": int(info.id),
+                "name": _text(info.name),
+                "slice_count": int(info.sliceCount),
+                "memory_size_mb": int(info.memorySizeMB),
+                "instance_count": int(info.instanceCount),
+            }
+        )
+    return table or None
 
 
 def record(nvml) -> dict:
@@ -412,7 +548,10 @@ def record(nvml) -> dict:
                 info = _optional(nvml.nvmlGpuInstanceGetInfo, gpu_instance)
             data |= {
                 "gpu_instance_id": instance,
+                "compute_instance_id": _optional(nvml.nvmlDeviceGetComputeInstanceId, handle),
                 "placement_start": int(info.placement.start) if info else None,
+                "placement_size": int(info.placement.size) if info else None,
+                "profile_id": int(info.profileId) if info else None,
                 "memory_used_bytes": nvml.nvmlDeviceGetMemoryInfo(handle).used,
             }
             return data
@@ -427,6 +566,10 @@ def record(nvml) -> dict:
                 {
                     "active": state == nvml.NVML_FEATURE_ENABLED,
                     "remote_bus_id": _text(remote.busId) if remote else "",
+                    "errors": {
+                        name: _optional(nvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, c)
+                        for name, c in NVLINK_COUNTERS.items()
+                    },
                 }
             )
         mig_count = _optional(nvml.nvmlDeviceGetMaxMigDeviceCount, handle)
@@ -457,12 +600,26 @@ def record(nvml) -> dict:
             "utilization_gpu_percent": getattr(
                 _optional(nvml.nvmlDeviceGetUtilizationRates, handle), "gpu", None
             ),
-            "ecc_uncorrected_volatile": _optional(
-                nvml.nvmlDeviceGetTotalEccErrors,
+            **{
+                f"ecc_{what}_{when}": _optional(nvml.nvmlDeviceGetTotalEccErrors, handle, kind, c)
+                for what, kind in (
+                    ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                    ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                )
+                for when, c in (
+                    ("volatile", nvml.NVML_VOLATILE_ECC),
+                    ("aggregate", nvml.NVML_AGGREGATE_ECC),
+                )
+            },
+            **_record_retirement(nvml, handle),
+            "clocks_event_reasons": _optional(
+                getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
                 handle,
-                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nvml.NVML_VOLATILE_ECC,
             ),
+            "gpu_instance_profiles": _record_profiles(nvml, handle),
+            # Xids queued while recording (none on a healthy machine), replayed as events
+            "xid_events": [],
             "nvlinks": links,
         }
         return data

@@ -157,3 +157,31 @@ def storage_errors(report) -> list[tuple[Path, str]]:
         if len(set(names)) != len(names):
             errors.append((("cache", part), f"Each {key} is listed once."))
     return errors
+
+
+# One GPU's health readings in a heartbeat: `schemas/gpu-health-v1.json`. The agent leaves out
+# what it refuses; the control plane holds the same bounds (nodes.api.serializers
+# GpuReadingSerializer, a 400 otherwise).
+GPU_HEALTH_SCHEMA: dict = json.loads(
+    resources.files(__package__).joinpath("schemas/gpu-health-v1.json").read_text()
+)
+THROTTLE_REASON_NAMES = tuple(GPU_HEALTH_SCHEMA["properties"]["throttle_reasons"]["items"]["enum"])
+_GPU_HEALTH_VALIDATOR = _Validator(GPU_HEALTH_SCHEMA)
+
+
+def gpu_health_errors(reading) -> list[tuple[Path, str]]:
+    """Everything wrong with one device's health reading, as (path, message) pairs."""
+    explained = (pair for e in _GPU_HEALTH_VALIDATOR.iter_errors(reading) for pair in _explain(e))
+    return list(dict.fromkeys(islice(explained, STORAGE_ERRORS_MAX)))
+
+
+def checked_gpu_health(reading: dict) -> dict | None:
+    """The reading without the fields the schema refuses, so that one odd reading never makes
+    the control plane refuse the whole heartbeat; None when what is left is still refused."""
+    errors = gpu_health_errors(reading)
+    if not errors:
+        return reading
+    bad = {path[0] for path, _ in errors if path}
+    known = GPU_HEALTH_SCHEMA["properties"]
+    kept = {k: v for k, v in reading.items() if k in known and k not in bad}
+    return kept if not gpu_health_errors(kept) else None

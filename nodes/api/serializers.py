@@ -17,7 +17,13 @@ from pools.validation import (
     parse_energy_class,
     parse_price,
 )
-from worker_agent.schema import INVENTORY_SCHEMA, STORAGE_SCHEMA, inventory_errors, storage_errors
+from worker_agent.schema import (
+    INVENTORY_SCHEMA,
+    STORAGE_SCHEMA,
+    THROTTLE_REASON_NAMES,
+    inventory_errors,
+    storage_errors,
+)
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -322,6 +328,33 @@ class EnrollSerializer(serializers.Serializer):
         return value
 
 
+RETIRED_MAX = 65536  # retired pages or remapped rows of one device
+XIDS_MAX, XID_MAX = 64, 65535  # Xid events in one heartbeat, an Xid number
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON true or false, never "yes" or 1."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=str(data)[:20])
+        return data
+
+
+class NvLinkErrorsSerializer(serializers.Serializer):
+    """NVLink error counters summed over a device's links, cumulative."""
+
+    crc_flit = bounded_int(0, COUNTER_MAX, required=False)
+    crc_data = bounded_int(0, COUNTER_MAX, required=False)
+    replay = bounded_int(0, COUNTER_MAX, required=False)
+    recovery = bounded_int(0, COUNTER_MAX, required=False)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and set(data) - set(self.fields):
+            raise serializers.ValidationError(f"Only {', '.join(self.fields)}.")
+        return super().to_internal_value(data)
+
+
 class GpuReadingSerializer(serializers.Serializer):
     """One device's NVML readings (nodes.health_rules.gpu_health_evaluate reads them)."""
 
@@ -335,6 +368,29 @@ class GpuReadingSerializer(serializers.Serializer):
     pcie_link_width_max = bounded_int(1, PCIE_WIDTH_MAX, required=False, allow_null=True)
     nvlink_down = bounded_int(0, NVLINKS_MAX, required=False)
     health_check = serializers.ChoiceField(choices=["passed", "failed", ""], required=False)
+    # the NVML health readings (worker_agent/schemas/gpu-health-v1.json holds the same bounds;
+    # nodes.health_rules judges them, one rule and reason code each)
+    ecc_volatile_corrected = bounded_int(0, COUNTER_MAX, required=False)
+    ecc_volatile_uncorrected = bounded_int(0, COUNTER_MAX, required=False)
+    ecc_aggregate_corrected = bounded_int(0, COUNTER_MAX, required=False)
+    ecc_aggregate_uncorrected = bounded_int(0, COUNTER_MAX, required=False)
+    retired_pages_sbe = bounded_int(0, RETIRED_MAX, required=False)
+    retired_pages_dbe = bounded_int(0, RETIRED_MAX, required=False)
+    retired_pages_pending = StrictBooleanField(required=False)
+    remapped_rows_correctable = bounded_int(0, RETIRED_MAX, required=False)
+    remapped_rows_uncorrectable = bounded_int(0, RETIRED_MAX, required=False)
+    remapped_rows_pending = StrictBooleanField(required=False)
+    remapped_rows_failure = StrictBooleanField(required=False)
+    xids = serializers.ListField(child=bounded_int(0, XID_MAX), max_length=XIDS_MAX, required=False)
+    throttle_reasons = serializers.ListField(
+        child=serializers.ChoiceField(choices=THROTTLE_REASON_NAMES),
+        max_length=len(THROTTLE_REASON_NAMES),
+        required=False,
+    )
+    nvlink_errors = NvLinkErrorsSerializer(required=False)
+
+    def validate_throttle_reasons(self, value):
+        return list(dict.fromkeys(value))
 
 
 class GpuHealthSerializer(GpuReadingSerializer):

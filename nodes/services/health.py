@@ -1,6 +1,7 @@
 """Device health from heartbeats: an unsuitable GPU leaves scheduling alone (the node stays)
 and gets a recovery probe; only a passing probe brings it back (nodes/services/probes.py)."""
 
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -8,14 +9,22 @@ from pools.actors import Actor
 from pools.reasons import Reason
 
 from ..choices import GpuHealth, ProbeKind
-from ..health_rules import gpu_health_evaluate
+from ..health_rules import gpu_health_evaluate, gpu_health_findings
 from ..models import GpuDevice, Node
 from .base import node_event
 from .probes import probe_request
 
 
 def gpu_mark_unsuitable(
-    *, gpu: GpuDevice, health: str, flags: list[str], reason_text: str, actor: Actor, now=None
+    *,
+    gpu: GpuDevice,
+    health: str,
+    flags: list[str],
+    reason_text: str,
+    actor: Actor,
+    now=None,
+    rules: list[str] | None = None,
+    data: dict | None = None,
 ) -> bool:
     """Take one device out of scheduling and ask for a recovery probe. False if already out."""
     now = now or timezone.now()
@@ -36,7 +45,14 @@ def gpu_mark_unsuitable(
             reason=Reason.GPU_UNSUITABLE,
             message=f"gpu {gpu.index} ({gpu.uuid}) unschedulable: {reason_text}",
             now=now,
-            data={"gpu": gpu.uuid, "health": health, "flags": flags},
+            data={
+                "gpu": gpu.uuid,
+                "health": health,
+                "flags": flags,
+                # the reason codes of the health rules broken (nodes.health_rules)
+                "rules": list(rules or ()),
+                **(data or {}),
+            },
         )
         if health != GpuHealth.MISSING:
             probe_request(
@@ -59,9 +75,42 @@ def gpu_health_apply(*, node: Node, reports: list[dict], actor: Actor, now=None)
             continue
         if report.get("temperature_c") is not None:
             GpuDevice.objects.filter(pk=gpu.pk).update(temperature_c=report["temperature_c"])
-        health, flags, why = gpu_health_evaluate(report)
-        if health != GpuHealth.OK and gpu_mark_unsuitable(
-            gpu=gpu, health=health, flags=flags, reason_text=why, actor=actor, now=now
+        report = {**report, "_at": now.timestamp()}
+        previous = nvlink_counters_swap(gpu.uuid, report)
+        findings = gpu_health_findings(report, previous)
+        if not findings:
+            continue
+        health, flags, why = gpu_health_evaluate(report, previous)
+        extra = {}
+        for finding in findings:
+            extra |= finding.data or {}
+        if gpu_mark_unsuitable(
+            gpu=gpu,
+            health=health,
+            flags=flags,
+            reason_text=why,
+            actor=actor,
+            now=now,
+            rules=[str(f.code) for f in findings],
+            data=extra,
         ):
             marked.append(gpu.uuid)
     return marked
+
+
+NVLINK_COUNTERS_TTL_S = 86400
+
+
+def nvlink_counters_swap(uuid: str, report: dict) -> dict | None:
+    """The device's NVLink counters at its previous reading ({"at", "counters"}), replaced by
+    this one's. Kept in Django's cache, not a column: a lost entry (a restart, another
+    process's local cache) costs one comparison, and the next reading is a new baseline."""
+    key = f"nodes:nvlink-counters:{uuid}"
+    previous = cache.get(key)
+    if report.get("nvlink_errors"):
+        cache.set(
+            key,
+            {"at": report["_at"], "counters": dict(report["nvlink_errors"])},
+            NVLINK_COUNTERS_TTL_S,
+        )
+    return previous
