@@ -533,6 +533,36 @@ class ChallengeAnswerSerializer(serializers.Serializer):
     error = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
+GPU_SAMPLES_MAX = 1024  # words read back per GPU (worker_agent.gpu_kernel.SAMPLES_MAX)
+HEX16 = r"^[0-9a-f]{16}$"
+
+
+class GpuKernelGpuSerializer(serializers.Serializer):
+    """One GPU's answer to the GPU challenge (nodes.challenge.gpu_challenge_differences)."""
+
+    uuid = serializers.CharField(max_length=80)
+    model = serializers.CharField(max_length=96, required=False, allow_blank=True)
+    memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
+    cuda_name = serializers.CharField(max_length=96, required=False, allow_blank=True)
+    cuda_memory_mib = bounded_int(0, GPU_MEMORY_MAX_MIB, required=False)
+    samples = serializers.ListField(
+        child=serializers.RegexField(HEX16, max_length=16), max_length=GPU_SAMPLES_MAX, default=list
+    )
+    fill_seconds = NumberField(min_value=0, max_value=86400, required=False)
+    fma_seconds = NumberField(min_value=0, max_value=86400, required=False)
+    gflops = NumberField(min_value=0, max_value=COUNTER_MAX, required=False)
+    fma_check = NumberField(min_value=-(2**31), max_value=2**31, required=False)
+    error = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class GpuKernelAnswerSerializer(serializers.Serializer):
+    """The GPU challenge's answer: one entry per GPU, or the `error` why none ran."""
+
+    gpus = GpuKernelGpuSerializer(many=True, max_length=GPUS_MAX, default=list)
+    seconds = NumberField(min_value=0, max_value=86400, required=False)
+    error = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
 class ProbeMeasurementSerializer(GpuReadingSerializer):
     """What a probe measured: the node's resources (validation, compared with its claims by
     nodes.claims.compare_claims) or one device's readings (recovery)."""
@@ -546,6 +576,7 @@ class ProbeMeasurementSerializer(GpuReadingSerializer):
         child=NumberField(min_value=0, max_value=COUNTER_MAX), required=False
     )
     challenge = ChallengeAnswerSerializer(required=False)
+    gpu_kernel = GpuKernelAnswerSerializer(required=False)  # validation and recovery alike
 
 
 class ProbeResultSerializer(serializers.Serializer):
