@@ -31,10 +31,11 @@ DEFAULTS = {
     "NODE_PROBE_SECONDS_PER_ITERATION": 0.05,  # generous: far beyond a busybox sha256 round
     "NODE_PROBE_SECONDS_BASE": 60,  # container start, the memory fill, a slow disk
     # the GPU challenge (docs/nodes.md "GPU challenge"): the image its container runs in
-    # (python3 ≥ 3.9 and glibc; the agent's package is mounted into it), the claimed memory
+    # (python3 ≥ 3.9 and glibc, e.g. python:3.12-slim; the agent's package is mounted into it;
+    # "": none, and only agents without a container runtime can answer), the claimed memory
     # left to the driver and the context, the words read back, the FMA kernel's length at the
     # claimed class, the model assumed where no class is known
-    "NODE_GPU_PROBE_IMAGE": "docker.io/library/python:3.12-slim",
+    "NODE_GPU_PROBE_IMAGE": "",
     "NODE_GPU_CHALLENGE_RESERVE_MIB": 2048,
     "NODE_GPU_CHALLENGE_SAMPLES": 64,
     "NODE_GPU_CHALLENGE_FMA_SECONDS": 0.5,

@@ -151,6 +151,46 @@ def runtime_below(runtime: str, required: str) -> bool:
     return RUNTIME_STRENGTH.get(runtime or ContainerRuntime.DOCKER, -1) < RUNTIME_STRENGTH[required]
 
 
+GPU_CLASSES_MAX = 256  # models in gpu_throughput_classes
+GPU_CLASS_GFLOPS_MAX = 10_000_000
+# FP32 peaks published by NVIDIA (GFLOP/s) × about ½: the challenge's FMA kernel reaches ~90 % of
+# peak where the clocks hold; a class is a floor that a wrong model falls through, not a grade
+GPU_THROUGHPUT_CLASSES = {
+    "NVIDIA H100 80GB HBM3": 33000,  # 67 TFLOP/s
+    "NVIDIA H200": 33000,  # 67
+    "NVIDIA H100 PCIe": 25000,  # 51
+    "NVIDIA L40S": 45000,  # 91.6
+    "NVIDIA A100-SXM4-80GB": 9500,  # 19.5
+    "NVIDIA A100-SXM4-40GB": 9500,  # 19.5
+    "NVIDIA A100 80GB PCIe": 9500,  # 19.5
+    "NVIDIA A10": 15000,  # 31.2
+    "NVIDIA L4": 15000,  # 30.3
+    "Tesla T4": 4000,  # 8.1
+}
+
+
+def _gpu_classes(value) -> str | None:
+    """{model as NVML names it: minimum GFLOP/s} (nodes/challenge.py)."""
+    what = (
+        f"a map of at most {GPU_CLASSES_MAX} GPU models (as NVML names them, ≤ 96 characters)"
+        f" to GFLOP/s (numbers above 0, at most {GPU_CLASS_GFLOPS_MAX})"
+    )
+    if not isinstance(value, dict) or len(value) > GPU_CLASSES_MAX:
+        return what
+    for model, gflops in value.items():
+        number = isinstance(gflops, int | float) and not isinstance(gflops, bool)
+        if not (isinstance(model, str) and 0 < len(model) <= 96):
+            return what
+        if not number or not 0 < gflops <= GPU_CLASS_GFLOPS_MAX:
+            return what
+    return None
+
+
+def _fraction_below_one(value) -> str | None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return None if number and 0 <= value < 1 else "a number from 0 to below 1"
+
+
 # --- the knobs --------------------------------------------------------------------------------
 
 
@@ -218,6 +258,18 @@ class PoolKnobs:
         _one_of(("refuse", "quarantine"), 'one of "refuse", "quarantine"'),
         "an enrollment as an existing node with another key than the one bound to it: `refuse`"
         " refuses it, `quarantine` also quarantines the existing node",
+    )
+    # the GPU challenge of validation and recovery probes (nodes/challenge.py, docs/nodes.md)
+    gpu_throughput_classes: Mapping[str, float] = knob(
+        GPU_THROUGHPUT_CLASSES,
+        _gpu_classes,
+        "GPU model (as NVML names it) → the GFLOP/s (FP32 FMA) its challenge kernel must reach;"
+        " a model not named is not timed (defaults: about half of NVIDIA's published FP32 peak)",
+    )
+    gpu_throughput_tolerance: float = knob(
+        0.1,
+        _fraction_below_one,
+        "a GPU passes at its class × (1 − this) or more (0 ≤ it < 1)",
     )
     # the agent's assignment (jobs/assignments.py) and the jobs API
     allow_process_runtime: bool = knob(

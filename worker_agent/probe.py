@@ -22,23 +22,32 @@ The script is built here from the challenge's numbers, each checked: nothing the
 Recovery probes (a device taken out of scheduling after a health problem) are answered by
 `recovery_result`: the device measured again through NVML and, under the Docker runtime, a short
 container that requests exactly that device (docs/nodes.md, "Recovery probes").
+
+Both kinds carry the GPU challenge where the control plane asks it (`challenge.gpu_kernel`,
+docs/nodes.md "GPU challenge"): `run_gpu_kernel` runs worker_agent/gpu_kernel.py the way jobs
+run — under a container runtime, a container of the GPU probe image with the challenged devices
+as its device request and this package mounted read-only; where there is no container runtime
+(the process runtime), directly in the agent's process — and answers in `result.gpu_kernel`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pynvml
 
+from worker_agent import gpu_kernel
 from worker_agent.inventory import read_gpus
 from worker_agent.runtime import disks
-from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure
+from worker_agent.runtime.base import Assignment, Limits, RuntimeFailure, VolumeMount
 from worker_agent.runtime.protocol import Runtime
 
 if TYPE_CHECKING:  # the recovery probe's container check needs the engine itself
@@ -216,7 +225,14 @@ def run_challenge(probe_id: int, challenge: dict, *, runtime: Runtime, workdir: 
     return answer | {"seconds": seconds}
 
 
-def probe_result(probe: dict, *, runtime: Runtime, workdir: Path, inventory: dict) -> dict:
+def probe_result(
+    probe: dict,
+    *,
+    runtime: Runtime,
+    workdir: Path,
+    inventory: dict,
+    run_in_process: Kernel = gpu_kernel.run_challenge,
+) -> dict:
     """The whole result of a validation probe: what this host measures of itself (compared with
     the claims) and the challenge's answer (checked by the control plane)."""
     answer = run_challenge(
@@ -236,7 +252,134 @@ def probe_result(probe: dict, *, runtime: Runtime, workdir: Path, inventory: dic
     )
     if rounds and answer.get("seconds"):
         result["benchmark"] = {"sha256_rounds_per_second": round(rounds / answer["seconds"], 1)}
+    kernel = (probe.get("challenge") or {}).get("gpu_kernel")
+    if isinstance(kernel, dict) and kernel.get("gpus"):
+        result["gpu_kernel"] = run_gpu_kernel(
+            int(probe["id"]),
+            kernel,
+            runtime=runtime,
+            workdir=workdir,
+            nvml_gpus=result["gpus"],
+            run_in_process=run_in_process,
+        )
     return result
+
+
+# --------------------------------------------------------------------------- the GPU challenge
+
+AGENT_MOUNT = "/opt/compute-pool-agent"  # this package, read-only, in the GPU probe container
+AGENT_PACKAGE = Path(gpu_kernel.__file__).resolve().parent
+GPU_KERNEL_SECONDS_MAX = 600  # the container's bound (the kernels themselves take seconds)
+GPU_KERNEL_MEMORY_MIB = 2048  # host memory of the container: python, the driver, the context
+GPU_ANSWER_MAX = 1 << 20  # characters of the answer line
+
+Kernel = Callable[[list], dict]
+
+
+def gpu_kernel_assignment(probe_id: int, gpus: list[dict], image: str) -> Assignment:
+    """The GPU challenge as a run of the job path: the probe image (python3), no network, the
+    challenged devices as its device request (as a job's leased GPUs), this package mounted
+    read-only, `python3 -m worker_agent.gpu_kernel '<the checked challenge>'` as its command."""
+    return Assignment(
+        job=0,
+        attempt=1,
+        lease=int(probe_id),
+        fencing_token="0",
+        image=image,
+        command=(
+            "python3",
+            "-B",
+            "-m",
+            "worker_agent.gpu_kernel",
+            json.dumps(gpus, separators=(",", ":")),
+        ),
+        name=f"gpu-probe-{int(probe_id)}",
+        network_mode="none",
+        env={
+            "PYTHONPATH": AGENT_MOUNT,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # the driver's compute libraries (libcuda) injected, not only nvidia-smi
+            "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        },
+        volumes=(
+            VolumeMount(
+                id=0,
+                size_mib=0,
+                path=f"{AGENT_MOUNT}/worker_agent",
+                read_only=True,
+                source=str(AGENT_PACKAGE),
+            ),
+        ),
+        max_runtime_s=GPU_KERNEL_SECONDS_MAX,
+        stop_grace_s=0,
+        limits=Limits(
+            cpu_millicores=1000,
+            memory_mib=GPU_KERNEL_MEMORY_MIB,
+            pids=256,
+            gpus=tuple(gpu["uuid"] for gpu in gpus),
+            gpu_isolation="exclusive",
+            output_limit_mib=PROBE_OUTPUT_MIB,
+        ),
+    )
+
+
+def parse_gpu_answer(text: str) -> dict:
+    """The answer line the container printed, or why there is none."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(gpu_kernel.ANSWER_PREFIX) and len(line) <= GPU_ANSWER_MAX:
+            try:
+                answer = json.loads(line[len(gpu_kernel.ANSWER_PREFIX) :])
+            except ValueError:
+                break
+            if isinstance(answer, dict):
+                return answer
+            break
+    tail = text.strip()[-200:]
+    return {"error": f"the GPU probe container printed no answer: {tail}"[:500]}
+
+
+def run_gpu_container(probe_id: int, kernel: dict, *, runtime: Runtime, workdir: Path) -> dict:
+    image = str(kernel.get("image") or "")
+    if not re.fullmatch(r"[^\s@]+@sha256:[0-9a-f]{64}", image):
+        return {"error": "no GPU probe image (NODE_GPU_PROBE_IMAGE) to run the challenge in"}
+    assignment = gpu_kernel_assignment(probe_id, kernel["gpus"], image)
+    try:
+        ended, text, _seconds = run_once(assignment, runtime=runtime, workdir=workdir)
+    except RuntimeFailure as exc:
+        return {"error": f"{exc.reason}: {exc.message}"[:500]}
+    if ended is None:
+        return {"error": f"the GPU probe ran past {GPU_KERNEL_SECONDS_MAX}s and was killed"}
+    return parse_gpu_answer(text)
+
+
+def run_gpu_kernel(
+    probe_id: int,
+    kernel: dict,
+    *,
+    runtime: Runtime | None,
+    workdir: Path,
+    nvml_gpus: list[dict],
+    run_in_process: Kernel = gpu_kernel.run_challenge,
+) -> dict:
+    """The GPU challenge's answer: in a container through `runtime`, or in this process where
+    there is no container runtime (None, or the process runtime). Each GPU's answer carries the
+    model and memory NVML reports for it (`nvml_gpus`: the inventory's entries)."""
+    try:
+        kernel = dict(kernel) | {"gpus": gpu_kernel.check_gpu_challenge(kernel.get("gpus"))}
+    except gpu_kernel.ChallengeInvalid as exc:
+        return {"error": str(exc)[:500]}
+    if runtime is None or runtime.name == "process":
+        answer = run_in_process(kernel["gpus"])
+    else:
+        answer = run_gpu_container(probe_id, kernel, runtime=runtime, workdir=workdir)
+    by_uuid = {g.get("uuid"): g for g in nvml_gpus}
+    gpus = answer.get("gpus") if isinstance(answer.get("gpus"), list) else []
+    for item in gpus:
+        seen = by_uuid.get(item.get("uuid")) if isinstance(item, dict) else None
+        if seen is not None:
+            item["model"] = str(seen.get("model") or "")[:96]
+            item["memory_mib"] = int(seen.get("memory_mib") or 0)
+    return answer
 
 
 # --------------------------------------------------------------------------- recovery probes
@@ -348,14 +491,20 @@ def device_container_check(probe_id: int, uuid: str, image: str, *, runtime, wor
 
 
 def recovery_result(
-    probe: dict, *, nvml, runtime: DockerRuntime | None = None, workdir: Path
+    probe: dict,
+    *,
+    nvml,
+    runtime: DockerRuntime | None = None,
+    workdir: Path,
+    run_in_process: Kernel = gpu_kernel.run_challenge,
 ) -> dict:
     """The answer to a recovery probe, in the form of the control plane's probe result
     (nodes/api/serializers.py ProbeMeasurementSerializer): the device's readings, `passed`
     when NVML shows it and (under Docker) a container that requested it saw it.
 
     `nvml` is None where no NVIDIA driver answers; `runtime` is the Docker runtime, or None
-    where the node has no engine (the container check is then left out)."""
+    where the node has no engine (the container check is then left out, and the GPU challenge,
+    when the probe carries one, runs in this process)."""
     uuid = recovery_device(probe)
     if not uuid:
         return {"passed": False, "error": "the probe names no device"}
@@ -379,4 +528,14 @@ def recovery_result(
             )
         result |= check
         result["passed"] = check["health_check"] == "passed"
+    kernel = (probe.get("challenge") or {}).get("gpu_kernel")
+    if isinstance(kernel, dict) and kernel.get("gpus"):  # the same kernel as validation
+        result["gpu_kernel"] = run_gpu_kernel(
+            int(probe["id"]),
+            kernel,
+            runtime=runtime,
+            workdir=workdir,
+            nvml_gpus=result["gpus"],
+            run_in_process=run_in_process,
+        )
     return result

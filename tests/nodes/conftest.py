@@ -20,6 +20,7 @@ from pools.actors import Actor
 from pools.choices import PlatformRole, TokenScope
 from pools.reasons import Reason
 from tests.clients import client_for
+from worker_agent.gpu_kernel import expected_samples, fma_check_expected, fma_flops
 
 
 @pytest.fixture
@@ -142,4 +143,30 @@ def measured(node, **overrides) -> dict:
     probe = node.probes.filter(kind="validation").order_by("-id").first()
     if probe is not None and probe.challenge:
         result["challenge"] = challenge_answer(probe)
+        if probe.challenge.get("gpu_kernel"):
+            result["gpu_kernel"] = gpu_kernel_answer(probe.challenge["gpu_kernel"]["gpus"])
     return result | overrides
+
+
+def gpu_kernel_answer(gpus: list[dict], *, gflops_factor: float = 1.5) -> dict:
+    """What an honest agent's GPU kernel answers (worker_agent/gpu_kernel.py): the sampled
+    words and the FMA check from the reference functions, the FMA kernel timed at
+    `gflops_factor` × its class (or, unclassed, a plausible duration)."""
+    answers = []
+    for gpu in gpus:
+        gflops = (gpu.get("gflops_min") or 100_000) * gflops_factor
+        answers.append(
+            {
+                "uuid": gpu["uuid"],
+                "model": gpu.get("model", ""),
+                "memory_mib": (gpu["fill_bytes"] >> 20) + 2048,
+                "cuda_name": gpu.get("model", ""),
+                "cuda_memory_mib": (gpu["fill_bytes"] >> 20) + 2048,
+                "samples": expected_samples(gpu["nonce"], gpu["samples"]),
+                "fill_seconds": 0.04,
+                "fma_seconds": round(fma_flops(gpu) / (gflops * 1e9), 6),
+                "gflops": round(gflops, 1),
+                "fma_check": fma_check_expected(gpu["fma_b"]),
+            }
+        )
+    return {"gpus": answers, "seconds": 2.0}

@@ -8,7 +8,7 @@ from nodes.models import GpuDevice
 from pools.actors import Actor
 from pools.reasons import Reason
 
-from .conftest import last_event, reasons
+from .conftest import gpu_kernel_answer, last_event, reasons
 
 S = NodeState
 
@@ -75,9 +75,15 @@ def test_healthy_report_does_not_recover_but_a_passing_probe_does(ready_node):
     passed = services.probe_result_submit(
         probe=probe,
         credential=ready_node.credential,
-        result={"passed": True, "temperature_c": 55, "health_check": "passed"},
+        result={
+            "passed": True,
+            "temperature_c": 55,
+            "health_check": "passed",
+            # and the GPU challenge's kernel answered right (docs/nodes.md "GPU challenge")
+            "gpu_kernel": gpu_kernel_answer(probe.challenge["gpu_kernel"]["gpus"]),
+        },
     )
-    assert passed.state == ProbeState.PASSED
+    assert passed.state == ProbeState.PASSED, passed.differences
     gpu.refresh_from_db()
     assert (gpu.healthy, gpu.health, gpu.health_flags) == (True, GpuHealth.OK, [])
     event = last_event(node)

@@ -19,7 +19,7 @@ from tests.clients import bearer_client
 from worker_agent.inventory import RecordedNvml, inventory_document, read_gpus
 from worker_agent.probe import recovery_result
 
-from .conftest import last_event, measured, reasons
+from .conftest import gpu_kernel_answer, last_event, measured, reasons
 
 S = NodeState
 
@@ -249,8 +249,12 @@ def test_a_recovered_device_returns_to_scheduling(recorded_node, tmp_path):
     node = enrolled.node
     gpu = node.gpus.get(index=0)
     probe = unsuitable_and_probed(node, client, gpu)
-    # the device cooled down: the agent measures it again and answers
-    result = recovery_result(probe, nvml=recorded_nvml(), workdir=tmp_path)
+    # the device cooled down: the agent measures it again, runs the GPU challenge's kernel on
+    # it (here the reference functions stand in for a device) and answers
+    assert probe["challenge"]["gpu_kernel"]["gpus"][0]["uuid"] == gpu.uuid
+    result = recovery_result(
+        probe, nvml=recorded_nvml(), workdir=tmp_path, run_in_process=gpu_kernel_answer
+    )
     response = client.post(
         f"/api/v1/agent/probes/{probe['id']}/result", {"result": result}, format="json"
     )
