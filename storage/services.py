@@ -375,8 +375,12 @@ def volumes_hold(tenant_id: int, pool_id: int, mounts: list[dict] | None) -> Non
 
 
 def _release_if_node_gone(volume: Volume, actor: Actor, now) -> None:
-    """A retired node will never report again: its volume's disk goes back at once."""
-    if Node.objects.filter(pk=volume.node_id, state=NodeState.RETIRED).exists():
+    """A retired node will never report again, and a volume no job ever mounted has no image
+    on its node (the agent makes it when the first one starts, after `starting` attached it):
+    either way its disk goes back at once, without waiting for the node's report."""
+    if volume.last_attached_at is None:
+        _return_disk(volume, actor=actor, now=now, message="never mounted: no image to remove")
+    elif Node.objects.filter(pk=volume.node_id, state=NodeState.RETIRED).exists():
         _return_disk(volume, actor=actor, now=now, message="its node is retired")
 
 

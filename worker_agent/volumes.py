@@ -30,6 +30,7 @@ class Volumes:
     def __init__(self, work_root: str | os.PathLike):
         self.dir = Path(work_root) / "volumes"
         self._lock = threading.Lock()  # one make/mount/remove at a time: jobs may share one
+        self._reported: list[dict] | None = None  # the last report's volumes (None: none yet)
 
     def mount_point(self, volume_id: int) -> Path:
         return self.dir / str(int(volume_id))
@@ -108,8 +109,15 @@ class Volumes:
 
     def reconcile(self, client) -> list[int]:
         """Reports what is held here; removes what the control plane says is gone. The ids
-        removed."""
-        answer = client.volumes(self.held()) or {}
+        removed. Nothing is sent while nothing is held and the last report (since this agent
+        started) held nothing either: an image removed is reported gone once, which gives its
+        disk back; a volume never mounted here has no image, and the control plane returns its
+        disk when it is deleted."""
+        held = self.held()
+        if not held and self._reported == []:
+            return []
+        answer = client.volumes(held) or {}
+        self._reported = held
         removed = []
         for volume_id in answer.get("remove") or ():
             try:

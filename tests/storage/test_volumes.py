@@ -118,6 +118,18 @@ def test_outputs_in_the_tenants_own_bucket_count_against_no_quota_here(pool, ten
     assert "output_limit_mib" in str(refused.value)
 
 
+def test_a_volume_no_job_ever_mounted_gives_its_disk_back_when_deleted(pool, tenant, alice):
+    """No job started with it, so its node never made its image: nothing to wait for."""
+    node = build_node(pool, "n1", scratch=1000)
+    volume = create(client_for(alice), size_mib=600).json()
+    node.refresh_from_db()
+    assert node.scratch_mib_reserved == 600
+    assert client_for(alice).delete(f"/api/v1/volumes/{volume['id']}").status_code == 200
+    node.refresh_from_db()
+    assert node.scratch_mib_reserved == 0 and ledger_problems(pool) == []
+    assert reasons(Volume.objects.get(pk=volume["id"]))[-1] == "volume_disk_released"
+
+
 def test_names_are_unique_among_live_volumes_and_bad_input_is_a_400(pool, tenant, alice):
     build_node(pool, "n1")
     client = client_for(alice)
@@ -201,7 +213,8 @@ def test_retention_expires_what_expired_and_nothing_else(pool, tenant):
     assert services.expire_volumes(now=now) == 1
     states = dict(Volume.objects.values_list("name", "state"))
     assert states == {"old": "expired", "fresh": "available", "busy": "attached"}
-    assert reasons(Volume.objects.get(pk=old.pk))[-1] == "volume_expired"
+    # never mounted, so no image: its disk is back with the expiry
+    assert reasons(Volume.objects.get(pk=old.pk))[-2:] == ["volume_expired", "volume_disk_released"]
     assert fresh.pk and stored_bytes(pool.pk, [tenant.pk])[tenant.pk] == 20 * MIB
 
 
