@@ -122,7 +122,8 @@ def check_keyring_configured(app_configs=None, **kwargs) -> list:
         return []
     return [
         checks.Warning(
-            "ENCRYPTION_KEYS is not configured: tenants' secrets cannot be stored.",
+            "ENCRYPTION_KEYS is not configured: tenants' secrets, registered buckets' "
+            "credentials and jobs' outputs cannot be stored.",
             id="pools.W001",
         )
     ]
