@@ -193,6 +193,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             "gpu_isolation": _lease_gpu_isolation(lease),
             # an MPS share's caps, per device (worker_agent/mps.py); [] for every other class
             "mps": _mps_shares(lease, devices),
+            # a MIG lease only: the profile leased at each slot, which the agent checks
+            **_mig_profiles(lease, devices),
         },
         # its persistent volumes: [{"id", "size_mib", "path", "read_only"}] (worker_agent)
         "volumes": assignment_volumes(job.volumes),
@@ -256,6 +258,20 @@ def _mps_shares(lease, devices) -> list[dict]:
             }
         )
     return shares
+
+
+def _mig_profiles(lease, devices) -> dict:
+    """{"mig_profiles": {`MIG-<GPU UUID>/<first slot>/0`: the leased profile}} of the lease's
+    MIG slices ({} without any): the worker agent refuses the attempt, `mig_profile_mismatch`,
+    when the instance at that slot has another profile."""
+    out = {}
+    for alloc in lease.gpu_allocations:
+        device = devices.get(alloc.get("gpu"))
+        mask = int(alloc.get("mig_slots") or 0)
+        if device is not None and mask and alloc.get("mig_profile"):
+            start = (mask & -mask).bit_length() - 1
+            out[f"MIG-{device.uuid}/{start}/0"] = str(alloc["mig_profile"])
+    return {"mig_profiles": out} if out else {}
 
 
 def gpu_isolation(resources: dict) -> str:

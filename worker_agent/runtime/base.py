@@ -113,6 +113,8 @@ class Limits:
     gpu_isolation: str = "none"
     # an MPS share's caps per device (worker_agent/mps.py); () for every other class
     mps: tuple[MpsShare, ...] = ()
+    # ((MIG slot identifier, leased profile), ...): checked through NVML before start
+    mig_profiles: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, data: dict | None) -> Limits:
@@ -130,7 +132,15 @@ class Limits:
             gpus=tuple(str(gpu) for gpu in data.get("gpus") or ()),
             gpu_isolation=str(data.get("gpu_isolation") or "none")[:32],
             mps=MpsShare.parse_all(data.get("mps")),
+            mig_profiles=_mig_profiles(data.get("mig_profiles")),
         )
+
+
+def _mig_profiles(data) -> tuple[tuple[str, str], ...]:
+    """The assignment's `limits.mig_profiles` ({MIG slot identifier: leased profile})."""
+    if not isinstance(data, dict):
+        return ()
+    return tuple((str(k)[:200], str(v)[:40]) for k, v in list(data.items())[:64])
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from worker_agent import mps as mps_daemons
 from worker_agent import netpolicy
 from worker_agent.host import architecture
-from worker_agent.inventory import container_device_ids, load_nvml
+from worker_agent.inventory import load_nvml
+from worker_agent.mig import MigRefused, checked_device_ids
 from worker_agent.runtime import disks, engine_io
 from worker_agent.runtime import secrets as secret_files
 from worker_agent.runtime.base import (
@@ -145,9 +146,10 @@ class DockerRuntime:
         network owners', and the recovery probes' where a probe names none)."""
         return self.networks.pinned_image()
 
-    def _device_ids(self, gpus) -> list[str]:
+    def _device_ids(self, gpus, mig_profiles=None) -> list[str]:
         """Whole GPUs by UUID; a MIG instance of the lease by the UUID of the MIG device at its
-        slot (inventory.container_device_ids), read through NVML on this node."""
+        slot, read through NVML on this node after checking that its profile is the leased one
+        (worker_agent.mig.checked_device_ids: `mig_profile_mismatch` otherwise)."""
         if not any(str(g).startswith("MIG-") and "/" in str(g) for g in gpus):
             return [str(g) for g in gpus]
         try:
@@ -155,9 +157,9 @@ class DockerRuntime:
         except Exception as exc:  # no driver: the instance cannot be named, never guessed
             raise RuntimeFailure("runtime_error", f"MIG devices need NVML: {exc}") from exc
         try:
-            return container_device_ids(nvml, gpus)
-        except LookupError as exc:
-            raise RuntimeFailure("runtime_error", str(exc)) from exc
+            return checked_device_ids(nvml, gpus, dict(mig_profiles or ()))
+        except MigRefused as exc:
+            raise RuntimeFailure(exc.reason, exc.message) from exc
 
     @staticmethod
     def available() -> bool:
@@ -248,7 +250,8 @@ class DockerRuntime:
         inputs fetched by `fetcher` (worker_agent/inputs.py) once its network exists."""
         check_digest(assignment.image)
         limits = assignment.limits
-        device_ids = self._device_ids(limits.gpus) if limits.gpus else []  # before creating
+        # before creating anything: a MIG slot whose instance is not the leased one refuses
+        device_ids = self._device_ids(limits.gpus, limits.mig_profiles) if limits.gpus else []
         mps = self._mps_for(assignment)  # its daemon, before anything of the job exists
         name = self.container_name(assignment)
         self._remove_leftover(name)
