@@ -233,4 +233,5 @@ GPU_REASON_ORDER = (
 
 def gpu_reason(codes) -> str | None:
     """The one reason of a verdict: a wrong answer before a missing one before a slow one."""
-    return next((code for code in GPU_REASON_ORDER if code in set(codes)), None)
+    codes = set(codes)
+    return next((code for code in GPU_REASON_ORDER if code in codes), None)
