@@ -191,8 +191,8 @@ def _assignment(lease, job, node, knobs, devices, secret_values, network) -> dic
             "cpuset": _cpuset(node, (lease.placement or {}).get("numa_node")),
             "gpus": _gpu_ids(lease, devices),
             "gpu_isolation": _lease_gpu_isolation(lease),
-            # an MPS share's caps, per device (worker_agent/mps.py); [] for every other class
-            "mps": _mps_shares(lease, devices),
+            # an MPS lease only: its caps per device (worker_agent/mps.py)
+            **_mps_limits(lease, devices),
             # a MIG lease only: the profile leased at each slot, which the agent checks
             **_mig_profiles(lease, devices),
         },
@@ -231,6 +231,12 @@ def _gpu_ids(lease, devices) -> list[str]:
         else:
             ids.append(device.uuid)
     return ids
+
+
+def _mps_limits(lease, devices) -> dict:
+    """{"mps": [...]} for a lease of MPS shares, {} for any other."""
+    shares = _mps_shares(lease, devices)
+    return {"mps": shares} if shares else {}
 
 
 def _mps_shares(lease, devices) -> list[dict]:
