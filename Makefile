@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint format bench fuzz keyring migrate demo services clean
+.PHONY: run test lint format bench fuzz keyring migrate demo services clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ demo: migrate
 run: demo
 	@bash .ci/ensure-services.sh --for-run || true  # Docker, registry, test image: best effort
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py runstack
+
+## gpu-check: on a GPU machine (NVIDIA driver; no Docker or CUDA toolkit needed; MIG left as
+## it is): records the NVML inventory as a test fixture, runs the GPU challenge's kernel through
+## the agent's process path and verifies it as the control plane does (< 6 minutes)
+gpu-check: $(VENV)/.run-deps
+	bash deploy/gpu-check.sh
 
 ## services: PostgreSQL, Redis, Docker engine, loopback registry, Chromium for the tests
 services:
