@@ -22,6 +22,22 @@ def mig_mask(model: str, memory_mib: int, profile: str, start: int) -> int:
     return ((1 << size) - 1) << start
 
 
+def mig_layout(slices) -> tuple[core.MigSlice, ...] | None:
+    """The device's real MIG layout from its reported instances (profile and start each, as
+    the agent reads them through NVML); None when it is not known — no instance reported, or
+    one without its start (an agent that cannot read placements) —, where the core assumes any
+    valid start can be carved."""
+    if not isinstance(slices, list) or not slices:
+        return None
+    layout = []
+    for s in slices:
+        start = s.get("start") if isinstance(s, dict) else None
+        if not isinstance(start, int) or not s.get("profile"):
+            return None
+        layout.append(core.MigSlice(str(s["profile"]), start))
+    return tuple(sorted(layout, key=lambda m: m.start))
+
+
 def gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
     if row["mig_enabled"]:
         mask = 0 if empty else row["mig_slots_used"]
@@ -34,6 +50,7 @@ def gpu_view(row: dict, *, empty: bool = False) -> core.GpuView:
             sharing=core.MIG,
             uuid=row["uuid"],
             mig_slices=slices,
+            mig_layout=mig_layout(row.get("mig_slices")),
             interconnect_group=row["interconnect_group"],
             numa_node=row["numa_node"] or 0,
             healthy=row["healthy"],

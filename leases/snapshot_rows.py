@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import orjson
 from django.db import connection
+from django.db.models import Q
 
 from leases import backend
 from leases.choices import HOLDING
 from leases.models import Lease
 from leases.node_views import label_pairs
-from nodes.choices import Reachability
+from nodes.choices import NodeState, Reachability
 from nodes.models import GpuDevice, Node
 
 NODE_FIELDS = (
@@ -62,6 +63,7 @@ GPU_FIELDS = (
     "compute_capability",
     "milli_reserved",
     "mig_slots_used",
+    "mig_slices",  # the instances the agent reported (placement/mig.py layout_starts)
     "share_tenant_id",
 )
 
@@ -74,6 +76,7 @@ def read(
     reachable_only: bool,
     work: bool,
     data_keys=(),
+    draining=(),
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """Nodes of the pool in `states` (ordered by name) and their GPUs (by index), each node
     with `leases` (its holding leases' ends) and `work` (what placement reads of the work on
@@ -83,14 +86,17 @@ def read(
     `reachable_only`: without the nodes that missed their heartbeats. `work`: with the labels
     and NUMA pins of the node's holding leases (off for the empty view). `data_keys`: the
     image digests and input keys the requests at hand need; each node's `data` is what its
-    caches hold of those alone, {key: bytes} (data locality: never the whole cache)."""
-    data_keys = sorted(set(data_keys))
+    caches hold of those alone, {key: bytes} (data locality: never the whole cache).
+    `draining`: names of nodes read too while they are draining, whatever `states` says (the
+    nodes drain-exempt requests are pinned to: `leases.snapshot.draining_pins`)."""
+    data_keys, draining = sorted(set(data_keys)), sorted(set(draining))
     if not backend.postgresql():
-        return _read_orm(pool_id, states, leases, reachable_only, work, data_keys)
+        return _read_orm(pool_id, states, leases, reachable_only, work, data_keys, draining)
     sql = _SELECT.format(
         work=_WORK if work else "'[]'",
         ends=_ENDS if leases else "'[]'",
         data=_DATA if data_keys else "'{}'",
+        states=_DRAINING_TOO if draining else "n.state = ANY(%(states)s)",
         reachable="AND n.reachability = %(reachable)s " if reachable_only else "",
     )
     params = {
@@ -100,6 +106,8 @@ def read(
         "reachable": Reachability.REACHABLE.value,
         "data_keys": data_keys,
     }
+    if draining:
+        params |= {"draining": draining, "draining_state": NodeState.DRAINING.value}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         raw = cursor.fetchall()
@@ -144,13 +152,19 @@ _DATA = (
     "CAST((SELECT jsonb_object_agg(d.key, d.value) "
     "FROM jsonb_each(n.cached_data) d WHERE d.key = ANY(%(data_keys)s)) AS text) ELSE '{}' END"
 )
-# {work}, {ends}, {data}, {reachable}: the fragments above, or stand-ins for what is not read
+# the nodes in `states`, and the draining ones named (pinned by drain-exempt requests)
+_DRAINING_TOO = (
+    "(n.state = ANY(%(states)s) OR (n.state = %(draining_state)s "
+    "AND n.name = ANY(CAST(%(draining)s AS text[]))))"
+)
+# {work}, {ends}, {data}, {states}, {reachable}: the fragments above, or stand-ins for what is
+# not read
 _SELECT = (
     "SELECT " + ", ".join(f'n."{f}"' for f in NODE_FIELDS) + ", "
     "CAST((SELECT COALESCE(json_agg(x ORDER BY x.\"index\"), '[]'::json) FROM (SELECT "
     f"{_GPU_COLUMNS} FROM {GpuDevice._meta.db_table} g WHERE g.node_id = n.id) x) AS text), "
     "{work}, {ends}, {data} "
-    f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND n.state = ANY(%(states)s) "
+    f"FROM {Node._meta.db_table} n WHERE n.pool_id = %(pool)s AND {{states}} "
     "{reachable}ORDER BY n.name"
 )
 
@@ -177,9 +191,13 @@ def _read_orm(
     reachable_only: bool,
     work: bool,
     data_keys=(),
+    draining=(),
 ) -> tuple[list[dict], dict[int, list[dict]]]:
     """The same rows through the ORM, in three queries: for SQLite (`make run`'s default)."""
-    nodes = Node.objects.filter(pool_id=pool_id, state__in=states)
+    chosen = Q(state__in=states)
+    if draining:
+        chosen |= Q(state=NodeState.DRAINING, name__in=draining)
+    nodes = Node.objects.filter(chosen, pool_id=pool_id)
     if reachable_only:
         nodes = nodes.filter(reachability=Reachability.REACHABLE)
     fields = (*NODE_FIELDS, "cached_data") if data_keys else NODE_FIELDS

@@ -67,6 +67,15 @@ def learned_capabilities(registered: dict, reported: dict) -> dict[str, str]:
     }
 
 
+def mig_layout_of(gpu: dict) -> list[str]:
+    """A GPU's MIG instances as "<profile>@<start>" (start "?" where not reported), sorted."""
+    return sorted(
+        f"{s.get('profile')}@{s.get('start', '?')}"
+        for s in gpu.get("mig_slices") or ()
+        if isinstance(s, dict)
+    )
+
+
 def inventory_drift(registered: dict, reported: dict) -> tuple[list[dict], bool]:
     """(differences, large?) between the registered and the reported inventory."""
     large_percent = setting("NODE_DRIFT_LARGE_PERCENT")
@@ -101,6 +110,16 @@ def inventory_drift(registered: dict, reported: dict) -> tuple[list[dict], bool]
                 )
                 if field in ("model", "memory_mib"):
                     large = True
+    for uuid, gpu in old.items():  # the MIG layout the agent read (the scheduler places on it)
+        if uuid in new and mig_layout_of(gpu) != mig_layout_of(new[uuid]):
+            diffs.append(
+                {
+                    "field": "gpu.mig_slices",
+                    "uuid": uuid,
+                    "from": mig_layout_of(gpu),
+                    "to": mig_layout_of(new[uuid]),
+                }
+            )
     for uuid in new.keys() - old.keys():
         diffs.append({"field": "gpu", "uuid": uuid, "change": "added", "model": new[uuid]["model"]})
     return diffs, large

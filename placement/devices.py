@@ -7,7 +7,7 @@ and it asks twice when the request prefers more GPU memory than its minimum.
 from __future__ import annotations
 
 from . import reasons as r
-from .mig import free_starts, occupied_slices, profiles_for
+from .mig import layout_starts, occupied_slices, profiles_for
 from .types import EXCLUSIVE, MIG, MPS, NON_ISOLATED, GpuView, NodeView, Request
 
 
@@ -42,7 +42,8 @@ def device_fits(device: GpuView, req: Request, policy) -> bool:
     if req.sharing == MIG:
         profiles = profiles_for(device.model, device.memory_mib)
         profile = profiles.get(req.mig_profile)
-        return bool(profile and free_starts(profile, occupied_slices(device.mig_slices, profiles)))
+        used = occupied_slices(device.mig_slices, profiles)
+        return bool(profile and layout_starts(profile, used, device.mig_layout))
     if req.sharing == EXCLUSIVE or req.gpu_milli >= 1000:
         return device.is_free
     if device.free_milli < req.gpu_milli:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from . import reasons as r
 from .context import Fit, ScoreContext
 from .devices import eligible_devices
-from .mig import free_starts, occupied_slices, profiles_for
+from .mig import layout_starts, occupied_slices, profiles_for
 from .registry import GPU_CHOICES, active_filters, active_scorers, check_reads
 from .types import EXCLUSIVE, MIG, DeviceShare, NodeView, Request
 
@@ -151,7 +151,7 @@ def _fits(req, node, devices, count, cpu, mem, scratch, policy, ctx):
             profiles = profiles_for(d.model, d.memory_mib)
             profile = profiles[req.mig_profile]
             used = occupied_slices(d.mig_slices, profiles)
-            for start in free_starts(profile, used):
+            for start in layout_starts(profile, used, d.mig_layout):
                 key = (-len(used), start, d.index)  # fill carved devices first
                 if best is None or key < best[0]:
                     best = (key, d, start, profile)

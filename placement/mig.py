@@ -77,3 +77,16 @@ def free_starts(profile: MigProfile, used: set[int]) -> list[int]:
         if start + profile.slices <= 8
         and not used.intersection(range(start, start + profile.slices))
     ]
+
+
+def layout_starts(profile: MigProfile, used: set[int], layout) -> list[int]:
+    """Where a slice of ``profile`` can be placed on a device: with the device's real layout
+    (``layout``: the MIG instances its agent reported through NVML, each a profile and start)
+    only at an instance of that profile whose slices are free; without one (an agent that does
+    not report placements: None) at any valid free start, as if instances were carved to
+    order."""
+    free = free_starts(profile, used)
+    if layout is None:
+        return free
+    carved = {s.start for s in layout if s.profile == profile.name}
+    return [start for start in free if start in carved]

@@ -20,6 +20,9 @@ SHARING_CLASSES = (EXCLUSIVE, MIG, TIMESLICE, MPS)
 NON_ISOLATED = frozenset({TIMESLICE, MPS})
 
 SCHEDULABLE_STATES = frozenset({"ready"})
+# What a drain-exempt request (``Request.drain_exempt``: a volume's export) may be placed on:
+# a ready node, or one being drained (never a quarantined, retired or unreachable one).
+DRAIN_EXEMPT_STATES = SCHEDULABLE_STATES | {"draining"}
 
 # Where a request's anti-affinity looks for work with the labels it avoids: the node itself, or
 # every node of the node's zone (a node without a zone: the node itself).
@@ -86,6 +89,9 @@ class GpuView:
     sharing: str = EXCLUSIVE
     uuid: str = ""
     mig_slices: tuple[MigSlice, ...] = ()  # MIG instances in use (sharing == "mig")
+    # the MIG instances carved on the device, as its agent reads them through NVML (profile and
+    # start each); None: not reported, and any valid start is assumed carvable (placement/mig.py)
+    mig_layout: tuple[MigSlice, ...] | None = None
     interconnect_group: str = ""  # NVLink/NVSwitch domain; "" means none
     numa_node: int = 0
     healthy: bool = True
@@ -98,10 +104,11 @@ class GpuView:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GpuView:
         data = dict(data)
-        if "mig_slices" in data:
-            data["mig_slices"] = tuple(
-                s if isinstance(s, MigSlice) else MigSlice(**s) for s in data["mig_slices"]
-            )
+        for key in ("mig_slices", "mig_layout"):
+            if data.get(key) is not None:
+                data[key] = tuple(
+                    s if isinstance(s, MigSlice) else MigSlice(**s) for s in data[key]
+                )
         return _from_mapping(cls, data)
 
     @property
@@ -281,6 +288,9 @@ class Request:
     network_class: str = ""
     node_features: tuple[str, ...] = ()  # node features all required ("avx512", "infiniband")
     node_pin: str = ""
+    # placed on a draining node too (DRAIN_EXEMPT_STATES): set by the control plane alone, for
+    # the export of a volume whose node is being drained; never from a tenant's request
+    drain_exempt: bool = False
     affinity: Mapping[str, str] = field(default_factory=dict)  # required node labels
     preferred_affinity: Mapping[str, str] = field(default_factory=dict)
     anti_affinity: tuple[str, ...] = ()  # "key=value" workload labels to avoid
