@@ -14,13 +14,15 @@ from pools.models import secret_context
 
 fix = importlib.import_module("pools.migrations.0003_publish_corrected_policy_versions")
 default = importlib.import_module("pools.migrations.0008_memory_coupled_default")
+locality = importlib.import_module("pools.migrations.0018_data_locality_default")
 BEFORE = [("pools", "0002_priority_class_restrictions")]
 AFTER = [("pools", "0003_publish_corrected_policy_versions")]
 
 
 def test_the_migrations_copy_the_defaults_of_their_day():
     assert default.PREVIOUS_DEFAULT == fix.PRODUCT_DEFAULT
-    assert DEFAULT_POLICY.weights == default.NEW_DEFAULT
+    assert locality.PREVIOUS_DEFAULT == default.NEW_DEFAULT
+    assert DEFAULT_POLICY.weights == locality.NEW_DEFAULT  # the newest: today's default
 
 
 @pytest.mark.parametrize(
@@ -84,9 +86,16 @@ def test_pools_on_a_legacy_version_get_a_corrected_one(back_to_latest):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_pools_on_the_previous_default_get_todays(back_to_latest):
-    before = [("pools", "0007_quota_dimensions_credits")]
-    after = [("pools", "0008_memory_coupled_default")]
+@pytest.mark.parametrize(
+    ("migration", "before", "after"),
+    [
+        (default, "0007_quota_dimensions_credits", "0008_memory_coupled_default"),
+        (locality, "0017_tenant_buckets", "0018_data_locality_default"),
+    ],
+)
+def test_pools_on_the_previous_default_get_todays(back_to_latest, migration, before, after):
+    default = migration
+    before, after = [("pools", before)], [("pools", after)]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     apps = executor.loader.project_state(before).apps
