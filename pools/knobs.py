@@ -342,6 +342,14 @@ class PoolKnobs:
         "priority class (or `default`) → rates among `consumed_factor`, `cpu_core_hour`,"
         " `gpu_hour`, `memory_gib_hour` (numbers 0 … 1e9); none: the pool charges nothing",
     )
+    # MIG (nodes/services/mig.py, worker_agent/mig.py; docs/scheduler.md "MIG")
+    mig_reconfiguration: bool = knob(
+        False,
+        _boolean,
+        "the control plane may ask a node's agent to carve an idle MIG GPU (no lease on it)"
+        " into another layout, which the agent creates through NVML as root; UNVERIFIED ON"
+        " HARDWARE (tested against a fake NVML only)",
+    )
     # the queue's order and gate (scheduling/fairshare.py; the core's defaults and checks)
     fair_share_half_life_s: float = _queue(
         "fair_share_half_life_s", "past use counts half after this long (s, 1 … 365 days)"

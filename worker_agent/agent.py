@@ -7,6 +7,7 @@ credential is rotated when the heartbeat says so or half its lifetime has passed
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from worker_agent.host import Host, cpu_features
 from worker_agent.identity import KeyRefused, NodeKey, default_key_file
 from worker_agent.inventory import storage_report
 from worker_agent.metrics import AgentMetrics
+from worker_agent.mig import MigRefused, apply_layout
 from worker_agent.mps import MpsDaemons
 from worker_agent.probe import probe_result, recovery_result
 from worker_agent.runner import Phase, Runner
@@ -169,6 +171,7 @@ class Agent:
         self.finished: set[tuple[int, int]] = set()  # ended here; never started again
         self.rotate_requested = False
         self.probes_started: set[int] = set()  # probes run (or running) by this agent
+        self.mig_layouts_tried: set[tuple[str, str]] = set()  # (GPU, layout) asked and tried
         self.metrics = AgentMetrics(workloads=lambda: len(self.runners))
 
     # ------------------------------------------------------------------ lifecycle
@@ -362,6 +365,7 @@ class Agent:
         if self.rotate_requested or self.state.credential_due_for_rotation():
             self.rotate_credential()
         self.run_probes(answer.get("probes") or [])
+        self.apply_mig_layouts(answer.get("mig_layouts") or [])
         self.reconcile_volumes()
         return answer
 
@@ -373,6 +377,43 @@ class Agent:
         except ApiError as exc:
             if exc.status not in (404, 405):
                 log.warning("volumes not reconciled: %s", exc)
+
+    # ------------------------------------------------------------------ MIG layouts
+    def apply_mig_layouts(self, requests: list) -> None:
+        """Carve each idle GPU the control plane asks about into its requested MIG layout
+        (worker_agent/mig.py apply_layout: root, MIG mode, no instance in use, else refused),
+        once per request, then report the new inventory. UNVERIFIED ON HARDWARE."""
+        if not isinstance(requests, list) or self.host.nvml is None:
+            return
+        changed = False
+        for request in requests[:8]:
+            if not isinstance(request, dict):
+                continue
+            gpu, layout = str(request.get("gpu", ""))[:80], request.get("layout")
+            key = (gpu, json.dumps(layout, sort_keys=True, default=str)[:2000])
+            if key in self.mig_layouts_tried:
+                continue
+            self.mig_layouts_tried.add(key)
+            held = {d for r in self.runners.values() for d in r.assignment.limits.gpus}
+            if any(gpu in d for d in held):  # a job of this node uses the GPU: never
+                log.warning("MIG layout of %s not changed: a job uses it", gpu)
+                continue
+            try:
+                calls = apply_layout(self.host.nvml, gpu, layout)
+            except MigRefused as exc:
+                log.warning("MIG layout of %s refused: %s", gpu, exc.message)
+                continue
+            except Exception as exc:  # an NVML error midway: reported through the inventory
+                log.warning("MIG layout of %s failed: %s", gpu, exc)
+                changed = True
+                continue
+            log.info("MIG layout of %s: %s", gpu, ", ".join(calls))
+            changed = True
+        if changed:
+            try:
+                self.client.inventory(self.host.inventory())
+            except Exception as exc:  # the reconciliation sweep reads the next report
+                log.warning("inventory after a MIG change not accepted: %s", exc)
 
     # ------------------------------------------------------------------ probes
     def run_probes(self, probes: list) -> None:

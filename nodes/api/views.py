@@ -29,6 +29,7 @@ from nodes.api.serializers import (
 from nodes.authentication import NodeCredentialAuthentication
 from nodes.errors import EnrollmentRefused, NodeScopeRefused
 from nodes.models import Node
+from nodes.services.mig import mig_layouts_open
 from nodes.signatures import fingerprint_of, verify
 from pools.actors import Actor
 from pools.api.permissions import IsNode, IsNotNode, IsOperator
@@ -151,6 +152,8 @@ class AgentViewSet(NodeErrorsMixin, viewsets.GenericViewSet):
                 "heartbeat_interval_s": node.pool.heartbeat_interval_s,
                 "drain_deadline": node.drain_deadline,
                 "probes": ProbeSerializer(probes, many=True).data,
+                # another MIG layout for an idle GPU (pools with mig_reconfiguration only)
+                "mig_layouts": mig_layouts_open(node),
             }
         )
 
