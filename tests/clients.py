@@ -1,9 +1,11 @@
 """API clients as a CLI or an agent would be: a bearer credential built by config.builders; an
 agent's client also signs every request with its node's key, as worker_agent/client.py does."""
 
+import hashlib
 from urllib.parse import urlencode, urlsplit
 
 import requests
+from django.core.files.uploadedfile import UploadedFile
 from django.utils.encoding import escape_uri_path
 from rest_framework.test import APIClient, APIRequestFactory
 
@@ -11,7 +13,7 @@ from config.builders import NODE_KEYS, build_node_credential, build_token
 from nodes.models import NodeCredential
 from nodes.services import CREDENTIAL_PREFIX
 from pools.models import token_digest
-from worker_agent.identity import NodeKey
+from worker_agent.identity import UPLOAD_DIGEST, NodeKey, digest_field
 
 
 def bearer_client(secret: str | None = None) -> APIClient:
@@ -37,12 +39,27 @@ def _node_key(secret: str) -> NodeKey | None:
 
 
 class Signing:
-    """Every request made carries the node key's signature (Signature, Signature-Input,
-    Content-Digest over the exact body sent), made as the agent makes it."""
+    """Every request made carries the node key's signature, made as the agent makes it:
+    Signature, Signature-Input and Content-Digest over the exact body sent — or, for a
+    multipart upload of one file, over that file's `Upload-Digest` (as the agent streams it)."""
 
     def __init__(self, key: NodeKey, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.key = key
+        self._upload_digest = None
+
+    def post(self, path, data=None, format=None, *args, **kwargs):
+        values = data.values() if isinstance(data, dict) else ()
+        files = [f for value in values for f in (value if isinstance(value, list) else [value])]
+        uploads = [f for f in files if isinstance(f, UploadedFile)]
+        if format == "multipart" and len(uploads) == 1:
+            content = uploads[0].read()
+            uploads[0].seek(0)
+            self._upload_digest = digest_field(hashlib.sha256(content).digest())
+        try:
+            return super().post(path, data, format, *args, **kwargs)
+        finally:
+            self._upload_digest = None
 
     def generic(self, method, path, data="", content_type="application/octet-stream", **extra):
         parts = urlsplit(str(path))
@@ -51,10 +68,16 @@ class Signing:
             query = urlencode(extra["query_params"], doseq=True)
         target = escape_uri_path(parts.path) + (f"?{query}" if query else "")
         body = data.encode() if isinstance(data, str) else (data or b"")
-        signed = self.key.sign(
-            requests.Request(method.upper(), f"http://control-plane{target}", data=body).prepare()
-        )
-        for name in ("Signature", "Signature-Input", "Content-Digest"):
+        url = f"http://control-plane{target}"
+        if self._upload_digest:  # a streamed body, signed over its file's digest
+            headers = {UPLOAD_DIGEST: self._upload_digest}
+            request = requests.Request(method.upper(), url, data=iter([b""]), headers=headers)
+            names = ("Signature", "Signature-Input", UPLOAD_DIGEST)
+        else:
+            request = requests.Request(method.upper(), url, data=body)
+            names = ("Signature", "Signature-Input", "Content-Digest")
+        signed = self.key.sign(request.prepare())
+        for name in names:
             extra["HTTP_" + name.upper().replace("-", "_")] = signed.headers[name]
         return super().generic(method, path, data, content_type, **extra)
 
