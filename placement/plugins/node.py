@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import reasons as r
 from ..registry import register_filter
-from ..types import SCHEDULABLE_STATES, NodeView, Request
+from ..types import DRAIN_EXEMPT_STATES, SCHEDULABLE_STATES, NodeView, Request
 
 
 @register_filter(
@@ -22,11 +22,15 @@ def node_pin(req: Request, node: NodeView, policy) -> str | None:
     "node_schedulable",
     reasons=(r.NODE_NOT_SCHEDULABLE, r.NODE_UNREACHABLE),
     reads=("state", "healthy", "reachable"),
+    # static: placing work changes none of these. Not ``never_lifted``: whether ``draining``
+    # refuses depends on the request (``drain_exempt``), and the batch planner keys its classes
+    # by the request, so a drain-exempt class never inherits another class's refusal
     static=True,
 )
 def node_schedulable(req: Request, node: NodeView, policy) -> str | None:
-    """``node_not_schedulable`` carries why, e.g. ``node_not_schedulable(draining)``."""
-    if node.state not in SCHEDULABLE_STATES:
+    """``node_not_schedulable`` carries why, e.g. ``node_not_schedulable(draining)``. A
+    drain-exempt request (a volume's export) may go on a draining node too."""
+    if node.state not in (DRAIN_EXEMPT_STATES if req.drain_exempt else SCHEDULABLE_STATES):
         return f"{r.NODE_NOT_SCHEDULABLE}({node.state})"
     if not node.healthy:
         return f"{r.NODE_NOT_SCHEDULABLE}(unhealthy)"

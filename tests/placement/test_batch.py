@@ -52,6 +52,12 @@ def clusters(draw):
                 numa=numa if draw(st.booleans()) else (),
             )
         )
+    # now and then a node being drained (it takes drain-exempt requests only) or quarantined
+    for i, state in enumerate(
+        draw(st.lists(st.sampled_from(["draining", "quarantined"]), max_size=2))
+    ):
+        if i < len(nodes):
+            nodes[i] = replace(nodes[i], state=state)
     # twins: copies under other names (and device UUIDs), which the plan evaluates as one kind
     for k, i in enumerate(draw(st.lists(st.integers(0, len(nodes) - 1), max_size=4))):
         name = f"twin-{k}"
@@ -82,6 +88,8 @@ def requests(draw):
         fields["zones"] = ("a",)
     if draw(st.integers(0, 9)) == 0:  # a twin's kind is shared; its name is its own
         fields["node_pin"] = draw(st.sampled_from(["twin-0", "twin-1"]))
+    if draw(st.integers(0, 5)) == 0:  # a volume's export: a draining node takes it too
+        fields["drain_exempt"] = True
     if kind == "whole":
         fields.update(gpu_count=draw(st.integers(1, 2)), sharing="exclusive")
         if draw(st.booleans()):
