@@ -105,6 +105,7 @@ def job_submit(
     idempotency_key: str = "",
     idempotency_digest: str = "",
     trace: tuple[str, str] | None = None,
+    drain_exempt: bool = False,
 ) -> Job:
     """A queued job. `image` is what the agent will run (a digest reference once the image
     is resolved), `image_requested` what the client sent (default: `image`). The data-plane
@@ -115,7 +116,11 @@ def job_submit(
     422 `idempotency_key_reused` otherwise — also when two such submits race.
 
     `trace`: (trace id, parent span id) of the client's `traceparent` (jobs/trace.py): the
-    job joins that trace; None: it starts a new one of its own."""
+    job joins that trace; None: it starts a new one of its own.
+
+    `drain_exempt`: the job may also be placed on a draining node (its request's
+    `drain_exempt`, which the core's `node_schedulable` filter and the ledger's guard read).
+    Only a volume's export sets it (jobs/volume_export.py), never a tenant's submit body."""
     if (shape is None) == (resources is None):
         raise ValueError("give exactly one of shape or resources")
     if idempotency_key and (earlier := _keyed_job(tenant, idempotency_key, idempotency_digest)):
@@ -141,9 +146,13 @@ def job_submit(
     # filter keeps; the pass names a wait there `volume_node_full`/`…_unavailable` and holds a
     # read-write mount while another job has the volume (storage/scheduling.py).
     placement |= volume_placement(tenant, pool, volumes)
+    if drain_exempt:
+        placement["drain_exempt"] = True
     priority_class = priority_class or _default_class(pool)
     # the /outputs filesystem is disk on the node: the request reserves it with the scratch
     resources = {**resources, **placement, "output_limit_mib": output_limit_mib}
+    if not drain_exempt:  # the serializers refuse the key; whoever else calls, it is not kept
+        resources.pop("drain_exempt", None)
     # A shape no node of the pool could ever hold is refused now (NeverFits, 422), not queued
     # forever: the same answer as POST /compute-leases.
     # The image's platforms count too: an amd64-only image never fits a pool of arm64 nodes.

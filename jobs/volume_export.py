@@ -13,6 +13,12 @@ admitted by the pool, the mount itself) and `jobs.services.job_submit` (`volume_
 volume's node pins it like every job that mounts a volume. Its `/outputs` is the volume's size
 and a margin for the tar's headers, reserved on the node's disk while it runs.
 The volume gets a `volume_export_requested` event naming the job.
+
+A volume whose node is being drained is at risk, and that is when its data must be copied off:
+the export job alone is drain-exempt (`job_submit(drain_exempt=True)`, the key `drain_exempt`
+in its request, which no submit body can carry), so the core's `node_schedulable` filter, the
+snapshot and the ledger's guarded UPDATE let it on the draining node (docs/storage.md,
+docs/scheduler.md, docs/nodes.md). A quarantined, retired or unreachable node runs nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ ARCHIVE = "volume.tar"
 # the tar's headers and end blocks on top of the files (512 bytes a file, 10 KiB at the end)
 TAR_MARGIN_MIB = 16
 EXPORT_MAX_RUNTIME_S = 24 * 3600
+# the node states an export runs on (reachable ones): a drain lets the export in, drain-exempt
+EXPORTS_RUN_ON = frozenset({NodeState.READY, NodeState.DRAINING})
 
 
 class ExportRefused(Refusal):
@@ -61,9 +69,9 @@ def export_command() -> list[str]:
 
 
 def _check_volume(volume: Volume) -> None:
-    """A live volume whose node can run a job now: ready and reachable. A draining node takes
-    no new work (an export neither): the placement core and the ledger's guards place only on
-    ready nodes. Quarantined, retired or unreachable ones refuse likewise."""
+    """A live volume whose node can run its export now: reachable, and ready or draining (a
+    drain takes no new work but the export, drain-exempt, which rescues the volume's data).
+    Quarantined, retired or unreachable ones refuse."""
     if volume.state not in LIVE:
         raise ExportRefused(
             f"Volume {volume.name} is {volume.state}: there is nothing left to export.",
@@ -71,16 +79,11 @@ def _check_volume(volume: Volume) -> None:
         )
     node = volume.node
     unreachable = node.reachability == Reachability.UNREACHABLE
-    if node.state == NodeState.READY and not unreachable:
+    if node.state in EXPORTS_RUN_ON and not unreachable:
         return
     shown = f"{node.state}, unreachable" if unreachable else node.state
     if unreachable:
         why = "its agent does not answer, so nothing can run there to copy the volume"
-    elif node.state == NodeState.DRAINING:
-        why = (
-            "a draining node takes no new work; its operators can cancel the drain to let the "
-            "export run"
-        )
     else:
         why = "it takes no work now"
     raise ExportRefused(
@@ -131,10 +134,11 @@ def export_body(*, volume: Volume, destination, user) -> dict:
 
 
 def volume_export(*, volume: Volume, submit: dict, actor: Actor) -> Job:
-    """The export job queued (`submit`: its body as JobSubmitSerializer validated it) and the
-    volume's `volume_export_requested` event, in one transaction."""
+    """The export job queued (`submit`: its body as JobSubmitSerializer validated it),
+    drain-exempt, and the volume's `volume_export_requested` event, in one transaction."""
     with transaction.atomic():
-        job = job_submit(actor=actor, **submit)
+        # drain-exempt: placed on the volume's node while it drains too (the only such job)
+        job = job_submit(actor=actor, **submit, drain_exempt=True)
         locked = Volume.objects.select_for_update().get(pk=volume.pk)
         VolumeEvent.record(
             locked,

@@ -2,9 +2,10 @@
 
 `pool_snapshot` reads the schedulable (ready and reachable) nodes of a pool and their GPUs in one
 query, with no locks (`snapshot_rows`), and turns them into core `NodeView`s whose free capacity
-is allocatable − reserved (`node_views`). The snapshot may be stale by the time it is used; the
-ledger's write (`leases.services.ledger`) guards every capacity change with a compare-and-set
-UPDATE, so staleness costs a retry, never an overcommit.
+is allocatable − reserved (`node_views`); asked, it views the draining nodes that drain-exempt
+requests (a volume's export) are pinned to as well. The snapshot may be stale by the time it is
+used; the ledger's write (`leases.services.ledger`) guards every capacity change with a
+compare-and-set UPDATE, so staleness costs a retry, never an overcommit.
 
 Conventions of the adapter (documented in docs/leases.md):
 - node names are unique within a pool, so a `NodeView.name` is the node's name;
@@ -89,6 +90,7 @@ def pool_snapshot(
     work: bool = True,
     zone_work: bool | None = None,
     data_keys=(),
+    draining=(),
 ) -> Snapshot:
     """Nodes of the pool in `states` as core views: one query (PostgreSQL), no locks.
 
@@ -101,7 +103,10 @@ def pool_snapshot(
     the labels of the work on every node of its zone in the pool, those the snapshot leaves
     out (draining, unreachable) included: what zone-scoped anti-affinity reads. `data_keys`
     (`data_keys_of` the requests at hand): each node's `cached_data` holds what its caches
-    have of those only (data locality); none: nothing of its caches is read.
+    have of those only (data locality); none: nothing of its caches is read. `draining`
+    (`draining_pins` of the requests at hand): names of nodes viewed too while they are
+    draining, for the drain-exempt requests pinned to them (a volume's export); none: a
+    draining node is not read, and a pass without such a request costs nothing more.
     """
     rows, gpus_by_node = read(
         pool_id,
@@ -110,6 +115,7 @@ def pool_snapshot(
         reachable_only=reachable_only and not empty,
         work=work and not empty,
         data_keys=() if empty else data_keys,
+        draining=() if empty else draining,
     )
     zones = {}
     if (work if zone_work is None else zone_work) and not empty:
@@ -129,6 +135,14 @@ def all_nodes_snapshot(pool_id: int) -> Snapshot:
     """Every node of the pool that is not retired, as it is now (for explanations)."""
     states = [s for s in NodeState.values if s != NodeState.RETIRED]
     return pool_snapshot(pool_id, states=states, reachable_only=False)
+
+
+def draining_pins(requests) -> frozenset[str]:
+    """The nodes the drain-exempt requests among `requests` (core Requests) are pinned to: the
+    draining nodes a snapshot for them must view too (`pool_snapshot(draining=…)`). Only the
+    control plane makes such a request, the export of a volume (jobs/volume_export.py), and it
+    is always pinned to the volume's node; an unpinned one would see no draining node."""
+    return frozenset(req.node_pin for req in requests if req.drain_exempt and req.node_pin)
 
 
 def data_keys_of(requests) -> frozenset[str]:
@@ -201,6 +215,9 @@ def core_request(request: dict, tenant_id: int | str = "", image_platforms=()) -
         network_class=request.get("network_class") or "",
         node_features=tuple(sorted(request.get("node_features_required") or ())),
         node_pin=request.get("node_pin") or "",
+        # put in a job's request by the control plane alone (jobs/volume_export.py); the
+        # submit and lease serializers refuse the key from anyone else
+        drain_exempt=request.get("drain_exempt") is True,
         tenant=str(tenant_id),
         image_archs=image_archs(image_platforms),
         # a job's placement fields (jobs.services.job_submit puts them in its request)

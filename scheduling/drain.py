@@ -3,8 +3,12 @@
 
 At the deadline, once per drain: checkpointable running jobs are asked to checkpoint (and
 re-queued when the agent reports the checkpoint), jobs not yet started are re-queued, the rest
-follow the pool's `drain_noncheckpointable` knob. A draining node that holds no lease any more
-is recorded drained.
+follow the pool's `drain_noncheckpointable` knob. A drain-exempt job (a volume's export, let
+on the draining node on purpose: jobs/volume_export.py) is never re-queued, since it could only
+come back to this node: started or not, it follows the knob (`fail`: it fails, its lease
+released; `wait`: it runs to its end, at most its `max_runtime_s`); one placed after the
+deadline runs to its end. A draining node that holds no lease any more is recorded drained: an
+export holds the drain while it runs, no longer.
 """
 
 from datetime import timedelta
@@ -33,14 +37,20 @@ from pools.sweeps import sweep
 
 
 def _drain_step(job: Job, policy: str):
-    """(to, what, outcome bucket, whether its leases end now) for one job, or None: it runs on."""
+    """(to, what, outcome bucket, whether its leases end now) for one job, or None: it runs on.
+    A drain-exempt job (a volume's export) is not re-queued to come back here: the knob says."""
     if job.state == JobState.RUNNING and job.checkpointable:
         return JobState.CHECKPOINTING, "checkpoint, then re-queue", "checkpointing", False
-    if job.state in (JobState.LEASED, JobState.STARTING):
+    exempt = (job.resources or {}).get("drain_exempt") is True
+    if job.state in (JobState.LEASED, JobState.STARTING) and not exempt:
         return JobState.QUEUED, "not started, re-queued", "requeued", True
-    if job.state == JobState.RUNNING and policy == DrainPolicy.FAIL:
+    if job.state in _HOLDING_WORK and policy == DrainPolicy.FAIL:
         return JobState.FAILED, "not checkpointable, stopped (pool policy: fail)", "failed", True
     return None
+
+
+# the states of a job whose work on the node the knob may stop (the others: not started)
+_HOLDING_WORK = frozenset({JobState.LEASED, JobState.STARTING, JobState.RUNNING})
 
 
 def node_drain_enforce(*, node: Node, actor: Actor, now=None) -> dict[str, list[int]]:

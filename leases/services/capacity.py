@@ -7,8 +7,10 @@ from a JSON recordset (`d.cpu`, `d.milli`, ...). So the guard of a single reserv
 pass of 20,000 jobs is one text:
 
     UPDATE node SET cpu_reserved = cpu_reserved + d.cpu ...
-     WHERE id = d.node AND state = 'ready' AND reachability = 'reachable'
-       AND cpu_reserved <= cpu_allocatable - d.cpu AND ...
+     WHERE id = d.node AND (state = 'ready' OR (state = 'draining' AND d.drain_exempt))
+       AND reachability = 'reachable' AND cpu_reserved <= cpu_allocatable - d.cpu AND ...
+
+(`d.drain_exempt`: every new lease on that node is drain-exempt, a volume's export.)
 
 `take_nodes` is the one function that issues the guarded node UPDATE (optionally in one
 statement with the inserts of the leases whose node took, `lease_rows.fused_insert`),
@@ -22,7 +24,17 @@ from types import SimpleNamespace
 
 import orjson
 from django.db import connection
-from django.db.models import BigIntegerField, Case, CharField, F, IntegerField, Q, Value, When
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Case,
+    CharField,
+    F,
+    IntegerField,
+    Q,
+    Value,
+    When,
+)
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import Exact
@@ -47,6 +59,9 @@ class NodePart:
     cpu: int = 0
     mem: int = 0
     scratch: int = 0
+    # every one of them is drain-exempt (its request's `drain_exempt`: a volume's export), so
+    # the node may be draining
+    drain_exempt: bool = False
 
 
 @dataclass(slots=True)
@@ -68,9 +83,12 @@ def parts(rows) -> tuple[dict[int, NodePart], dict[int, GpuPart]]:
     gpus: dict[int, GpuPart] = {}
     for row in rows:
         lease = row.lease
+        exempt = _drain_exempt(lease["request"])
         node = nodes.get(lease["node_id"])
         if node is None:
-            node = nodes[lease["node_id"]] = NodePart(lease["node_id"])
+            node = nodes[lease["node_id"]] = NodePart(lease["node_id"], drain_exempt=exempt)
+        elif not exempt:
+            node.drain_exempt = False
         node.cpu += lease["cpu_millicores"]
         node.mem += lease["memory_mib"]
         node.scratch += lease["scratch_mib"]
@@ -92,13 +110,20 @@ def parts(rows) -> tuple[dict[int, NodePart], dict[int, GpuPart]]:
     return nodes, gpus
 
 
+def _drain_exempt(request) -> bool:
+    # as leases.snapshot.core_request reads it: only the control plane puts it in a request
+    return isinstance(request, dict) and request.get("drain_exempt") is True
+
+
 # --- the guards ------------------------------------------------------------------------------
 
 
 def node_guard(take) -> Q:
-    """A node takes new leases only while ready, reachable and with room for all of them."""
+    """A node takes new leases only while ready — or draining, when every one of them is
+    drain-exempt (`take.drain_exempt`: a volume's export) —, reachable and with room for all
+    of them."""
     return Q(
-        state=NodeState.READY,
+        Q(state=NodeState.READY) | Q(Exact(take.drain_exempt, True), state=NodeState.DRAINING),
         reachability=Reachability.REACHABLE,
         cpu_millicores_reserved__lte=F("cpu_millicores_allocatable") - take.cpu,
         memory_mib_reserved__lte=F("memory_mib_allocatable") - take.mem,
@@ -147,6 +172,7 @@ _NODE_COLUMNS = SimpleNamespace(
     cpu=_column("cpu", IntegerField()),
     mem=_column("mem", IntegerField()),
     scratch=_column("scratch", IntegerField()),
+    drain_exempt=_column("drain_exempt", BooleanField()),
 )
 _GPU_COLUMNS = SimpleNamespace(
     kind=_column("kind", CharField()),
@@ -195,7 +221,7 @@ def node_update_sql() -> tuple[str, dict]:
         )
         _STATEMENTS["node"] = (
             f"UPDATE {table} SET {sets} FROM json_to_recordset(CAST(%(nodes)s AS json)) "
-            "AS d(node bigint, cpu integer, mem integer, scratch integer) "
+            "AS d(node bigint, cpu integer, mem integer, scratch integer, drain_exempt boolean) "
             # the ids again as an array: the id index finds the rows (a join with the recordset
             # alone scans every ready node)
             f"WHERE {table}.id = ANY(CAST(%(ids)s AS bigint[])) AND {table}.id = d.node "
@@ -252,7 +278,8 @@ def take_nodes(parts: list[NodePart], fused: list | None = None) -> tuple[set[in
     if not backend.postgresql():
         took = set()
         for part in sorted(parts, key=lambda p: p.node):  # the lock order
-            if Node.objects.filter(node_guard(part), pk=part.node).update(**node_writes(part)):
+            guard = node_guard(_node_values(part))
+            if Node.objects.filter(guard, pk=part.node).update(**node_writes(part)):
                 took.add(part.node)
         return took, []
     sql, params = node_update_sql()
@@ -286,6 +313,16 @@ def take_gpus(parts: list[GpuPart]) -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, "gpus": _json(parts), "ids": [p.gpu for p in parts]})
         return {row[0] for row in cursor.fetchall()}
+
+
+def _node_values(part: NodePart) -> SimpleNamespace:
+    # the part's amounts as ORM values (its flag an expression, as the recordset's column is)
+    return SimpleNamespace(
+        cpu=part.cpu,
+        mem=part.mem,
+        scratch=part.scratch,
+        drain_exempt=Value(part.drain_exempt, output_field=BooleanField()),
+    )
 
 
 def _values(part: GpuPart) -> SimpleNamespace:

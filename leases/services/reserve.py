@@ -90,7 +90,8 @@ def lease_reserve(
         req = replace(req, inputs=inputs)  # data_locality: nodes that cache them preferred
     policy = snap.pool_policy(pool)
     conflicts = first_attempt = 0
-    if window is None and not idempotency_key and group_commit.enabled():
+    # a drain-exempt request (a volume's export) is rare: placed here, on its own snapshot
+    if window is None and not idempotency_key and not req.drain_exempt and group_commit.enabled():
         outcome = group_commit.submit(
             group_commit.Pending(pool, tenant, request, actor, req, policy, expires_at, job, now)
         )
@@ -110,6 +111,7 @@ def lease_reserve(
             work=snap.needs_work(req, policy),
             zone_work=snap.needs_zone_work(req),
             data_keys=snap.data_keys_of((req,)),
+            draining=snap.draining_pins((req,)),
         )
         chosen_policy = policy
         if attempt >= 2:  # spread: pick at random among the nodes that fit

@@ -103,6 +103,8 @@ def read(pool, job_ids: list[int], now, result: PassResult) -> Reading:
         work=work,
         zone_work=zone_work,
         data_keys=snap.data_keys_of(core_requests.values()),
+        # a volume's export runs on its node while that node drains: only then is it read
+        draining=snap.draining_pins(core_requests.values()),
     )
     jobs, admission = order_window(pool.pk, jobs, view, now)
     return Reading(pool, jobs, core_requests, policy, view, admission)

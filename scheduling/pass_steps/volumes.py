@@ -2,7 +2,7 @@
 writes a volume waits while another job writes it (`volume_in_use`), and a job pinned to its
 volumes' node that cannot be placed says why in the volume's words: `volume_node_full` (the
 node is there, without room) or `volume_node_unavailable` (draining, quarantined, retired or
-unreachable)."""
+unreachable; a volume's export, drain-exempt, waits on a draining node for room)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,10 @@ def writer_refusal_locked(job) -> dict | None:
     }
 
 
+_RUNS_ON = frozenset({NodeState.READY})
+_EXEMPT_RUNS_ON = frozenset({NodeState.READY, NodeState.DRAINING})
+
+
 def node_words(pool_id: int, planned: list) -> None:
     """The waits of jobs pinned to their volumes' node, told in the volume's words."""
     waiting = [
@@ -129,7 +133,9 @@ def node_words(pool_id: int, planned: list) -> None:
         node = nodes.get(name)
         state = node["state"] if node else "gone"
         unreachable = node is not None and node["reachability"] == Reachability.UNREACHABLE
-        if node is None or state != NodeState.READY or unreachable:
+        # a drain-exempt job (a volume's export) runs on a draining node too: it waits for room
+        runs_on = _EXEMPT_RUNS_ON if p.job.resources.get("drain_exempt") is True else _RUNS_ON
+        if node is None or state not in runs_on or unreachable:
             shown = f"{state}, unreachable" if unreachable else state
             code = Reason.VOLUME_NODE_UNAVAILABLE.value
             message = (
