@@ -192,6 +192,9 @@ class GpuDevice(models.Model):
     health = models.CharField(max_length=20, choices=GpuHealth.choices, default=GpuHealth.OK)
     health_reason = models.CharField(max_length=200, blank=True)
     health_flags = models.JSONField(default=list, blank=True)
+    # its NVLink error counters at the latest reading ({"at", "counters"}): they are cumulative,
+    # so the health rule compares each reading with this one (nodes/services/health.py)
+    nvlink_counters = models.JSONField(default=dict, blank=True)
     temperature_c = models.SmallIntegerField(null=True, blank=True)
     health_changed_at = models.DateTimeField(null=True, blank=True)
     # ledger: thousandths of the GPU held (1000 = exclusive), and the MIG slots in use

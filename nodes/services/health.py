@@ -1,7 +1,6 @@
 """Device health from heartbeats: an unsuitable GPU leaves scheduling alone (the node stays)
 and gets a recovery probe; only a passing probe brings it back (nodes/services/probes.py)."""
 
-from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -76,7 +75,7 @@ def gpu_health_apply(*, node: Node, reports: list[dict], actor: Actor, now=None)
         if report.get("temperature_c") is not None:
             GpuDevice.objects.filter(pk=gpu.pk).update(temperature_c=report["temperature_c"])
         report = {**report, "_at": now.timestamp()}
-        previous = nvlink_counters_swap(gpu.uuid, report)
+        previous = nvlink_counters_swap(gpu, report)
         findings = gpu_health_findings(report, previous)
         if not findings:
             continue
@@ -98,19 +97,13 @@ def gpu_health_apply(*, node: Node, reports: list[dict], actor: Actor, now=None)
     return marked
 
 
-NVLINK_COUNTERS_TTL_S = 86400
-
-
-def nvlink_counters_swap(uuid: str, report: dict) -> dict | None:
-    """The device's NVLink counters at its previous reading ({"at", "counters"}), replaced by
-    this one's. Kept in Django's cache, not a column: a lost entry (a restart, another
-    process's local cache) costs one comparison, and the next reading is a new baseline."""
-    key = f"nodes:nvlink-counters:{uuid}"
-    previous = cache.get(key)
+def nvlink_counters_swap(gpu: GpuDevice, report: dict) -> dict | None:
+    """The device's NVLink counters at its previous reading ({"at", "counters"}, the column
+    `GpuDevice.nvlink_counters`; None before the first), replaced by this one's: the counters
+    are cumulative, so a rule compares the two readings."""
+    previous = gpu.nvlink_counters or None
     if report.get("nvlink_errors"):
-        cache.set(
-            key,
-            {"at": report["_at"], "counters": dict(report["nvlink_errors"])},
-            NVLINK_COUNTERS_TTL_S,
+        GpuDevice.objects.filter(pk=gpu.pk).update(
+            nvlink_counters={"at": report["_at"], "counters": dict(report["nvlink_errors"])}
         )
     return previous

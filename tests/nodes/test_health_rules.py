@@ -6,7 +6,6 @@ and through the heartbeat service and API (the reason codes on the device and th
 import copy
 
 import pytest
-from django.core.cache import cache
 
 from nodes import services
 from nodes.choices import GpuHealth
@@ -196,7 +195,6 @@ def test_a_broken_rule_names_its_code_on_the_device_and_the_event(ready_node):
 def test_nvlink_counters_are_compared_across_heartbeats(ready_node):
     node = ready_node.node
     gpu = node.gpus.order_by("index").first()
-    cache.delete(f"nodes:nvlink-counters:{gpu.uuid}")
     actor = Actor.for_node(node)
     from datetime import timedelta
 
@@ -208,6 +206,7 @@ def test_nvlink_counters_are_compared_across_heartbeats(ready_node):
     )
     gpu.refresh_from_db()
     assert gpu.healthy  # a first reading is a baseline, whatever it counts
+    assert gpu.nvlink_counters["counters"] == {"replay": 7}  # kept on the device, durably
     services.node_heartbeat(
         node=node,
         actor=actor,
