@@ -14,7 +14,7 @@ from nodes.selectors import control_plane_id
 from pools.actors import Actor
 from tests.clients import bearer_client, enroll_post
 
-from .conftest import challenge_answer
+from .conftest import measured
 
 pytestmark = pytest.mark.django_db
 
@@ -204,15 +204,7 @@ def test_agent_probe_result_own_node_only(api, market_pool, operator, enroll):
     first, second = enroll(market_pool), enroll(market_pool)
     node = first.node
     url = f"/api/v1/agent/probes/{first.probe.pk}/result/"
-    result = {
-        "cpu_count": 64,
-        "memory_mib": 510000,
-        "gpus": [
-            {"uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib} for g in node.gpus.all()
-        ],
-        "benchmark": {"matmul_tflops": 600},
-        "challenge": challenge_answer(first.probe),
-    }
+    result = measured(node)  # what an honest agent answers, its GPU kernel's included
     assert api.post(url, {"result": result}, format="json").status_code == 401
     assert (
         bearer_client(second.secret).post(url, {"result": result}, format="json").status_code == 404
