@@ -15,7 +15,10 @@ import boto3
 import pytest
 import requests
 from botocore.config import Config
+from django.test import override_settings
 
+from config.builders import build_person, build_token
+from pools.choices import TenantRole
 from tests.conftest import require_service
 
 STORE = os.environ.get("OBJECT_STORE_TEST_URL", "http://127.0.0.1:9000").rstrip("/")
@@ -55,3 +58,34 @@ def new_bucket(prefix: str = "cp") -> str:
 def s3():
     require_store()
     return s3_client()
+
+
+def registered_bucket(stack, django_db_blocker, prefix: str):
+    """A new bucket of the e2e stack's tenant, registered over HTTP by a tenant admin, with
+    the store's endpoint registered in OBJECT_STORE_ENDPOINTS while it is in use (a generator:
+    a module fixture yields from it)."""
+    require_store()
+    settings = override_settings(OBJECT_STORE_ENDPOINTS=[STORE])
+    settings.enable()
+    try:
+        name = new_bucket(prefix)
+        with django_db_blocker.unblock():
+            admin = build_person(f"{prefix}-s3-admin", tenant=stack.tenant, role=TenantRole.ADMIN)
+            token = build_token(admin)
+        answer = requests.post(
+            f"{stack.url}/api/v1/buckets",
+            json={
+                "tenant": stack.tenant.slug,
+                "bucket": name,
+                "endpoint": STORE,
+                "region": REGION,
+                "access_key_id": ACCESS_KEY_ID,
+                "secret_access_key": SECRET_ACCESS_KEY,
+            },
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 201, answer.text
+        yield name
+    finally:
+        settings.disable()

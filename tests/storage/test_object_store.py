@@ -16,11 +16,9 @@ import pytest
 import requests
 from django.test import override_settings
 
-from config.builders import build_person, build_token
 from jobs import object_store
 from jobs.models import Job, JobOutput
 from pools.actors import Actor
-from pools.choices import TenantRole
 from pools.models import TenantBucket
 from pools.services import bucket_register, bucket_remove
 from pools.statemachine import Refusal
@@ -31,7 +29,7 @@ from tests.storage.s3server import (
     SECRET_ACCESS_KEY,
     STORE,
     new_bucket,
-    require_store,
+    registered_bucket,
     s3_client,
 )
 
@@ -45,31 +43,7 @@ CREDENTIALS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY)
 @pytest.fixture(scope="module")
 def bucket(stack, django_db_blocker):
     """The tenant's bucket, registered over HTTP by a tenant admin."""
-    require_store()
-    settings = override_settings(OBJECT_STORE_ENDPOINTS=[STORE])
-    settings.enable()
-    try:
-        name = new_bucket("e2e")
-        with django_db_blocker.unblock():
-            admin = build_person("e2e-s3-admin", tenant=stack.tenant, role=TenantRole.ADMIN)
-            token = build_token(admin)
-        answer = requests.post(
-            f"{stack.url}/api/v1/buckets",
-            json={
-                "tenant": stack.tenant.slug,
-                "bucket": name,
-                "endpoint": STORE,
-                "region": REGION,
-                "access_key_id": ACCESS_KEY_ID,
-                "secret_access_key": SECRET_ACCESS_KEY,
-            },
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
-        )
-        assert answer.status_code == 201, answer.text
-        yield name
-    finally:
-        settings.disable()
+    yield from registered_bucket(stack, django_db_blocker, "e2e")
 
 
 def sha(data: bytes) -> str:
