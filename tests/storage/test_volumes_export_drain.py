@@ -27,6 +27,7 @@ from placement import place
 from pools.actors import Actor
 from pools.services import bucket_register, policy_version_publish
 from scheduling import drain
+from scheduling.pass_steps.single import place_one
 from scheduling.passes import scheduling_pass
 from storage import services
 from tests.clients import client_for
@@ -143,6 +144,27 @@ def test_an_export_is_placed_on_its_draining_node_and_a_normal_job_pinned_there_
     assert counted == (waits.get("reasons") or {})
     if not portable:
         assert waits["code"] == "volume_node_unavailable" and waits["node_state"] == "draining"
+    assert ledger_problems(pool) == []
+
+
+@pytest.mark.parametrize("portable_", [False, True], ids=["postgresql", "portable"])
+def test_the_single_path_places_an_export_on_its_draining_node_and_not_a_normal_job(
+    portable_, settings, pool, tenant, alice, volume, bucket
+):
+    """`lease_reserve` through the pass's single path (`place_one`: a plan whose apply failed,
+    SQLite), on PostgreSQL's statements and on the ORM's."""
+    settings.LEASE_PORTABLE_PATHS = portable_
+    node_services.node_drain(node=home(), actor=SYSTEM)
+    mount = [{"volume": volume.pk, "path": "/data", "read_only": True}]
+    reader = submit(alice, tenant, pool, volumes=mount)
+    response = export(alice, volume, f"s3://{bucket}/p/")
+    assert reader.status_code == 201 and response.status_code == 202
+    now = timezone.now()
+    assert place_one(reader.json()["id"], now) == "no_capacity"
+    assert place_one(response.json()["job"], now) is True
+    job = Job.objects.get(pk=response.json()["job"])
+    assert job.state == JobState.LEASED and job.leases.get().node.name == "home"
+    assert not Job.objects.get(pk=reader.json()["id"]).leases.exists()
     assert ledger_problems(pool) == []
 
 
