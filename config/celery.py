@@ -45,6 +45,9 @@ app.conf.beat_schedule = {
     },
     # queued jobs' queue class and predicted start window (scheduling/forecast.py)
     "scheduling-forecast": {"task": "scheduling.forecast_refresh", "schedule": 30.0},
+    # idle MIG GPUs asked for the layouts waiting jobs need, in pools that allow it
+    # (scheduling/mig_plan.py; knob mig_reconfiguration, off by default; unverified on hardware)
+    "scheduling-mig-layout-plan": {"task": "scheduling.mig_layout_plan", "schedule": 30.0},
     # pool capacity sampled for the operators' utilisation charts (scheduling/health.py)
     "scheduling-sample-capacity": {"task": "scheduling.sample_capacity", "schedule": 60.0},
     # … and rolled up by the hour (with the pass records) for the 7-day charts

@@ -11,7 +11,7 @@ from django.utils import timezone
 from jobs.choices import JobState
 from jobs.models import Job
 from pools.tasktime import parse_now
-from scheduling import backfill, drain, forecast, health, passes, queue_selectors
+from scheduling import backfill, drain, forecast, health, mig_plan, passes, queue_selectors
 from scheduling.coalesce import PoolPasses
 
 logger = logging.getLogger(__name__)
@@ -116,3 +116,11 @@ def roll_up_health() -> int:
     the 7-day charts (kept 30 days; one pool-hour's failure is recorded on its row and the
     others go on)."""
     return health.roll_up()
+
+
+@shared_task(name="scheduling.mig_layout_plan")
+def mig_layout_plan(now=None) -> dict[int, dict]:
+    """Each pool with `mig_reconfiguration` on: idle MIG GPUs asked for the layouts its waiting
+    MIG jobs need (scheduling/mig_plan.py; one pool's or node's failure recorded, the others go
+    on). UNVERIFIED ON HARDWARE."""
+    return mig_plan.mig_plan(now=parse_now(now))

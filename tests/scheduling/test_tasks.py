@@ -26,6 +26,7 @@ def test_beat_schedule_names_registered_tasks():
         "scheduling.sample_capacity",
         "scheduling.roll_up_health",
         "scheduling.reclaim_backfills",
+        "scheduling.mig_layout_plan",
     }
     assert names <= set(app.tasks)
 
