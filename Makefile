@@ -36,10 +36,11 @@ run: demo
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py runstack
 
 ## gpu-check: on a GPU machine (NVIDIA driver; no Docker or CUDA toolkit needed; MIG left as
-## it is): records the NVML inventory as a test fixture, runs the GPU challenge's kernel through
-## the agent's process path and verifies it as the control plane does (< 6 minutes)
+## it is): records the NVML inventory as a test fixture, starts a throwaway control plane (SQLite,
+## embedded Redis, loopback) and a real agent (process runtime) that enrolls in a marketplace
+## pool and answers the GPU challenge over HTTP; prints one JSON verdict (< 6 minutes)
 gpu-check: $(VENV)/.run-deps
-	bash deploy/gpu-check.sh
+	timeout --foreground -k 10 345 $(BIN)/python deploy/gpu_check.py
 
 ## services: PostgreSQL, Redis, Docker engine, loopback registry, Chromium for the tests
 services:
