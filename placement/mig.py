@@ -8,9 +8,9 @@ already carved on the device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .types import MigSlice
+from .types import MigSlice, NodeView
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +146,18 @@ class LayoutRules:
     min_wait_s: float = 60.0  # hysteresis: a younger wait does not count
     settle_s: float = 600.0  # a GPU asked for a layout this recently is left alone
     pending_trust_s: float = 600.0  # a layout asked and not reported counts as coming this long
+
+
+def carvable(nodes: list[NodeView]) -> list[NodeView]:
+    """The nodes with every MIG device's layout unknown (any valid start, as if carved to
+    order): what a pool whose layout plan may carve any layout on an idle GPU can ever hold
+    (leases.services.reserve's "never fits")."""
+    return [
+        replace(node, gpus=tuple(replace(g, mig_layout=None) for g in node.gpus))
+        if any(g.mig_layout is not None for g in node.gpus)
+        else node
+        for node in nodes
+    ]
 
 
 _LAYOUTS: dict[tuple[str, int], tuple[tuple[MigSlice, ...], ...]] = {}

@@ -24,6 +24,7 @@ from leases.models import Lease
 from leases.window import Window, as_timedelta, request_digest
 from placement import make_context, place
 from placement import types as core
+from placement.mig import carvable
 from pools.actors import Actor
 from pools.knobs import knobs_for
 from pools.statemachine import TransitionRefused
@@ -209,7 +210,10 @@ def _never_fits(pool, req, policy, conflicts: int = 0) -> NeverFits | None:
     ready and empty, could hold the request. A pool without any node yet is "not now" (409):
     capacity may still be enrolled."""
     empty = snap.registered_empty(pool.pk)
-    ever = place(req, empty.nodes, policy) if empty.nodes else None
+    nodes = empty.nodes
+    if req.sharing == core.MIG and nodes and knobs_for(pool).mig_reconfiguration:
+        nodes = carvable(nodes)  # the layout plan carves what waits (scheduling/mig_plan.py)
+    ever = place(req, nodes, policy) if nodes else None
     if isinstance(ever, core.Explanation):
         return NeverFits(explanation_dict(ever, conflicts=conflicts))
     return None
