@@ -3,8 +3,10 @@ real agent in a process of its own, enrolled in a marketplace pool, answering it
 probe with signed requests. Without a GPU (as here) the node enrolls with none and the verdict
 says why it did not pass; the GPU assertions run only where a fixture was recorded."""
 
+import importlib.util
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from config.builders import RECORDED_GPU
 from config.settings import BASE_DIR
+from nodes.challenge import build_gpu_challenge
+from pools.knobs import DEFAULTS
+from tests.nodes.conftest import gpu_kernel_answer
 
-pytestmark = pytest.mark.slow
 DRILL = [sys.executable, str(BASE_DIR / "deploy" / "gpu_check.py")]
 
 
@@ -60,6 +65,7 @@ def _started(tmp_path: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_the_drill_enrolls_a_real_agent_and_reports_the_probes_verdict(tmp_path):
     started = time.monotonic()
     done = subprocess.run(
@@ -95,6 +101,7 @@ def test_the_drill_enrolls_a_real_agent_and_reports_the_probes_verdict(tmp_path)
     assert all(g["gflops"] and g["fill_seconds"] is not None for g in out["gpus"])
 
 
+@pytest.mark.slow
 def test_an_interrupted_drill_still_tears_everything_down(tmp_path):
     drill = subprocess.Popen(
         [*DRILL, "--fixture-dir", str(tmp_path / "fixtures")],
@@ -118,3 +125,27 @@ def test_an_interrupted_drill_still_tears_everything_down(tmp_path):
     assert drill.returncode == 1 and out["passed"] is False
     assert out["error"].startswith("KeyboardInterrupt"), out["error"]
     assert not _leftovers(tmp_path)
+
+
+def test_each_gpus_line_has_the_control_planes_own_throughput():
+    """What only a GPU machine shows, from an honest answer: the report's per-GPU numbers."""
+    spec = importlib.util.spec_from_file_location("gpu_check", DRILL[1])
+    drill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drill)
+    gpus = [RECORDED_GPU | {"uuid": f"GPU-{n}"} for n in range(2)]
+    challenge = build_gpu_challenge(
+        gpus,
+        classes=dict(DEFAULTS.gpu_throughput_classes),
+        tolerance=DEFAULTS.gpu_throughput_tolerance,
+        reserve_mib=2048,
+        samples=8,
+        fma_seconds=0.5,
+        unclassed_gflops=10_000,
+        rng=random.Random(7),
+    )
+    answer = gpu_kernel_answer(challenge, gflops_factor=2)
+    answer["gpus"][1] = {"uuid": "GPU-1", "error": "CUDA_ERROR_OUT_OF_MEMORY"}
+    first, second = drill.gpu_lines(challenge, answer)
+    assert first["gflops"] == pytest.approx(2 * first["gflops_min"], rel=1e-3)
+    assert first["fill_seconds"] == 0.04 and first["fill_mib"] == RECORDED_GPU["memory_mib"] - 2048
+    assert second["gflops"] is None and second["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
