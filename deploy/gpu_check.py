@@ -225,6 +225,7 @@ def wait_for_verdict(pool, processes: dict, deadline: float):
     from nodes.choices import ProbeKind, ProbeState
     from nodes.models import Node, NodeProbe
 
+    node = probe = None
     while time.monotonic() < deadline:
         for name, process in processes.items():
             if process.poll() is not None:
