@@ -10,23 +10,15 @@ import io
 import tarfile
 
 import pytest
-import requests
-from django.test import override_settings
 
-from config.builders import SYSTEM, build_person, build_token
+from config.builders import SYSTEM
 from jobs.models import Job
 from leases.selectors import ledger_problems
 from nodes import services as node_services
-from pools.choices import TenantRole
 from scheduling import drain
 from tests.e2e.conftest import _database, e2e_database, stack  # noqa: F401 (fixtures)
 from tests.storage.s3server import (
-    ACCESS_KEY_ID,
-    REGION,
-    SECRET_ACCESS_KEY,
-    STORE,
-    new_bucket,
-    require_store,
+    registered_bucket,
     s3_client,
 )
 
@@ -36,31 +28,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def bucket(stack, django_db_blocker):  # noqa: F811
     """The tenant's bucket, registered over HTTP by a tenant admin."""
-    require_store()
-    settings = override_settings(OBJECT_STORE_ENDPOINTS=[STORE])
-    settings.enable()
-    try:
-        name = new_bucket("vdrn")
-        with django_db_blocker.unblock():
-            admin = build_person("e2e-vdrn-admin", tenant=stack.tenant, role=TenantRole.ADMIN)
-            token = build_token(admin)
-        answer = requests.post(
-            f"{stack.url}/api/v1/buckets",
-            json={
-                "tenant": stack.tenant.slug,
-                "bucket": name,
-                "endpoint": STORE,
-                "region": REGION,
-                "access_key_id": ACCESS_KEY_ID,
-                "secret_access_key": SECRET_ACCESS_KEY,
-            },
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
-        )
-        assert answer.status_code == 201, answer.text
-        yield name
-    finally:
-        settings.disable()
+    yield from registered_bucket(stack, django_db_blocker, "vdrn")
 
 
 def ended(job) -> bool:
