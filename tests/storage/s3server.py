@@ -18,7 +18,9 @@ from botocore.config import Config
 from django.test import override_settings
 
 from config.builders import build_person, build_token
+from pools.actors import Actor
 from pools.choices import TenantRole
+from pools.services import bucket_register
 from tests.conftest import require_service
 
 STORE = os.environ.get("OBJECT_STORE_TEST_URL", "http://127.0.0.1:9000").rstrip("/")
@@ -89,3 +91,19 @@ def registered_bucket(stack, django_db_blocker, prefix: str):
         yield name
     finally:
         settings.disable()
+
+
+def register_bucket(tenant, prefix: str) -> str:
+    """A new bucket of `tenant`, registered through the service (its HEAD against the store)."""
+    name = new_bucket(prefix)
+    with override_settings(OBJECT_STORE_ENDPOINTS=[STORE]):
+        bucket_register(
+            tenant=tenant,
+            bucket=name,
+            endpoint=STORE,
+            region=REGION,
+            access_key_id=ACCESS_KEY_ID,
+            secret_access_key=SECRET_ACCESS_KEY,
+            actor=Actor.system("tests"),
+        )
+    return name

@@ -4,7 +4,6 @@ registered; who may ask; what the node's state allows. The whole path with the r
 the local S3 server: test_volumes_export_e2e.py."""
 
 import pytest
-from django.test import override_settings
 
 from config.builders import SYSTEM, build_node, build_person, build_pool, build_tenant
 from jobs.choices import JobState
@@ -12,16 +11,11 @@ from jobs.models import Job
 from nodes import services as node_services
 from nodes.models import Node
 from pools.choices import PlatformRole, TenantRole
-from pools.services import bucket_register
 from scheduling.passes import scheduling_pass
 from storage import services
 from tests.clients import client_for
 from tests.storage.s3server import (
-    ACCESS_KEY_ID,
-    REGION,
-    SECRET_ACCESS_KEY,
-    STORE,
-    new_bucket,
+    register_bucket,
     s3,  # noqa: F401 (fixture)
 )
 
@@ -45,18 +39,7 @@ def alice(tenant):
 
 @pytest.fixture
 def bucket(tenant):
-    name = new_bucket("vexp")
-    with override_settings(OBJECT_STORE_ENDPOINTS=[STORE]):
-        bucket_register(
-            tenant=tenant,
-            bucket=name,
-            endpoint=STORE,
-            region=REGION,
-            access_key_id=ACCESS_KEY_ID,
-            secret_access_key=SECRET_ACCESS_KEY,
-            actor=SYSTEM,
-        )
-    return name
+    return register_bucket(tenant, "vexp")
 
 
 def export(user, volume, destination):

@@ -9,7 +9,6 @@ S3 server: test_volumes_export_e2e.py."""
 from datetime import timedelta
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_node, build_person, build_pool, build_tenant
@@ -25,18 +24,14 @@ from nodes import services as node_services
 from nodes.models import Node
 from placement import place
 from pools.actors import Actor
-from pools.services import bucket_register, policy_version_publish
+from pools.services import policy_version_publish
 from scheduling import drain
 from scheduling.pass_steps.single import place_one
 from scheduling.passes import scheduling_pass
 from storage import services
 from tests.clients import client_for
 from tests.storage.s3server import (
-    ACCESS_KEY_ID,
-    REGION,
-    SECRET_ACCESS_KEY,
-    STORE,
-    new_bucket,
+    register_bucket,
     s3,  # noqa: F401 (fixture)
 )
 
@@ -68,18 +63,7 @@ def alice(tenant):
 
 @pytest.fixture
 def bucket(tenant):
-    name = new_bucket("vdrn")
-    with override_settings(OBJECT_STORE_ENDPOINTS=[STORE]):
-        bucket_register(
-            tenant=tenant,
-            bucket=name,
-            endpoint=STORE,
-            region=REGION,
-            access_key_id=ACCESS_KEY_ID,
-            secret_access_key=SECRET_ACCESS_KEY,
-            actor=SYSTEM,
-        )
-    return name
+    return register_bucket(tenant, "vdrn")
 
 
 @pytest.fixture
