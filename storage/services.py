@@ -54,6 +54,13 @@ class VolumeInvalid(Refusal):
 # --- the storage quota ---------------------------------------------------------------------
 
 
+def _volume_transition(volume_id: int, **fields) -> Volume:
+    """A volume's state change through the one transition helper: its map, its event."""
+    return transition(
+        Volume, volume_id, allowed=VOLUME_TRANSITIONS, event_model=VolumeEvent, **fields
+    )
+
+
 def stored_bytes(pool_id: int, tenant_ids) -> dict[int, int]:
     """tenant id → bytes it stores in the pool: its jobs' outputs the control plane keeps
     (`JobOutput.size`, read through the tenant's `jobs` relation: storage imports nothing of
@@ -253,12 +260,9 @@ def volume_attach(*, volume_id: int, job_id: int, read_only: bool, actor: Actor,
         changes = {"last_attached_at": now, "expires_at": None}
         if not read_only:
             changes["holder_job_id"] = job_id
-        return transition(
-            Volume,
+        return _volume_transition(
             volume.pk,
             to=S.ATTACHED,
-            allowed=VOLUME_TRANSITIONS,
-            event_model=VolumeEvent,
             actor=actor,
             reason=Reason.VOLUME_ATTACHED,
             message=f"job {job_id} mounts it {'read-only' if read_only else 'read-write'}",
@@ -288,12 +292,9 @@ def volumes_detach(*, job_id: int, actor: Actor, now=None) -> list[Volume]:
             if not left:
                 changes["expires_at"] = _retention_end(volume, now)
             detached.append(
-                transition(
-                    Volume,
+                _volume_transition(
                     volume.pk,
                     to=S.ATTACHED if left else S.AVAILABLE,
-                    allowed=VOLUME_TRANSITIONS,
-                    event_model=VolumeEvent,
                     actor=actor,
                     reason=Reason.VOLUME_DETACHED,
                     message=f"job {job_id} no longer mounts it",
@@ -337,12 +338,9 @@ def volume_delete(*, volume: Volume, actor: Actor, now=None) -> Volume:
 
     with transaction.atomic():
         not_in_use(Volume.objects.select_for_update().get(pk=volume.pk))
-        volume = transition(
-            Volume,
+        volume = _volume_transition(
             volume.pk,
             to=S.DELETED,
-            allowed=VOLUME_TRANSITIONS,
-            event_model=VolumeEvent,
             actor=actor,
             reason=Reason.VOLUME_DELETED,
             message="deleted by its tenant",
@@ -396,12 +394,9 @@ def volume_expire(volume: Volume, *, actor: Actor = SYSTEM, now=None) -> Volume:
         if mounting_jobs(row.pk):  # a queued job waits for it: kept until that one is done
             raise TransitionRefused("not_due", f"volume {row.pk} is mounted by a queued job")
 
-    volume = transition(
-        Volume,
+    volume = _volume_transition(
         volume.pk,
         to=S.EXPIRED,
-        allowed=VOLUME_TRANSITIONS,
-        event_model=VolumeEvent,
         actor=actor,
         reason=Reason.VOLUME_EXPIRED,
         message=f"no job mounted it for {volume.retention_days} days",
