@@ -139,6 +139,12 @@ def build_parser() -> Parser:
         help="a reservation of the tenant (a lease made with --start/--end): the job runs on it "
         "once its window opens",
     )
+    cmd.add_argument(
+        "--volume",
+        action="append",
+        metavar="ID:/PATH[:ro]",
+        help="mount one of your persistent volumes (see `poolctl volumes`); repeatable",
+    )
     cmd.add_argument("-q", "--quiet", action="store_true", help="print only the job's id")
     cmd.add_argument("command", nargs="*", help="the command, after --: -- sh -c 'echo hi'")
     _resource_flags(cmd)
@@ -186,7 +192,46 @@ def build_parser() -> Parser:
     cmd.add_argument("--pool")
 
     _lease_commands(sub, common)
+    _volume_commands(sub, common)
     return parser
+
+
+def _volume_commands(sub, common) -> None:
+    volumes = sub.add_parser(
+        "volumes", parents=[common], help="list your volumes; show, create, delete, export one"
+    )
+    volumes.set_defaults(handler=commands.volumes)  # no ACTION: the list
+    volumes.add_argument("--state")
+    volumes.add_argument("--pool")
+    volumes.add_argument("--tenant")
+    volumes.add_argument("--limit", type=int, default=50, help="at most this many (0: all)")
+    actions = volumes.add_subparsers(dest="volume_action", metavar="ACTION")
+
+    def action(name, handler, help_text):
+        cmd = actions.add_parser(name, parents=[common], help=help_text, description=help_text)
+        cmd.set_defaults(handler=handler)
+        return cmd
+
+    for name, handler, help_text in (
+        ("show", commands.volume_show, "one volume (where it is, whether it is at risk)"),
+        ("delete", commands.volume_delete, "delete a volume no unfinished job mounts"),
+        ("events", commands.volume_events, "a volume's events"),
+    ):
+        cmd = action(name, handler, help_text)
+        cmd.add_argument("volume", type=int, metavar="VOLUME")
+
+    cmd = action("create", commands.volume_create, "create a volume on a node's disk")
+    cmd.add_argument("--tenant", help="default: POOLCTL_TENANT, else your only tenant")
+    cmd.add_argument("--pool", help="default: POOLCTL_POOL")
+    cmd.add_argument("--name", required=True)
+    cmd.add_argument("--size", type=int, required=True, metavar="MiB")
+    cmd.add_argument("--node", help="on this node")
+    cmd.add_argument("--zone", help="on a node of this zone")
+    cmd.add_argument("--retention-days", type=int, metavar="DAYS")
+
+    cmd = action("export", commands.volume_export, "copy a volume to your registered bucket")
+    cmd.add_argument("volume", type=int, metavar="VOLUME")
+    cmd.add_argument("--destination", required=True, metavar="s3://BUCKET/PREFIX/")
 
 
 def _lease_commands(sub, common) -> None:

@@ -134,6 +134,9 @@ class Client:
     def post(self, path: str, body: dict | None = None, headers: dict | None = None):
         return self.json("POST", path, json=body if body is not None else {}, headers=headers)
 
+    def delete(self, path: str):
+        return self.json("DELETE", path)
+
     def list(self, path: str, limit: int = 0, **params) -> list:
         """Every item of a list endpoint, following its pages (`limit` > 0: at most that many):
         limit/offset pages (`{"count", "next", "results"}`) and cursor pages (a plain list with

@@ -68,6 +68,16 @@ QUOTA_COLUMNS = [
     ("USED", "used"),
     ("LIMIT", lambda row: "unlimited" if row["limit"] is None else row["limit"]),
 ]
+VOLUME_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("TENANT", "tenant"),
+    ("POOL", "pool"),
+    ("NODE", "node"),
+    ("SIZE(MiB)", "size_mib"),
+    ("STATE", "state"),
+    ("AT RISK", lambda row: row.get("at_risk_reason") or ""),
+]
 EVENT_COLUMNS = [
     ("AT", "at"),
     ("FROM", "from_state"),
@@ -412,3 +422,44 @@ def lease_release(client: Client, args) -> int:
 
 def lease_events(client: Client, args) -> int:
     return show(args, client.get(f"compute-leases/{args.lease}/events"), EVENT_COLUMNS)
+
+
+# --- volumes ---------------------------------------------------------------------------------
+
+
+def volumes(client: Client, args) -> int:
+    filters = {"state": args.state, "pool__slug": args.pool, "tenant__slug": args.tenant}
+    return show(args, client.list("volumes", limit=args.limit, **filters), VOLUME_COLUMNS)
+
+
+def volume_show(client: Client, args) -> int:
+    return show(args, client.get(f"volumes/{args.volume}"))
+
+
+def volume_create(client: Client, args) -> int:
+    body = {
+        "tenant": default_tenant(client, args.tenant),
+        "pool": args.pool or client.config.pool,
+        "name": args.name,
+        "size_mib": args.size,
+    }
+    if not body["pool"]:
+        raise UsageError("give --pool (or POOLCTL_POOL)")
+    for field in ("node", "zone", "retention_days"):
+        if getattr(args, field) is not None:
+            body[field] = getattr(args, field)
+    return show(args, client.post("volumes", body))
+
+
+def volume_delete(client: Client, args) -> int:
+    return show(args, client.delete(f"volumes/{args.volume}"))
+
+
+def volume_export(client: Client, args) -> int:
+    """Copies the volume to the tenant's registered bucket, as a job on the volume's node."""
+    body = {"destination": args.destination}
+    return show(args, client.post(f"volumes/{args.volume}/export", body))
+
+
+def volume_events(client: Client, args) -> int:
+    return show(args, client.get(f"volumes/{args.volume}/events"), EVENT_COLUMNS)

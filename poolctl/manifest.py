@@ -90,6 +90,15 @@ def resources_from(args) -> dict:
     return resources
 
 
+def volume_mount(text: str) -> dict:
+    """`--volume ID:/path[:ro]` as the API's mount: {"volume", "path", "read_only"}."""
+    volume, _, rest = text.partition(":")
+    path, read_only = (rest[:-3], True) if rest.endswith(":ro") else (rest, False)
+    if not volume.isdigit() or not path:
+        raise UsageError(f"--volume {text!r}: write VOLUME_ID:/path, or VOLUME_ID:/path:ro")
+    return {"volume": int(volume), "path": path, "read_only": read_only}
+
+
 def merge(body: dict, args) -> dict:
     """The manifest's body with the flags given on the command line over it. A shape flag
     replaces inline resources and the other way round (the API takes exactly one)."""
@@ -120,6 +129,8 @@ def merge(body: dict, args) -> dict:
             body[field] = {**(body.get(field) or {}), **extra}
     if args.checkpointable:
         body["checkpointable"] = True
+    if getattr(args, "volume", None):
+        body["volumes"] = [*(body.get("volumes") or []), *map(volume_mount, args.volume)]
     resources = resources_from(args)
     if args.shape:
         body["shape"] = args.shape

@@ -355,3 +355,40 @@ def test_a_reservation_from_the_command_line_runs_the_job_that_names_it(poolctl,
         "--cpu", 1000, "--memory", 512, "--reservation", lease,
     )  # fmt: skip
     assert refused.code == 2 and "reservation:" in refused.err and "already named" in refused.err
+
+
+# --- volumes ---------------------------------------------------------------------------------
+
+
+def test_volumes_are_created_listed_mounted_and_deleted_from_the_command_line(
+    poolctl, cpu_shape, ready_node
+):
+    made = poolctl("volumes", "create", "--pool", "test", "--name", "data", "--size", 64, "--json")
+    assert made.code == 0, made.err
+    volume = json.loads(made.out)
+    assert (volume["node"], volume["size_mib"], volume["state"]) == (
+        ready_node.name,
+        64,
+        "available",
+    )
+    table = poolctl("volumes")
+    assert table.code == 0 and "data" in table.out and str(volume["id"]) in table.out
+    # a job mounts it; while that job has not ended the volume cannot go
+    job = poolctl("submit", *SUBMIT, "--volume", f"{volume['id']}:/data:ro", "--quiet", "--")
+    assert job.code == 0, job.err
+    assert Job.objects.get(pk=int(job.out)).volumes == [
+        {"volume": volume["id"], "path": "/data", "read_only": True}
+    ]
+    refused = poolctl("volumes", "delete", volume["id"])
+    assert refused.code == 2 and "volume_in_use" in refused.err
+    job_cancel(job=Job.objects.get(pk=int(job.out)), actor=Actor.system("test"))
+    gone = poolctl("volumes", "delete", volume["id"], "--json")
+    assert gone.code == 0 and json.loads(gone.out)["state"] == "deleted"
+    events = poolctl("volumes", "events", volume["id"])
+    assert "volume_created" in events.out and "volume_deleted" in events.out
+
+
+def test_a_volume_flag_that_is_not_id_colon_path_is_a_usage_error(poolctl, cpu_shape):
+    result = poolctl("submit", *SUBMIT, "--volume", "data:/x", "--", "true")
+    assert result.code == 1 and "--volume 'data:/x'" in result.err
+    assert not Job.objects.exists()
