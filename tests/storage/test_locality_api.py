@@ -9,7 +9,7 @@ from django.db.models import F
 from nodes import services
 from nodes.models import Node, NodeEvent
 from pools.actors import Actor
-from tests.clients import bearer_client
+from tests.clients import bearer_client, client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -159,6 +159,26 @@ def test_scratch_follows_the_real_disk_never_below_what_is_reserved(agent):
     node.refresh_from_db()
     assert not node.disk_short and node.scratch_mib_allocatable == ceiling
     assert NodeEvent.objects.filter(node=node, reason="disk_recovered").count() == 1
+
+
+
+def test_operators_read_a_nodes_disk_and_transfer_figures_in_the_node_api(agent, operator):
+    node, actor = agent.node, Actor.for_node(agent.node)
+    services.node_heartbeat(
+        node=node,
+        actor=actor,
+        disk=disk(free_gib=60, held_gib=40),
+        downloads=[{"key": INPUT, "bytes": 6_000_000, "seconds": 2.0}],
+    )
+    body = client_for(operator).get(f"/api/v1/nodes/{node.pk}/").json()
+    assert (body["disk_total_mib"], body["disk_free_mib"], body["disk_held_mib"]) == (
+        2000 * 1024,
+        60 * 1024,
+        40 * 1024,
+    )
+    assert body["disk_reported_at"] and body["disk_short"] is False
+    assert body["download_bytes_per_s"] == 3_000_000
+    assert body["input_download_seconds"] == {INPUT: 2.0}
 
 
 def test_the_inventory_reconciliation_keeps_to_the_disk_ceiling(agent):
