@@ -161,7 +161,6 @@ def test_scratch_follows_the_real_disk_never_below_what_is_reserved(agent):
     assert NodeEvent.objects.filter(node=node, reason="disk_recovered").count() == 1
 
 
-
 def test_operators_read_a_nodes_disk_and_transfer_figures_in_the_node_api(agent, operator):
     node, actor = agent.node, Actor.for_node(agent.node)
     services.node_heartbeat(
