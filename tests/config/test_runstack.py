@@ -213,3 +213,15 @@ def test_the_stack_s_processes_share_a_fresh_metrics_directory(tmp_path):
     env = stack_environment("redis://x", tmp_path / "metrics")
     assert env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "metrics")
     assert (tmp_path / "metrics").is_dir() and not left_over.exists()
+
+
+def test_make_run_exports_volumes_with_the_loopback_test_image_unless_told_otherwise(
+    monkeypatch, tmp_path
+):
+    """The demo's pools allow only the loopback registry: an export there must run its image."""
+    monkeypatch.delenv("VOLUME_EXPORT_IMAGE", raising=False)
+    env = stack_environment("redis://x", tmp_path / "metrics")
+    assert env["VOLUME_EXPORT_IMAGE"] == TEST_IMAGE_TAG
+    monkeypatch.setenv("VOLUME_EXPORT_IMAGE", "registry.lan/tools/busybox:1")
+    env = stack_environment("redis://x", tmp_path / "metrics")
+    assert env["VOLUME_EXPORT_IMAGE"] == "registry.lan/tools/busybox:1"

@@ -73,8 +73,12 @@ def stack_environment(redis_url: str, metrics_dir: Path) -> dict:
     """The server's and the worker's environment: this one, with the loopback registry reached
     over plain http unless REGISTRY_INSECURE_HOSTS is set (the production default: none), and
     the processes' own metrics in `metrics_dir` (emptied here), where /metrics reads them all
-    (prometheus-client's multiprocess mode, docs/observability.md)."""
-    loopback = {"REGISTRY_INSECURE_HOSTS": ",".join(settings.LOOPBACK_REGISTRY_HOSTS)}
+    (prometheus-client's multiprocess mode, docs/observability.md). A volume export runs the
+    test image of that registry unless VOLUME_EXPORT_IMAGE is set (the demo's pools allow it)."""
+    loopback = {
+        "REGISTRY_INSECURE_HOSTS": ",".join(settings.LOOPBACK_REGISTRY_HOSTS),
+        "VOLUME_EXPORT_IMAGE": TEST_IMAGE_TAG,
+    }
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
     own = {"REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
