@@ -10,6 +10,7 @@ and phases) and what it wrote.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import Counter, defaultdict
@@ -121,7 +122,10 @@ def measure(pool) -> dict:
         .values_list("id", flat=True)
     )
     result = PassResult()
+    backend_before, process_before = _backend_cpu_s(), time.process_time()
     pool_pass(pool.pk, job_ids, timezone.now(), result)
+    process_cpu_s = time.process_time() - process_before
+    backend_after = _backend_cpu_s()
     record = PassRecord.objects.filter(pool=pool).latest("started_at", "id")
     unplaced = Counter(
         (reason or {}).get("code", "none")
@@ -143,10 +147,39 @@ def measure(pool) -> dict:
         # the same rows written the fastest way (COPY and batched guarded UPDATEs), rolled back
         "floor_s": round(floor_s, 3),
         "apply_over_floor": round(apply_s / floor_s, 2) if floor_s else None,
+        **_cpu_figures(record, process_cpu_s, backend_before, backend_after),
         "unplaced_by_reason": dict(unplaced.most_common()),
         "overcommitted_nodes": overcommitted_nodes(pool),
         "jobs_without_one_lease": jobs_without_one_lease(pool),
     }
+
+
+def _backend_cpu_s() -> float | None:
+    """CPU seconds the database backend of this connection has used (user + system), read from
+    /proc: None where PostgreSQL is not on this machine or /proc is not readable."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_figures(record, process_cpu_s: float, backend_before, backend_after) -> dict:
+    """What the pass cost in CPU, and the fastest it could be on this machine's cores with that
+    cost: the Python side is one thread (the GIL), so a pass takes at least its process's CPU
+    time, and at least the whole CPU time shared over every core (the backend's included)."""
+    cores = os.cpu_count() or 1
+    figures = {"pass_process_cpu_s": round(process_cpu_s, 3), "cores": cores}
+    if backend_before is not None and backend_after is not None:
+        backend_cpu_s = backend_after - backend_before
+        bound_s = max(process_cpu_s, (process_cpu_s + backend_cpu_s) / cores)
+        figures["pass_backend_cpu_s"] = round(backend_cpu_s, 3)
+        figures["cpu_bound_placements_per_s"] = round(record.placed / bound_s, 1)
+    return figures
 
 
 def overcommitted_nodes(pool) -> int:

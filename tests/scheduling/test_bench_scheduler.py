@@ -10,6 +10,7 @@ import time
 from urllib.parse import urlparse
 
 import psycopg
+import pytest
 from django.conf import settings
 
 from config.builders import build_fleet, build_node, build_tenant, submit_job, submit_jobs
@@ -77,6 +78,16 @@ def test_one_measured_pass_places_without_overcommitting(pool):
     assert figures["floor_s"] > 0 and figures["apply_over_floor"] > 0
     ratio = figures["apply_s"] / figures["floor_s"]  # of the rounded figures: near, not equal
     assert abs(figures["apply_over_floor"] - ratio) <= 0.05 * ratio
+    # the pass's CPU: its own process (one thread of Python) and its database backend (local
+    # here, read from /proc), and the rate those costs allow on this machine's cores at best
+    assert figures["pass_process_cpu_s"] > 0 and figures["pass_backend_cpu_s"] > 0
+    bound_s = max(
+        figures["pass_process_cpu_s"],
+        (figures["pass_process_cpu_s"] + figures["pass_backend_cpu_s"]) / figures["cores"],
+    )
+    assert figures["cpu_bound_placements_per_s"] == pytest.approx(
+        figures["placed"] / bound_s, rel=0.01
+    )
 
 
 def test_the_floor_writes_what_the_apply_wrote_and_leaves_nothing_behind(pool):
