@@ -1,10 +1,18 @@
-"""The Celery app. The beat schedule lives here, in code, so it is reviewed like code."""
+"""The Celery app. The beat schedule lives here, in code, so it is reviewed like code; and the
+leader lock that keeps a second beat from doubling it (LeaderScheduler)."""
 
+import contextlib
+import logging
 import os
 import re
+import socket
+import time
+import uuid
 
+import redis
 import structlog
 from celery import Celery, signals
+from celery.beat import PersistentScheduler
 from django.conf import settings
 
 from config.logging import configure_from_settings
@@ -76,6 +84,122 @@ app.conf.beat_schedule = {
         "schedule": 15.0,
     },
 }
+
+
+# --- beat's leader lock -------------------------------------------------------------------
+# Exactly one beat should run (docs/deployment.md). One started by mistake beside it, or a
+# restarted one while the old one still runs, must not double the schedule: each beat takes a
+# lock in Redis, renewed while it runs, and only its holder sends tasks; the others stand by and
+# take over once the holder stops (it releases the lock) or dies (the lock expires after
+# BEAT_LOCK_TIMEOUT_S). Should two ever send at once (a holder frozen past its lock), the tasks
+# stay safe: sweeps are guarded updates, and passes run one per pool at a time under the pool's
+# PostgreSQL advisory lock (scheduling/coalesce.py).
+# Not celery-redbeat: its beat exits when Redis restarts (its lock renewal is not retried);
+# this one keeps running and stands by until Redis answers again.
+log = logging.getLogger("config.beat")
+
+# The holder renews the lock (to the full timeout) when it holds it; otherwise takes it if free.
+# Returns 1 when this beat holds it now, else who does.
+HOLD_SCRIPT = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 1
+end
+if not holder then
+    redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 1
+end
+return holder
+"""
+RELEASE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def beat_lock_timeout(environ=os.environ) -> float:
+    """BEAT_LOCK_TIMEOUT_S (default 30): how long a dead holder keeps the others waiting."""
+    raw = environ.get("BEAT_LOCK_TIMEOUT_S", "").strip() or "30"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 3 <= value <= 3600:
+        raise ValueError(f"BEAT_LOCK_TIMEOUT_S={raw!r}: expected seconds between 3 and 3600")
+    return value
+
+
+def beat_lock_key() -> str:
+    """One lock per deployment: its channel layer prefix (CHANNEL_LAYER_PREFIX, else derived
+    from the database), so two deployments on one Redis never share it."""
+    return f"computepool:beat-leader:{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}"
+
+
+class LeaderScheduler(PersistentScheduler):
+    """Celery's file scheduler (the --schedule file keeps the last run times) that sends only
+    while it holds the deployment's beat lock."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock_timeout = beat_lock_timeout()
+        self.renew_every = self.lock_timeout / 3  # two renewals may fail before it expires
+        self.max_interval = min(self.max_interval, self.renew_every)
+        self.lock_key = beat_lock_key()
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.redis = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+        )
+        self.hold_script = self.redis.register_script(HOLD_SCRIPT)
+        self.release_script = self.redis.register_script(RELEASE_SCRIPT)
+        self.leading, self.checked_at, self.said = False, 0.0, ""
+
+    def tick(self, *args, **kwargs):
+        if time.monotonic() - self.checked_at >= (self.renew_every if self.leading else 1.0):
+            self.leading = self.hold()
+            self.checked_at = time.monotonic()
+        if not self.leading:
+            return 1.0  # a standby looks again every second
+        return super().tick(*args, **kwargs)
+
+    def hold(self) -> bool:
+        """Takes or renews the lock; False (standing by) when another holds it or Redis does
+        not answer (without Redis no task could be sent anyway)."""
+        try:
+            answer = self.hold_script(keys=[self.lock_key], args=[self.token, self.lock_ms])
+        except redis.RedisError as exc:
+            self.say(f"beat: Redis does not answer ({exc}): sending nothing until it does")
+            return False
+        if answer == 1:
+            self.say(f"beat: leading: holds the lock {self.lock_key} as {self.token}")
+            return True
+        holder = answer.decode() if isinstance(answer, bytes) else answer
+        self.say(
+            f"beat: standing by: {holder} holds the lock {self.lock_key}; this beat takes over "
+            f"when it stops, or {self.lock_timeout:g} s after it died"
+        )
+        return False
+
+    @property
+    def lock_ms(self) -> int:
+        return int(self.lock_timeout * 1000)
+
+    def say(self, line: str) -> None:
+        """Each change of state once (a standby looks every second)."""
+        if line != self.said:
+            log.log(logging.WARNING if "Redis" in line else logging.INFO, line)
+            self.said = line
+
+    def close(self):
+        """A clean stop hands the lead over at once."""
+        if self.leading:
+            with contextlib.suppress(redis.RedisError):  # else it expires on its own
+                self.release_script(keys=[self.lock_key], args=[self.token])
+            self.leading = False
+        super().close()
+
+
+app.conf.beat_scheduler = "config.celery:LeaderScheduler"
 
 
 # Log lines (docs/observability.md, "Logs"). The worker's lines go through settings.LOGGING's

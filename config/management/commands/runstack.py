@@ -1,6 +1,7 @@
 """`make run`: the whole product in one terminal — ASGI server (hypercorn, config/hypercorn.py),
 Celery worker with beat, and one
-local worker agent, so submitted jobs really run.
+local worker agent, so submitted jobs really run. Their command lines are config/roles.py's, the
+same a fleet's processes run (docs/deployment.md), except that beat runs inside the worker.
 
 With no Redis answering at REDIS_URL it serves an embedded Redis-protocol server (fakeredis)
 on a free loopback port, so the broker and the channel layer work with nothing installed.
@@ -23,7 +24,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -35,6 +35,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from config import roles
 from config.builders import TEST_IMAGE_TAG, build_token
 from config.demo import DEV_POOL, POOL, agent_enrollment_token
 from nodes.choices import NodeState
@@ -86,17 +87,14 @@ def stack_environment(redis_url: str, metrics_dir: Path) -> dict:
 
 
 def web_command(host: str, port: int) -> list[str]:
-    """The ASGI server (HTTP and websockets) with the timeouts of config/hypercorn.py."""
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    config = ["--config", "python:config.hypercorn", "--bind", bind]
-    return [sys.executable, "-m", "hypercorn", *config, "config.asgi:application"]
+    """The ASGI server (config/roles.py's web role) on host:port."""
+    return roles.web_command(roles.bind_address(host, port))
 
 
 def worker_command(schedule: Path) -> list[str]:
-    """The Celery worker with beat (the scheduling pass and the sweeps); beat keeps its
-    schedule's state in the file `schedule`."""
-    command = [sys.executable, "-m", "celery", "-A", "config", "worker", "--beat"]
-    return [*command, "--loglevel", "info", "--concurrency", "2", "--schedule", str(schedule)]
+    """One Celery worker with beat embedded (the scheduling pass and the sweeps), beat keeping
+    its schedule's state in the file `schedule`: a fleet runs them as separate roles."""
+    return roles.worker_command(concurrency=2, embedded_beat=schedule)
 
 
 def stop_processes(processes) -> None:
@@ -196,22 +194,32 @@ class AgentPlan:
 
 
 def agent_command(*, api: str, pool: str, runtime: str, root: Path) -> AgentPlan:
-    """The agent's command line and state dir under `root` (agent_root()). A state dir there of
-    a node of this database in `pool` that no agent holds now resumes that node; otherwise a
-    new node with a state dir of its own joins `pool` with a fresh single-use enrollment
-    token. An existing state dir is never removed or reused for another node."""
-    command = [sys.executable, "-m", "worker_agent", "--api", api]
-    command += ["--runtime", runtime, "--pool", pool, "--address", "127.0.0.1"]
+    """The agent's command line (config/roles.py's agent role) and state dir under `root`
+    (agent_root()). A state dir there of a node of this database in `pool` that no agent holds
+    now resumes that node; otherwise a new node with a state dir of its own joins `pool` with a
+    fresh single-use enrollment token. An existing state dir is never removed or reused for
+    another node."""
     # the Docker runtime has no pause image of its own: the test image `make services` pushes
-    command += ["--pause-image", os.environ.get("WORKER_AGENT_PAUSE_IMAGE") or TEST_IMAGE_TAG]
+    pause_image = os.environ.get("WORKER_AGENT_PAUSE_IMAGE") or TEST_IMAGE_TAG
+
+    def command(state_dir: Path, node_name=None) -> list[str]:
+        return roles.agent_command(
+            api,
+            state_dir,
+            pool=pool,
+            runtime=runtime,
+            address="127.0.0.1",
+            pause_image=pause_image,
+            node_name=node_name,
+        )
+
     for state_dir in sorted(root.iterdir()) if root.is_dir() else ():
         if (
             (state_dir / "credential").exists()
             and _enrolled_here(state_dir, pool)
             and not AgentState.in_use(state_dir)
         ):
-            command += ["--state-dir", str(state_dir)]
-            return AgentPlan(command, {}, state_dir, "resumes its enrolled node")
+            return AgentPlan(command(state_dir), {}, state_dir, "resumes its enrolled node")
     # The agent's default node name (the hostname) may already exist from an earlier state
     # dir: a new name then, since node names are unique in a pool and state dirs per node.
     base = f"local-{socket.gethostname()}"[:80]
@@ -221,9 +229,8 @@ def agent_command(*, api: str, pool: str, runtime: str, root: Path) -> AgentPlan
         name = f"{base}-{n}"
     state_dir = root / name
     state_dir.mkdir(parents=True, exist_ok=True)
-    command += ["--state-dir", str(state_dir), "--node-name", name]
     env = {"WORKER_AGENT_ENROLL_TOKEN": agent_enrollment_token(pool)}
-    return AgentPlan(command, env, state_dir, f"enrolls as {name}")
+    return AgentPlan(command(state_dir, name), env, state_dir, f"enrolls as {name}")
 
 
 def _taken(state_dir: Path) -> bool:
