@@ -102,6 +102,12 @@ except ImportError:  # pragma: no cover - until config/roles.py lands
         return command
 
 
+def agent_knows_ca_file() -> bool:
+    from worker_agent.cli import parser
+
+    return any("--ca-file" in action.option_strings for action in parser()._actions)
+
+
 # --- small helpers ---------------------------------------------------------------------------
 def free_port(host: str = "0.0.0.0") -> int:
     """A TCP port free on every address (bound on the wildcard): the balancer listens on the
@@ -172,6 +178,7 @@ class Cluster:
     workers: int = 2
     worker_concurrency: int = 1
     heartbeat_s: int = 2  # the pool's heartbeat interval; unreachable after 3 missed
+    beat_lock_s: int = 10  # beat's leader lock (config/celery.py): how long a dead one holds it
     ready_timeout_s: float = 120
     keep: bool = False  # leave the work dir (logs) after stop
 
@@ -187,6 +194,7 @@ class Cluster:
         self.pg_dir = self.dir / "pg"
         self.pg_port = self.redis_port = self.redis_proxy_port = self.api_port = 0
         self.processes: dict[str, subprocess.Popen] = {}
+        self.web_ports: dict[str, int] = {}  # "web-0" → its port on the loopback
         self.commands: dict[str, tuple[list[str], dict]] = {}
         self.agents: list[Agent] = []
         self.tokens: dict[str, str] = {}
@@ -295,7 +303,7 @@ class Cluster:
             timeout=120,
         )  # fmt: skip
         self.pg_port = free_port("127.0.0.1")
-        self.pg_ctl("start", "-l", str(log))
+        self.pg_ctl("start")
         self.pg_started = True
         with psycopg.connect(
             f"postgresql://{PG_USER}@127.0.0.1:{self.pg_port}/postgres", autocommit=True
@@ -312,7 +320,8 @@ class Cluster:
         )
         command = ["pg_ctl", "-D", str(self.pg_dir), "-w", "-t", str(int(timeout))]
         if action in ("start", "restart"):
-            command += ["-o", options]
+            # its output to its log: a server holding our pipe would keep run() waiting
+            command += ["-o", options, "-l", str(self.logs / "postgres.log")]
         if action in ("stop", "restart"):
             command += ["-m", "fast"]
         run(as_postgres(*command, *extra, action), timeout=timeout + 10)
@@ -350,6 +359,8 @@ class Cluster:
             "VOLUME_EXPORT_IMAGE": TEST_IMAGE_TAG,
             "DEBUG": "false",
             "PYTHONUNBUFFERED": "1",
+            # a killed beat's successor waits this long for the dead one's leader lock
+            "BEAT_LOCK_TIMEOUT_S": str(self.beat_lock_s),
         }
         for name in ("ENCRYPTION_KEYS_FILE", "TEST_DATABASE_NAME"):
             self.env.pop(name, None)
@@ -393,7 +404,7 @@ class Cluster:
         self.wait_for_port(self.redis_proxy_port, "redis-proxy", timeout=10)
         backends = []
         for i in range(self.webs):
-            port = free_port("127.0.0.1")
+            port = self.web_ports[f"web-{i}"] = free_port("127.0.0.1")
             backends.append(f"127.0.0.1:{port}")
             command = web_command(
                 f"127.0.0.1:{port}", certfile=tls / "server.pem", keyfile=tls / "server.key"
@@ -448,6 +459,10 @@ class Cluster:
             runtime="docker",
             pause_image=TEST_IMAGE_TAG,
         )
+        if "--ca-file" in command and not agent_knows_ca_file():
+            # an agent from before --ca-file: REQUESTS_CA_BUNDLE (agent_env) does the same
+            at = command.index("--ca-file")
+            del command[at : at + 2]
         agent.command = ["ip", "netns", "exec", agent.netns, *command]
         agent.env = self.agent_env(agent, enroll)
         self.commands[agent.name] = (agent.command, agent.env)
