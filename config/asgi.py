@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django, websockets through Channels (live events)."""
 
 import os
+from types import SimpleNamespace
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -15,9 +16,14 @@ django_asgi_app = get_asgi_application()
 if settings.DEBUG:  # `make run` serves the console's static files itself
     django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
 
+from channels.db import database_sync_to_async  # noqa: E402
+from django.contrib.auth.models import AnonymousUser  # noqa: E402
+from rest_framework.exceptions import AuthenticationFailed  # noqa: E402
+
 from config.heap import freeze_startup_objects  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from config.timeouts import BodyTimeout  # noqa: E402
+from pools.authentication import ApiTokenAuthentication  # noqa: E402
 
 
 async def lifespan(scope, receive, send):
@@ -31,13 +37,40 @@ async def lifespan(scope, receive, send):
             return
 
 
+def _token_user(header: str) -> tuple:
+    """(user, token) of an `Authorization: Bearer cpu_…` value, by the API's own checks (known,
+    not revoked, not expired, its person active); (anonymous, None) when they refuse it."""
+    request = SimpleNamespace(headers={"authorization": header})
+    try:
+        found = ApiTokenAuthentication().authenticate(request)
+    except AuthenticationFailed:
+        found = None
+    return found or (AnonymousUser(), None)
+
+
+class BearerOrSession:
+    """A websocket handshake that carries an Authorization header signs in with that API token
+    (a CLI, a script, the drill's followers); the consumer checks the token's scopes. One
+    without signs in with the browser's session cookie, from an allowed origin only: a page of
+    another site cannot set a handshake's headers, only make the browser send its cookie."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.session = AllowedHostsOriginValidator(AuthMiddlewareStack(inner))
+
+    async def __call__(self, scope, receive, send):
+        header = dict(scope.get("headers", ())).get(b"authorization")
+        if header is None:
+            return await self.session(scope, receive, send)
+        user, token = await database_sync_to_async(_token_user)(header.decode("latin-1"))
+        return await self.inner(dict(scope, user=user, token=token), receive, send)
+
+
 application = ProtocolTypeRouter(
     {
         "lifespan": lifespan,
         "http": BodyTimeout(django_asgi_app, settings.HTTP_BODY_TIMEOUT_S),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        "websocket": BearerOrSession(URLRouter(websocket_urlpatterns)),
     }
 )
 freeze_startup_objects()

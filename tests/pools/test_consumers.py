@@ -1,0 +1,192 @@
+"""Resumable live events (pools/consumers.py) through the real web server process and the real
+Redis channel layer: a client that signs in with an API token follows /ws/jobs/, loses its
+connection, and picks up with `?after=<cursor>` every event it missed, each once, in order."""
+
+import asyncio
+import json
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+import websockets
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from config.builders import SYSTEM, build_token, submit_job
+from jobs.models import JobEvent
+from jobs.services import job_cancel
+from pools.consumers import BAD_CURSOR, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
+from pools.models import ApiToken, token_digest
+from tests.live_events import own_channel_layer
+from tests.web_server import _test_database_url, web_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def server():
+    with own_channel_layer():  # this test's events only, on the shared Redis
+        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+        with web_server(CHANNEL_LAYER_PREFIX=prefix) as url:
+            yield url.replace("http", "ws")
+
+
+def connect(url: str, token: str, path: str = "/ws/jobs/"):
+    return websockets.connect(
+        f"{url}{path}", additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10
+    )
+
+
+async def receive(socket, count: int, timeout: float = 10) -> list[dict]:
+    return [json.loads(await asyncio.wait_for(socket.recv(), timeout)) for _ in range(count)]
+
+
+def start_cursor(pool, tenant) -> int:
+    """The cursor of a fresh event: earlier tests' rows are gone, and their ids would be gaps
+    that the socket waits on (while another test database holds a transaction open)."""
+    submit_job(pool, tenant, "marker")
+    return JobEvent.objects.latest("id").pk
+
+
+def visible_events(tenant, after: int) -> list[tuple]:
+    rows = JobEvent.objects.filter(job__tenant=tenant, id__gt=after).order_by("id")
+    return list(rows.values_list("id", "job_id", "to_state"))
+
+
+def seen(events: list[dict]) -> list[tuple]:
+    return [(e["cursor"], e["job"], e["to"]) for e in events]
+
+
+def test_a_client_that_reconnects_with_its_cursor_sees_every_event_once_in_order(
+    server, pool, tenant, other_tenant, member
+):
+    token = build_token(member)
+    start = start_cursor(pool, other_tenant)
+    first = [submit_job(pool, tenant, f"before-{i}") for i in range(3)]
+    submit_job(pool, other_tenant, "not-theirs")
+
+    async def scenario():
+        async with connect(server, token, f"/ws/jobs/?after={start}") as socket:
+            events = await receive(socket, 3)  # the history first: three submits
+            live = asyncio.to_thread(job_cancel, job=first[0], actor=SYSTEM, message="live")
+            await live
+            events += await receive(socket, 1)
+        # disconnected: these happen meanwhile, another tenant's among them
+        await asyncio.to_thread(job_cancel, job=first[1], actor=SYSTEM)
+        later = await asyncio.to_thread(submit_job, pool, tenant, "while-away")
+        await asyncio.to_thread(submit_job, pool, other_tenant, "still-not-theirs")
+        async with connect(server, token, f"/ws/jobs/?after={events[-1]['cursor']}") as socket:
+            events += await receive(socket, 2)  # the cancel and the submit it missed
+            await asyncio.to_thread(job_cancel, job=later, actor=SYSTEM)
+            events += await receive(socket, 1)  # then live again
+            with pytest.raises(TimeoutError):  # nothing else: no repeat, no other tenant
+                await asyncio.wait_for(socket.recv(), 1)
+        return events
+
+    events = asyncio.run(scenario())
+    assert seen(events) == visible_events(tenant, start)
+    assert [e["state"] for e in events[3:]] == ["cancelled", "cancelled", "queued", "cancelled"]
+    assert events[3]["message"] == "live" and events[3]["name"] == "before-0"
+
+
+def test_replay_and_live_meet_without_gap_or_repeat_while_jobs_keep_changing(
+    server, pool, tenant, member
+):
+    """Events are committed all through the reconnects: whatever the switch from the
+    database's history to the live feed, the client sees the tenant's events exactly, once
+    each, in order."""
+    token = build_token(member)
+    start = start_cursor(pool, tenant)
+
+    def churn():
+        for i in range(30):
+            job_cancel(job=submit_job(pool, tenant, f"churn-{i}"), actor=SYSTEM)
+        connection.close()
+
+    async def scenario():
+        writer = threading.Thread(target=churn)
+        writer.start()
+        events = []
+        while True:  # a new connection every 7 events, until one hears nothing for a second
+            after = events[-1]["cursor"] if events else start
+            async with connect(server, token, f"/ws/jobs/?after={after}") as socket:
+                while True:
+                    try:
+                        events.append(json.loads(await asyncio.wait_for(socket.recv(), 1)))
+                    except TimeoutError:
+                        if not writer.is_alive():
+                            return events
+                        break
+                    if len(events) % 7 == 0:  # drop the connection mid-stream
+                        break
+
+    events = asyncio.run(scenario())
+    assert len(events) == 60
+    assert seen(events) == visible_events(tenant, start)
+
+
+def test_an_event_committed_late_with_a_lower_id_is_not_skipped(server, pool, tenant, member):
+    """Ids are given at insert, rows become visible at commit: a transaction that holds an
+    earlier id commits after a later one. The socket waits for it rather than skip it."""
+    token = build_token(member)
+    held_job, other_job = submit_job(pool, tenant, "held"), submit_job(pool, tenant, "quick")
+    table = JobEvent._meta.db_table
+
+    async def scenario():
+        async with connect(server, token) as socket:  # no cursor: from now on
+            with psycopg.connect(_test_database_url()) as held:  # a transaction left open
+                held.execute(
+                    f"INSERT INTO {table} (at, actor_kind, actor_label, from_state, to_state, "
+                    "reason, message, data, job_id) VALUES (now(), 'system', 'system:test', "
+                    "'queued', 'cancelled', 'cancelled_by_user', 'held', '{}', %s)",
+                    [held_job.pk],
+                )
+                await asyncio.to_thread(job_cancel, job=other_job, actor=SYSTEM)  # a later id
+                with pytest.raises(TimeoutError):  # not sent past the id still missing
+                    await asyncio.wait_for(socket.recv(), 1.5)
+            # the held transaction commits on leaving the block
+            return await receive(socket, 2)
+
+    events = asyncio.run(scenario())
+    assert [e["job"] for e in events] == [held_job.pk, other_job.pk]
+    assert events[0]["message"] == "held"
+    assert events[0]["cursor"] < events[1]["cursor"]
+
+
+def close_code(url: str, token: str, path: str) -> int:
+    async def scenario():
+        async with connect(url, token, path) as socket:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(socket.recv(), 5)
+        return closed.value.rcvd.code
+
+    return asyncio.run(scenario())
+
+
+def test_a_bad_cursor_or_token_is_refused_with_a_clear_code(server, member, pool, tenant):
+    token = build_token(member)
+    assert close_code(server, token, "/ws/jobs/?after=yesterday") == BAD_CURSOR
+    assert close_code(server, token, "/ws/jobs/?after=-3") == BAD_CURSOR
+    assert close_code(server, "cpu_not-a-token", "/ws/jobs/") == NOT_SIGNED_IN
+    write_only = build_token(member, scopes=["write"])
+    assert close_code(server, write_only, "/ws/jobs/") == NOTHING_TO_FOLLOW
+    expired = build_token(member, name="expired")
+    ApiToken.objects.filter(digest=token_digest(expired)).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert close_code(server, expired, "/ws/jobs/") == NOT_SIGNED_IN
+
+
+def test_a_session_still_needs_an_allowed_origin(server, member):
+    """Without a token, a handshake from another site's page is refused before any consumer
+    runs (the browser would send the person's cookie there too)."""
+
+    async def scenario():
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(f"{server}/ws/jobs/", origin="https://evil.example"):
+                pass
+        return refused.value.response.status_code
+
+    assert asyncio.run(scenario()) == 403
