@@ -10,7 +10,7 @@ adds its own facts beside them (reasons, nearest miss, …)."""
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -46,6 +46,14 @@ def exception_handler(exc, context):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
         )
+    # The database did not answer (restarting, failing over, out of connections): the request's
+    # transaction rolled back or never began, so it may be sent again, and clients (the agent's
+    # among them, worker_agent/client.py) retry a 503. As a 500 they did not: during the drill's
+    # PostgreSQL restart (issue 25) an agent's end-of-job report was dropped.
+    if isinstance(exc, OperationalError | InterfaceError):
+        response = error(503, "unavailable", "The database did not answer; try again shortly.")
+        response["Retry-After"] = "1"
+        return response
     if isinstance(exc, IntegrityError):
         return error(409, "conflict", "The request conflicts with existing data.")
     # The last line of defence: a value the serializers let through that PostgreSQL refuses
