@@ -40,6 +40,9 @@ import psycopg
 
 from config.drill.tls import make_certificates
 
+# the role entry points' command lines: the same code a real fleet runs
+from config.roles import agent_command, beat_command, web_command, worker_command
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 PROXY_SCRIPT = Path(__file__).with_name("proxy.py")
 POOL = "drill"
@@ -54,52 +57,6 @@ CONTROL_PLANE_LABEL = "computepool.control_plane"
 
 class ClusterError(Exception):
     """The drill's fleet could not start (the message says which part and where its log is)."""
-
-
-# --- the role entry points (config/roles.py when it exists; the same command lines otherwise) --
-try:
-    from config.roles import agent_command, beat_command, web_command, worker_command
-except ImportError:  # pragma: no cover - until config/roles.py lands
-
-    def web_command(bind, certfile=None, keyfile=None) -> list[str]:
-        command = [sys.executable, "-m", "hypercorn", "--config", "python:config.hypercorn"]
-        command += ["--bind", bind]
-        if certfile and keyfile:
-            command += ["--certfile", str(certfile), "--keyfile", str(keyfile)]
-        return [*command, "config.asgi:application"]
-
-    def worker_command(concurrency=2, hostname=None) -> list[str]:
-        command = [sys.executable, "-m", "celery", "-A", "config", "worker", "--loglevel", "info"]
-        command += ["--concurrency", str(concurrency)]
-        return command + (["--hostname", hostname] if hostname else [])
-
-    def beat_command(schedule=None) -> list[str]:
-        command = [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "info"]
-        return command + (["--schedule", str(schedule)] if schedule else [])
-
-    def agent_command(
-        api,
-        state_dir,
-        *,
-        ca_file=None,
-        pool=None,
-        node_name=None,
-        address=None,
-        runtime="docker",
-        pause_image=None,
-    ) -> list[str]:
-        # no --ca-file yet: the agent's requests read REQUESTS_CA_BUNDLE (agent_env)
-        command = [sys.executable, "-m", "worker_agent", "--api", api]
-        command += ["--state-dir", str(state_dir), "--runtime", runtime]
-        for flag, value in (
-            ("--pool", pool),
-            ("--node-name", node_name),
-            ("--address", address),
-            ("--pause-image", pause_image),
-        ):
-            if value:
-                command += [flag, value]
-        return command
 
 
 def agent_knows_ca_file() -> bool:

@@ -1,0 +1,195 @@
+"""The drill's timeline (issue 25): start the fleet (cluster.py), start the load (load.py), inject
+the faults one after another with settle gaps while the load runs, then a burst of hostile
+requests; stop the load, wait for the jobs to settle, audit the database and the engines
+(audit.py) and say how long each fault took to recover from. One dict comes back; `ok` is
+whether every count that must be zero is zero, every fault ran and the fleet left nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config.drill.cluster import Cluster
+from config.drill.faults import FAULTS, inject
+
+# What must be zero after any drill (issue 25).
+ZEROS = ("overcommitted_nodes", "jobs_without_terminal_reason", "lost_events", "double_runs")
+
+
+@dataclass(frozen=True)
+class Profile:
+    faults: tuple[str, ...]
+    params: dict = field(default_factory=dict)  # fault → its keyword arguments
+    warmup_s: float = 20  # the load alone before the first fault
+    settle_s: float = 15  # between two faults
+    settle_timeout_s: float = 240  # for every submitted job to end, after the load stops
+    heartbeat_s: int = 2
+    beat_lock_s: int = 10
+    agents: int = 3
+
+
+PROFILES = {
+    # every fault of the issue, at its length
+    "full": Profile(
+        faults=tuple(FAULTS),
+        params={
+            "agent_partition": {"seconds": 30},
+            "second_beat": {"seconds": 20},
+            "redis_cut": {"seconds": 20},
+        },
+    ),
+    # the test suite's: one fault of each part (agent, worker, each store, web), short
+    # timeouts, the whole run under 4 minutes on 2 cores
+    "bounded": Profile(
+        faults=(
+            "agent_kill",
+            "worker_kill_mid_pass",
+            "postgres_restart",
+            "redis_restart",
+            "web_kill",
+        ),
+        params={
+            "agent_kill": {"find_s": 15},
+            "worker_kill_mid_pass": {"find_s": 10, "down_s": 1},
+            "web_kill": {"down_s": 2},
+        },
+        warmup_s=8,
+        settle_s=5,
+        settle_timeout_s=60,
+        beat_lock_s=5,
+    ),
+}
+
+
+def _say(message: str) -> None:
+    print(f"drill {time.strftime('%H:%M:%S')}: {message}", file=sys.stderr, flush=True)
+
+
+def run_drill(
+    *,
+    profile: str = "full",
+    faults: list[str] | None = None,
+    seconds: float | None = None,
+    keep: bool = False,
+    workdir: Path | None = None,
+    say=_say,
+) -> dict:
+    """The drill, start to end; the cluster is stopped whatever happens."""
+    # imported here: helper C's modules (the load, the audit) are their own
+    from config.drill.audit import audit, recovery
+    from config.drill.load import Load, hostile_burst
+
+    chosen = PROFILES[profile]
+    names = list(faults) if faults is not None else list(chosen.faults)
+    started = time.time()
+    cluster = Cluster(
+        workdir=workdir,
+        agents_count=chosen.agents,
+        heartbeat_s=chosen.heartbeat_s,
+        beat_lock_s=chosen.beat_lock_s,
+        keep=keep,
+    )
+    load = None
+    result: dict = {"profile": profile, "faults_planned": names}
+    try:
+        say(f"starting the fleet in {cluster.dir}")
+        cluster.start()
+        result["fleet_started_s"] = round(time.time() - started, 1)
+        say(f"fleet ready in {result['fleet_started_s']} s at {cluster.api_url}; load starts")
+        load_started = time.time()
+        load = Load(cluster.api_url, cluster.ca_file, cluster.tokens, pool=cluster.pool)
+        load.start()
+        time.sleep(chosen.warmup_s)
+        # with --seconds the faults are spread over that long a run
+        gap = chosen.settle_s
+        if seconds:
+            gap = max(gap, (seconds - chosen.warmup_s) / max(1, len(names)))
+        records = []
+        for name in names:
+            began = time.monotonic()
+            say(f"fault {name}")
+            record = inject(cluster, name, **chosen.params.get(name, {}))
+            records.append(record)
+            say(f"fault {name} done: {record.detail}")
+            time.sleep(max(0.0, gap - (time.monotonic() - began)) if seconds else gap)
+        say("hostile burst")
+        target = next((a.node_id for a in cluster.agents if a.node_id), None)
+        hostile = hostile_burst(cluster.api_url, cluster.ca_file, cluster.tokens, node_id=target)
+        load.stop()
+        load_ended = time.time()
+        say("load stopped; waiting for the jobs to settle")
+        settled = load.wait_settled(chosen.settle_timeout_s)
+        report = load.report()
+        say("audit")
+        audited = audit(
+            cluster.database_url,
+            control_plane_labels=cluster.control_plane_labels,
+            since=load_started,
+            followers_seen=getattr(load, "followers_seen", {}),
+        )
+        recovered = recovery(records, cluster.database_url, load)
+        result |= {
+            "load_s": round(load_ended - load_started, 1),
+            "settled": settled,
+            "requests": report.get("requests", report),
+            "p99_s": load.p99_between(load_started, load_ended),
+            **{k: v for k, v in report.items() if k not in ("requests",)},
+            "hostile": hostile,
+            **audited,
+            "faults": [
+                record.to_dict()
+                | {"p99_during_s": load.p99_between(record.started_at, record.ended_at)}
+                | _recovered(recovered, record.name, index)
+                for index, record in enumerate(records)
+            ],
+        }
+    finally:
+        _ignore_interrupts()  # a second Ctrl-C must not cut the clean-up short
+        if load is not None:
+            try:
+                load.stop()
+            except Exception as exc:
+                say(f"the load did not stop cleanly: {exc}")
+        say("stopping the fleet")
+        problems = cluster.stop()
+        result["leftovers"] = problems + cluster.leftovers()
+        result["workdir"] = str(cluster.dir) if keep else None
+        result["wall_s"] = round(time.time() - started, 1)
+    result["ok"] = verdict(result)
+    return result
+
+
+def _ignore_interrupts() -> None:
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _recovered(recovered, name: str, index: int) -> dict:
+    """The audit's recovery figures of the fault (by position in a list, or by name)."""
+    if isinstance(recovered, list) and index < len(recovered):
+        return dict(recovered[index])
+    if isinstance(recovered, dict):
+        found = recovered.get(name)
+        return dict(found) if isinstance(found, dict) else {}
+    return {}
+
+
+def failures(result: dict) -> list[str]:
+    """Why the drill failed (empty: it passed)."""
+    found = [f"{name} = {result.get(name)!r}" for name in ZEROS if result.get(name) != 0]
+    for fault in result.get("faults", ()):
+        if fault.get("detail", {}).get("error"):
+            found.append(f"fault {fault['name']}: {fault['detail']['error']}")
+    if result.get("leftovers"):
+        found.append(f"left behind: {result['leftovers']}")
+    return found
+
+
+def verdict(result: dict) -> bool:
+    return not failures(result)
