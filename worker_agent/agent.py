@@ -50,6 +50,7 @@ class AgentError(Exception):
 class Config:
     api: str
     state_dir: str
+    ca_file: str = ""  # the CA bundle that verifies the API's certificate ("": the system's)
     work_dir: str = ""  # the work root (default `<state dir>.work`): never inside the state dir
     enroll_token: str = ""
     runtime: str = "auto"  # auto | docker | process
@@ -150,7 +151,9 @@ class Agent:
             raise AgentError(str(exc)) from exc
         key_file = config.key_file or default_key_file(config.state_dir)
         self.key = load_key(key_file, (self.work.dir, self.state.dir))
-        self.client = ApiClient(config.api, self.state, key=self.key, stop=self.stop_event)
+        self.client = ApiClient(
+            config.api, self.state, key=self.key, stop=self.stop_event, ca_file=config.ca_file
+        )
         self.volumes = Volumes(self.work.dir)  # persistent volumes: outside every attempt
         self.host = host or Host(self.work.dir)  # the disk jobs write to
         # the node's input cache, under the state dir, never mounted (docs/storage.md)

@@ -1,7 +1,7 @@
 """`python -m worker_agent --api URL --state-dir DIR [--enroll-token-file FILE]`.
 
-Every flag has an environment variable (WORKER_AGENT_API, _ENROLL_TOKEN_FILE, _STATE_DIR,
-_WORK_DIR, _RUNTIME, _PAUSE_IMAGE, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL,
+Every flag has an environment variable (WORKER_AGENT_API, _CA_FILE, _ENROLL_TOKEN_FILE,
+_STATE_DIR, _WORK_DIR, _RUNTIME, _PAUSE_IMAGE, _NODE_NAME, _POOL, _ADDRESS, _POLL_S, _LOG_LEVEL,
 _LOG_FORMAT); a flag wins over its variable. The enrollment token itself is read from that file
 or from WORKER_AGENT_ENROLL_TOKEN, never from the command line (which every user of the host can
 read in the process list). One agent at a time holds a state dir (a lock in it): a second one
@@ -36,6 +36,11 @@ def parser() -> argparse.ArgumentParser:
         prog="worker_agent", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     p.add_argument("--api", default=env("API"), help="control plane URL (…/api/v1 implied)")
+    p.add_argument(
+        "--ca-file",
+        default=env("CA_FILE", ""),
+        help="CA bundle (PEM) that verifies the API's TLS certificate (default: the system's)",
+    )
     p.add_argument(
         "--enroll-token-file",
         default=env("ENROLL_TOKEN_FILE"),
@@ -115,13 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         flag for flag, value in (("--api", args.api), ("--state-dir", args.state_dir)) if not value
     ]
     if missing:
-        parser().error(f"{' and '.join(missing)} required (or {ENV}API / {ENV}STATE_DIR)")
+        parser().error(
+            f"{' and '.join(missing)} required (or {ENV}API / {ENV}STATE_DIR; docs/deployment.md)"
+        )
+    if args.ca_file and not os.access(args.ca_file, os.R_OK):
+        parser().error(f"--ca-file {args.ca_file}: not a readable file")
     try:
         enroll_token = enrollment_token(args.enroll_token_file)
     except OSError as exc:
         parser().error(f"--enroll-token-file: {exc}")
     config = Config(
         api=args.api,
+        ca_file=args.ca_file,
         state_dir=args.state_dir,
         work_dir=args.work_dir,
         enroll_token=enroll_token,

@@ -2,7 +2,9 @@
 as `Authorization: Bearer cpn_…` (re-read from the state dir on each call), every request signed
 by the node's key (worker_agent/identity.py; each retry signed afresh, with a new nonce),
 retries with exponential backoff on connection errors and 502/503/504, and one re-read of the
-credential on a 401 (another thread may just have rotated it)."""
+credential on a 401 (another thread may just have rotated it). Over https the API's certificate
+is verified with `ca_file` (--ca-file) or the system's CAs; a certificate they do not trust is
+not retried (it will not become trusted): ApiUnreachable at once, saying so."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import ssl
 import threading
 
 import requests
@@ -58,6 +61,21 @@ class ApiUnreachable(Exception):
     """No answer from the control plane after every retry."""
 
 
+def untrusted_certificate(exc: BaseException) -> bool:
+    """A failed certificate verification somewhere in what requests raised (urllib3 wraps
+    ssl's error in its own, in a MaxRetryError's reason, in requests' SSLError)."""
+    seen, todo = set(), [exc]
+    while todo:
+        error = todo.pop()
+        if not isinstance(error, BaseException) or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return True
+        todo += [error.__cause__, error.__context__, getattr(error, "reason", None), *error.args]
+    return False
+
+
 class ApiClient:
     def __init__(
         self,
@@ -70,6 +88,7 @@ class ApiClient:
         backoff: float = 0.5,
         backoff_max: float = 10,
         stop: threading.Event | None = None,
+        ca_file: str | None = None,
     ):
         self.base = api.rstrip("/")
         if not self.base.endswith("/api/v1"):
@@ -79,6 +98,8 @@ class ApiClient:
         self.timeout, self.retries = timeout, retries
         self.backoff, self.backoff_max = backoff, backoff_max
         self.stop = stop or threading.Event()
+        # given on every request: requests lets REQUESTS_CA_BUNDLE override a Session's own
+        self.verify = ca_file or True
         self._local = threading.local()  # a Session per thread: Sessions are not thread-safe
         # job → its `traceparent` (from its assignment), sent on the job's reports and uploads
         self._traces: dict[int, str] = {}
@@ -88,6 +109,7 @@ class ApiClient:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = requests.Session()
+            session.verify = self.verify
             session.headers["User-Agent"] = f"compute-pool-worker-agent/{__version__}"
             mount_request_ids(session)  # X-Request-ID on every call (worker_agent/logs.py)
         return session
@@ -101,6 +123,7 @@ class ApiClient:
         failed to connect."""
         url = f"{self.base}/{path.lstrip('/')}"
         kwargs.setdefault("timeout", self.timeout)
+        kwargs.setdefault("verify", self.verify)
         retries = self.retries if retries is None else retries
         reread = False
         attempt = 0
@@ -115,6 +138,8 @@ class ApiClient:
                     method, url, headers=headers, auth=self._signed(), **kwargs
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
+                if untrusted_certificate(exc):
+                    raise ApiUnreachable(self.untrusted(url, exc)) from exc
                 response, error = None, exc
             else:
                 error = None
@@ -143,6 +168,13 @@ class ApiClient:
             )
             self._rewind(kwargs)
             self.stop.wait(delay)
+
+    def untrusted(self, url: str, exc: Exception) -> str:
+        where = f"the CA bundle {self.verify}" if self.verify is not True else "the system's CAs"
+        return (
+            f"{url}: the API's TLS certificate is not trusted by {where} ({exc}); give the CA "
+            "that signed it with --ca-file or WORKER_AGENT_CA_FILE"
+        )
 
     def _signed(self) -> SignedBy | None:
         return SignedBy(self.key) if self.key is not None else None
@@ -312,8 +344,11 @@ class ApiClient:
                     auth=self._signed(),
                     stream=True,
                     timeout=self.timeout,
+                    verify=self.verify,
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
+                if untrusted_certificate(exc):
+                    raise ApiUnreachable(self.untrusted(path, exc)) from exc
                 if attempt >= self.retries or self.stop.is_set():
                     raise ApiUnreachable(f"GET {path}: {exc}") from exc
                 continue
