@@ -65,7 +65,10 @@ class Command(BaseCommand):
         return roles.worker_command(concurrency, hostname)
 
     def beat_command(self, *, schedule, **_):
-        schedule = Path(schedule or roles.DEFAULT_BEAT_SCHEDULE)
+        if not schedule:  # the checkout's var/, as `make run` makes it
+            schedule = roles.DEFAULT_BEAT_SCHEDULE
+            schedule.parent.mkdir(exist_ok=True)
+        schedule = Path(schedule)
         if not schedule.parent.is_dir():
             raise CommandError(f"--schedule {schedule}: no such directory", returncode=2)
         return roles.beat_command(schedule)
