@@ -59,12 +59,6 @@ class ClusterError(Exception):
     """The drill's fleet could not start (the message says which part and where its log is)."""
 
 
-def agent_knows_ca_file() -> bool:
-    from worker_agent.cli import parser
-
-    return any("--ca-file" in action.option_strings for action in parser()._actions)
-
-
 # --- small helpers ---------------------------------------------------------------------------
 def free_port(host: str = "0.0.0.0") -> int:
     """A TCP port free on every address (bound on the wildcard): the balancer listens on the
@@ -389,16 +383,12 @@ class Cluster:
         self.spawn("beat")
 
     def agent_env(self, agent: Agent, enroll: bool) -> dict:
-        """What a node would have: no control-plane secret; the drill's CA; the enrollment
-        token in the environment on the first start only (never on the command line)."""
+        """What a node would have: no control-plane secret (the drill's CA is its --ca-file);
+        the enrollment token in the environment on the first start only (never on the command
+        line)."""
         keep = ("PATH", "HOME", "LANG", "TZ", "VIRTUAL_ENV", "DOCKER_HOST")
         env = {name: os.environ[name] for name in keep if name in os.environ}
-        env |= {
-            "PYTHONUNBUFFERED": "1",
-            "WORKER_AGENT_CA_FILE": str(self.ca_file),
-            "REQUESTS_CA_BUNDLE": str(self.ca_file),
-            "WORKER_AGENT_LOG_FORMAT": "json",
-        }
+        env |= {"PYTHONUNBUFFERED": "1", "WORKER_AGENT_LOG_FORMAT": "json"}
         if enroll and agent.enroll_token:
             env["WORKER_AGENT_ENROLL_TOKEN"] = agent.enroll_token
         return env
@@ -416,10 +406,6 @@ class Cluster:
             runtime="docker",
             pause_image=TEST_IMAGE_TAG,
         )
-        if "--ca-file" in command and not agent_knows_ca_file():
-            # an agent from before --ca-file: REQUESTS_CA_BUNDLE (agent_env) does the same
-            at = command.index("--ca-file")
-            del command[at : at + 2]
         agent.command = ["ip", "netns", "exec", agent.netns, *command]
         agent.env = self.agent_env(agent, enroll)
         self.commands[agent.name] = (agent.command, agent.env)

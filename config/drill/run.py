@@ -134,11 +134,11 @@ def run_drill(
         )
         recovered = recovery(records, cluster.database_url, load)
         result |= {
+            **report,  # requests by outcome, …
             "load_s": round(load_ended - load_started, 1),
             "settled": settled,
-            "requests": report.get("requests", report),
+            # p99 while the load ran (the report's own also counts the settle phase's reads)
             "p99_s": load.p99_between(load_started, load_ended),
-            **{k: v for k, v in report.items() if k not in ("requests",)},
             "hostile": hostile,
             **audited,
             "faults": [
