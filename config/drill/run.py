@@ -148,6 +148,10 @@ def run_drill(
                 for index, record in enumerate(records)
             ],
         }
+    except Exception as exc:  # reported in the JSON (and failing it), never lost with the logs
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"error: {result['error']}; the logs' tails follow")
+        cluster.say_logs(sys.stderr, lines=15)
     finally:
         _ignore_interrupts()  # a second Ctrl-C must not cut the clean-up short
         if load is not None:
@@ -183,6 +187,8 @@ def _recovered(recovered, name: str, index: int) -> dict:
 def failures(result: dict) -> list[str]:
     """Why the drill failed (empty: it passed)."""
     found = [f"{name} = {result.get(name)!r}" for name in ZEROS if result.get(name) != 0]
+    if result.get("error"):
+        found.insert(0, result["error"])
     for fault in result.get("faults", ()):
         if fault.get("detail", {}).get("error"):
             found.append(f"fault {fault['name']}: {fault['detail']['error']}")
