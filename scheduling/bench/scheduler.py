@@ -185,13 +185,32 @@ def _cpu_figures(record, process_cpu_s: float, backend_before, backend_after) ->
 def overcommitted_nodes(pool) -> int:
     """Nodes where the holding leases (not the ledger columns) hold more than allocatable: CPU,
     memory, scratch, a GPU's milli, or overlapping MIG memory slices."""
+    rows = Lease.objects.filter(pool=pool, state__in=HOLDING, backfill_of__isnull=True).values_list(
+        "node_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
+    )
+    rows = list(rows)
+    allocatable = Node.objects.filter(pk__in={row[0] for row in rows}).values_list(
+        "id", "cpu_millicores_allocatable", "memory_mib_allocatable", "scratch_mib_allocatable"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, node_id FROM {GpuDevice._meta.db_table} WHERE id = ANY(%s)",
+            [list({a["gpu"] for row in rows for a in row[4]})],
+        )
+        gpu_nodes = dict(cursor.fetchall())
+    limits = {node_id: tuple(limit) for node_id, *limit in allocatable}
+    return len(overcommitted(rows, limits, gpu_nodes))
+
+
+def overcommitted(rows, allocatable: dict, gpu_nodes: dict) -> set[int]:
+    """The nodes that `rows` (node id, CPU, memory, scratch, GPU allocations: leases holding at
+    one moment) hold more of than `allocatable` ({node id: (CPU, memory, scratch)}): a
+    resource, a GPU's milli (`gpu_nodes`: {GPU id: node id}), or overlapping MIG slices. The
+    drill's audit (config/drill/audit.py) asks it of every moment a lease began to hold."""
     held: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
     gpu_milli: dict[int, int] = defaultdict(int)
     gpu_slots: dict[int, int] = defaultdict(int)
     over = set()
-    rows = Lease.objects.filter(pool=pool, state__in=HOLDING, backfill_of__isnull=True).values_list(
-        "node_id", "cpu_millicores", "memory_mib", "scratch_mib", "gpu_allocations"
-    )
     for node_id, cpu, memory, scratch, allocations in rows:
         total = held[node_id]
         total[0] += cpu
@@ -204,19 +223,14 @@ def overcommitted_nodes(pool) -> int:
                 gpu_slots[alloc["gpu"]] |= alloc["mig_slots"]
             else:
                 gpu_milli[alloc["gpu"]] += alloc["milli"]
-    allocatable = Node.objects.filter(pk__in=held).values_list(
-        "id", "cpu_millicores_allocatable", "memory_mib_allocatable", "scratch_mib_allocatable"
-    )
-    for node_id, *limits in allocatable:
-        if any(h > limit for h, limit in zip(held[node_id], limits, strict=True)):
+    for node_id, totals in held.items():
+        limits = allocatable.get(node_id)
+        if limits and any(h > limit for h, limit in zip(totals, limits, strict=True)):
             over.add(node_id)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, node_id FROM {GpuDevice._meta.db_table} WHERE id = ANY(%s)",
-            [[gpu for gpu, milli in gpu_milli.items() if milli > 1000]],
-        )
-        over |= {node_id for _, node_id in cursor.fetchall()}
-    return len(over)
+    over |= {
+        gpu_nodes[gpu] for gpu, milli in gpu_milli.items() if milli > 1000 and gpu in gpu_nodes
+    }
+    return over
 
 
 def jobs_without_one_lease(pool) -> int:
