@@ -33,6 +33,7 @@ from worker_agent.identity import NodeKey
 TIMEOUT = (3.0, 10.0)  # connect, read (s)
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 SUBMIT_TRIES = 6
+QUIET_S = 6.0  # longer than the consumer's timer (5 s)
 WS_REFUSALS = {4400, 4401, 4403}  # final: reconnecting would be refused again
 
 
@@ -178,10 +179,11 @@ class Load:
 
     @property
     def followers_seen(self) -> dict[str, list[dict]]:
-        """What each tenant's follower saw, once they have been quiet for 2 s (at most 15 s):
-        the final events of the jobs reach them a moment after the jobs settle."""
-        deadline = time.monotonic() + 15
-        while time.monotonic() - self._last_event < 2 and time.monotonic() < deadline:
+        """What each tenant's follower saw, once they have been quiet for QUIET_S (at most
+        30 s): the final events reach them a moment after the jobs settle, and an event whose
+        publish was lost comes with the server's next read (pools.consumers.POLL_S)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() - self._last_event < QUIET_S and time.monotonic() < deadline:
             time.sleep(0.2)
         with self.lock:
             return {tenant: list(events) for tenant, events in self.seen.items()}
