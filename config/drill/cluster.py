@@ -31,6 +31,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ PG_USER = "postgres"
 DATABASE = "computepool"
 # what the control plane's containers carry (worker_agent/runtime/base.py LABEL)
 CONTROL_PLANE_LABEL = "computepool.control_plane"
+# the supervisor's look at the processes, and so the delay of a restart (systemd's RestartSec)
+RESTART_S = 2.0
 
 
 class ClusterError(Exception):
@@ -157,6 +160,13 @@ class Cluster:
         self.subnet: ipaddress.IPv4Network | None = None
         self.pg_started = False
         self.stopped = False
+        # the supervisor (as systemd's Restart= would): processes that exit on their own are
+        # noted in `exits` and started again; a fault holds the names it kills and restarts
+        self.exits: list[dict] = []
+        self.held: set[str] = set()
+        self.lock = threading.RLock()
+        self._supervising = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     # --- addresses the others use ---------------------------------------------------------
     @property
@@ -208,6 +218,34 @@ class Cluster:
         for agent in self.agents:
             self.start_agent(agent, enroll=True)
         self.wait_for_nodes(timeout=self.ready_timeout_s)
+        self._supervising.set()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+        self._supervisor.start()
+
+    def _supervise(self) -> None:
+        while self._supervising.is_set():
+            time.sleep(RESTART_S)
+            with self.lock:
+                if not self._supervising.is_set():
+                    return
+                for name, process in list(self.processes.items()):
+                    if name in self.held or name == "beat-2" or process.poll() is None:
+                        continue
+                    self.exits.append(
+                        {"name": name, "at": time.time(), "returncode": process.returncode}
+                    )
+                    self.spawn(name)
+
+    @contextlib.contextmanager
+    def hold(self, *names: str):
+        """The supervisor leaves `names` alone meanwhile (a fault kills and restarts them)."""
+        with self.lock:
+            self.held.update(names)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.held.difference_update(names)
 
     def make_namespaces(self) -> None:
         """Per agent: a namespace, a veth pair (host side x.x.x.1/30, namespace side .2/30),
@@ -543,6 +581,9 @@ class Cluster:
         if self.stopped:
             return []
         self.stopped = True
+        self._supervising.clear()
+        with self.lock:  # a restart under way ends before the processes are stopped
+            pass
         problems: list[str] = []
 
         def step(what, action, *args):

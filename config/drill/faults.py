@@ -110,9 +110,10 @@ def agent_kill(cluster: Cluster, *, find_s: float = 30, down_s: float = 2, **_) 
     key), it adopts or ends what it left running."""
     agent, running = _busy_agent(cluster, find_s)
     started = time.time()
-    cluster.kill(agent.name, signal.SIGKILL)
-    time.sleep(down_s)
-    cluster.start_agent(agent, enroll=False)
+    with cluster.hold(agent.name):
+        cluster.kill(agent.name, signal.SIGKILL)
+        time.sleep(down_s)
+        cluster.start_agent(agent, enroll=False)
     back = _wait_back(cluster, agent, time.time(), timeout=60)
     return _record("agent_kill", started, agent=agent.name, running_jobs=running, back_after_s=back)
 
@@ -218,6 +219,7 @@ def worker_kill_mid_pass(cluster: Cluster, *, find_s: float = 30, down_s: float 
             time.sleep(0.005)  # passes are short: look often
     name = holder[1].removeprefix("drill-") if holder else "worker-0"
     started = time.time()
+    cluster.held.add(name)
     cluster.kill(name, signal.SIGKILL)
     # PostgreSQL ends the backend, and with it the session's lock, once its client is gone
     released = _poll(
@@ -226,7 +228,9 @@ def worker_kill_mid_pass(cluster: Cluster, *, find_s: float = 30, down_s: float 
     ) if holder else True  # fmt: skip
     released_s = round(time.time() - started, 2)
     time.sleep(down_s)
-    cluster.spawn(name)
+    with cluster.lock:
+        cluster.spawn(name)
+        cluster.held.discard(name)
     return _record(
         "worker_kill_mid_pass",
         started,
@@ -259,9 +263,10 @@ def beat_kill(cluster: Cluster, *, down_s: float = 5, **_) -> FaultRecord:
     """Beat SIGKILLed, restarted `down_s` later: no pass is scheduled meanwhile, except those
     events ask for."""
     started = time.time()
-    cluster.kill("beat", signal.SIGKILL)
-    time.sleep(down_s)
-    cluster.spawn("beat")
+    with cluster.hold("beat"):
+        cluster.kill("beat", signal.SIGKILL)
+        time.sleep(down_s)
+        cluster.spawn("beat")
     return _record("beat_kill", started, down_s=down_s)
 
 
@@ -278,7 +283,16 @@ def second_beat(cluster: Cluster, *, seconds: float = 20, **_) -> FaultRecord:
     time.sleep(seconds)
     exited = cluster.processes["beat-2"].poll()
     cluster.terminate("beat-2")
-    return _record("second_beat", started, seconds=seconds, exited_by_itself=exited)
+    # config/celery.py's leader lock: the second one must have stood by, never led
+    said = (cluster.logs / "beat-2.log").read_text(errors="replace")
+    return _record(
+        "second_beat",
+        started,
+        seconds=seconds,
+        exited_by_itself=exited,
+        second_led="beat: leading" in said,
+        second_stood_by="beat: standing by" in said,
+    )
 
 
 def postgres_restart(cluster: Cluster, **_) -> FaultRecord:
@@ -292,9 +306,10 @@ def redis_restart(cluster: Cluster, *, down_s: float = 1, **_) -> FaultRecord:
     """redis-server killed and started again on its port, empty (no persistence): queued task
     messages, channel-layer groups and locks are gone."""
     started = time.time()
-    cluster.kill("redis", signal.SIGKILL)
-    time.sleep(down_s)
-    cluster.spawn("redis")
+    with cluster.hold("redis"):
+        cluster.kill("redis", signal.SIGKILL)
+        time.sleep(down_s)
+        cluster.spawn("redis")
     cluster.wait_for_port(cluster.redis_port, "redis", timeout=10)
     return _record("redis_restart", started, down_s=down_s)
 
@@ -315,9 +330,10 @@ def web_kill(cluster: Cluster, *, down_s: float = 5, **_) -> FaultRecord:
     """web-0 SIGKILLed (its open requests and websockets cut; the balancer sends new ones to
     web-1), restarted `down_s` later."""
     started = time.time()
-    cluster.kill("web-0", signal.SIGKILL)
-    time.sleep(down_s)
-    cluster.spawn("web-0")
+    with cluster.hold("web-0"):
+        cluster.kill("web-0", signal.SIGKILL)
+        time.sleep(down_s)
+        cluster.spawn("web-0")
     cluster.wait_for_port(cluster.web_ports["web-0"], "web-0", timeout=60)
     return _record("web_kill", started, down_s=down_s, back_after_s=round(time.time() - started, 2))
 

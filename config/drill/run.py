@@ -143,7 +143,7 @@ def run_drill(
             **audited,
             "faults": [
                 record.to_dict()
-                | {"p99_during_s": load.p99_between(record.started_at, record.ended_at)}
+                | {"p99_during_s": load.p99_between(record.started_at, _window_end(record))}
                 | _recovered(recovered, record.name, index)
                 for index, record in enumerate(records)
             ],
@@ -161,11 +161,23 @@ def run_drill(
                 say(f"the load did not stop cleanly: {exc}")
         say("stopping the fleet")
         problems = cluster.stop()
+        # processes that exited on their own (not by a fault), restarted by the drill's
+        # supervisor as systemd's Restart= would: each is a crash worth reading in its log
+        result["unexpected_exits"] = cluster.exits
         result["leftovers"] = problems + cluster.leftovers()
         result["workdir"] = str(cluster.dir) if keep else None
         result["wall_s"] = round(time.time() - started, 1)
     result["ok"] = verdict(result)
     return result
+
+
+# A fault shorter than this (a restart of a second) is measured over this long from its start:
+# its effect outlasts it, and a window of a few requests has no p99.
+MIN_FAULT_WINDOW_S = 5.0
+
+
+def _window_end(record) -> float:
+    return max(record.ended_at, record.started_at + MIN_FAULT_WINDOW_S)
 
 
 def _ignore_interrupts() -> None:
