@@ -14,6 +14,7 @@ import structlog
 from celery import Celery, signals
 from celery.beat import PersistentScheduler
 from django.conf import settings
+from kombu.transport import redis as kombu_redis
 
 from config.logging import configure_from_settings
 from config.request_id import REQUEST_ID
@@ -85,6 +86,32 @@ app.conf.beat_schedule = {
     },
 }
 
+
+# --- a worker that outlives a broker restart -----------------------------------------------
+# kombu 5.7.0: when the broker connection drops while this worker holds unacknowledged messages,
+# the consumer's error path can close the transport (its `client` becomes None) before the
+# channel, whose close then restores those messages through that client: AttributeError, which
+# kombu's `ignore_errors` does not catch, and the worker exits ("Unrecoverable error"; the
+# drill's Redis restart found it, docs/reliability.md). The messages are in Redis's unacked set
+# either way, and kombu puts them back on the queue after its visibility timeout; so a restore
+# that finds the transport already closed leaves them there, and the worker reconnects.
+log_worker = logging.getLogger("config.worker")
+_restore_unacked = kombu_redis.QoS.restore_unacked
+
+
+def restore_unacked_unless_closed(qos, client=None):
+    transport = qos.channel.connection
+    if client is None and (transport is None or transport.client is None):
+        log_worker.warning(
+            "broker connection closed with %d message(s) unacknowledged: left to the "
+            "broker's visibility timeout",
+            len(qos._delivered),
+        )
+        return None
+    return _restore_unacked(qos, client)
+
+
+kombu_redis.QoS.restore_unacked = restore_unacked_unless_closed
 
 # --- beat's leader lock -------------------------------------------------------------------
 # Exactly one beat should run (docs/deployment.md). One started by mistake beside it, or a
