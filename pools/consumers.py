@@ -11,22 +11,29 @@ holds past the last row it sent, so the switch from replay to live can neither s
 
 import asyncio
 import contextlib
+import logging
 import time
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.db import connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.urls import path
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from .actors import Actor
 from .choices import TokenScope
 from .events import event_fields, subscriptions
 
+log = logging.getLogger(__name__)
+
 BAD_CURSOR = 4400  # `after` is not an event id
 NOT_SIGNED_IN = 4401  # no session, or a bearer token that is unknown, expired or revoked
 NOTHING_TO_FOLLOW = 4403  # not found and not yours look the same; a token without `read` too
+AWAY = 1011  # Redis (the channel layer) or the database away: reconnect with the last cursor
+# What a store that is away raises: redis-py's errors, a socket's, the database driver's.
+AWAY_ERRORS = (RedisError, OSError, DatabaseError, InterfaceError)
 
 BATCH = 500  # rows read at a time
 POLL_S = 5.0  # read even without a wake-up: a publish lost while Redis was away
@@ -60,6 +67,36 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
             path(f"ws/{cls.stream}/", cls.as_asgi()),
             path(f"ws/{cls.stream}/<int:pk>/", cls.as_asgi()),
         ]
+
+    async def __call__(self, scope, receive, send):
+        """Channels' consumer loop, with a store that is away (joining the groups, waiting on
+        them, reading the events at connect) ending the socket with AWAY, a close code the
+        client reconnects on, instead of an exception that the server answers by dropping the
+        socket (and a traceback in its log)."""
+        said = []  # what was said of the socket's end: accepted, closed, the client gone
+
+        async def tracked_receive():
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                said.append("gone")
+            return message
+
+        async def tracked_send(message):
+            if message["type"] in ("websocket.accept", "websocket.close"):
+                said.append(message["type"])
+            await send(message)
+
+        try:
+            await super().__call__(scope, tracked_receive, tracked_send)
+        except AWAY_ERRORS as error:
+            if sender := getattr(self, "sender", None):
+                sender.cancel()
+            if "gone" in said or "websocket.close" in said:
+                return  # the socket has ended already: nothing to tell the client
+            log.warning("live events: a store is away (%r); the socket closes with %s", error, AWAY)
+            if "websocket.accept" not in said:  # a close before the accept is a bare 1006
+                await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": AWAY})
 
     async def connect(self):
         self.groups_joined = []
@@ -137,7 +174,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         except asyncio.CancelledError:
             raise
         except Exception:
-            await self.close(code=1011)
+            await self.close(code=AWAY)
 
     def _newest(self) -> int:
         newest = self.event_model.objects.order_by("-id").values_list("id", flat=True).first()

@@ -9,8 +9,8 @@ the Docker engine's own events, never from what the control plane says of itself
   not final at the end;
 - lost_events: a job history that the state machine does not allow (a transition it forbids,
   an event missing between two: its `from` is not the last `to`, or the last `to` is not the
-  job's state), and each follower's events against what its tenant may see (missing, repeated
-  or out of cursor order);
+  job's state; an event that keeps the state is a note, not a transition), and each
+  follower's events against what its tenant may see (missing, repeated or out of cursor order);
 - double_runs: a job attempt that two nodes started, by the agents' start reports in the
   database or by the engine's container start/die events (by the control plane's labels).
 """
@@ -155,8 +155,15 @@ def jobs_without_terminal_reason(jobs: list[tuple], events: dict) -> list[dict]:
 
 def broken_histories(jobs: list[tuple], events: dict) -> list[dict]:
     """Jobs whose events do not chain: the first from nothing to queued, each next one from the
-    state the last one went to, by a transition the job state machine allows, the last one to
-    the job's state."""
+    state the last one went to, either by a transition the job state machine allows or keeping
+    the state, the last one to the job's state.
+
+    An event that keeps the state is a note, not a transition: the product records some on
+    purpose (`image_pulling`, `image_pulled`, `outputs_skipped`, `results_uploaded`,
+    `artifacts_expired`, a preemptor's; docs/data-plane.md), and every change of state goes
+    through the state machine's check against JOB_TRANSITIONS (pools.statemachine), where no
+    state goes to itself. A second placement is no note: it comes from `queued` and shows here
+    as an event from queued after leased."""
     broken = []
     for job_id, state, _ in jobs:
         previous, problem = "", None
@@ -165,7 +172,9 @@ def broken_histories(jobs: list[tuple], events: dict) -> list[dict]:
                 problem = f"event {event_id} from {from_state or '∅'} after {previous or '∅'}"
             elif previous == "" and to_state != "queued":
                 problem = f"event {event_id}: the first goes to {to_state}"
-            elif previous and to_state not in JOB_TRANSITIONS.get(previous, ()):
+            elif previous not in ("", to_state) and to_state not in JOB_TRANSITIONS.get(
+                previous, ()
+            ):
                 problem = f"event {event_id}: {previous} → {to_state} is not allowed"
             if problem:
                 break
@@ -213,12 +222,13 @@ def followers_missed(db, followers_seen: dict) -> dict:
 
 def double_starts(events: dict) -> set[tuple[int, int]]:
     """(job, attempt) whose attempt two nodes reported starting: an attempt begins at each
-    placement (→ leased), its reports are the node actors' → starting / → running events."""
+    placement (→ leased from another state; a note keeps it leased), its reports are the node
+    actors' → starting / → running events."""
     found = set()
     for job_id, history in events.items():
         attempt, nodes = 0, set()
-        for _, _, to_state, _, actor in history:
-            if to_state == "leased":
+        for _, from_state, to_state, _, actor in history:
+            if to_state == "leased" and from_state != "leased":
                 attempt, nodes = attempt + 1, set()
             elif to_state in STARTED and actor.startswith("node:"):
                 nodes.add(actor)

@@ -33,7 +33,7 @@ from worker_agent.identity import NodeKey
 TIMEOUT = (3.0, 10.0)  # connect, read (s)
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 SUBMIT_TRIES = 6
-QUIET_S = 6.0  # longer than the consumer's timer (5 s)
+QUIET_S = 6.0  # longer than the consumer's timer (pools.consumers.POLL_S, 5 s)
 WS_REFUSALS = {4400, 4401, 4403}  # final: reconnecting would be refused again
 
 
@@ -55,13 +55,25 @@ def p99(latencies: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
+def tls_context(ca_file) -> ssl.SSLContext:
+    """Verifies the server with `ca_file` alone (the system's CAs without one), whatever
+    SSL_CERT_FILE or REQUESTS_CA_BUNDLE say."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checked, certificate required
+    if ca_file:
+        context.load_verify_locations(cafile=str(ca_file))
+    else:
+        context.load_default_certs()
+    return context
+
+
 class Client:
     """One thread's HTTP session; every request is recorded in `samples`."""
 
     def __init__(self, api_url: str, ca_file, token: str | None, samples: list, lock):
         self.base = api_url.rstrip("/") + "/api/v1"
         self.session = requests.Session()
-        self.session.verify = str(ca_file) if ca_file else True
+        # given on every request: requests lets REQUESTS_CA_BUNDLE override a Session's own
+        self.verify = str(ca_file) if ca_file else True
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
         self.samples, self.lock = samples, lock
@@ -72,7 +84,9 @@ class Client:
         clock = time.monotonic()
         response = error = None
         try:
-            response = self.session.request(method, self.base + path, timeout=TIMEOUT, **kwargs)
+            response = self.session.request(
+                method, self.base + path, timeout=TIMEOUT, verify=self.verify, **kwargs
+            )
         except requests.RequestException as exc:
             error = exc
         outcome = classify(response, error)
@@ -114,6 +128,7 @@ class Load:
         self.seen: dict[str, list[dict]] = {t: [] for t in self.followed}
         self.follower_stats = {t: Counter() for t in self.followed}
         self._last_event = time.monotonic()
+        self._settled_at = 0.0  # when wait_settled saw every job final
         self._stop = threading.Event()  # no new work
         self._close = threading.Event()  # followers too
         self._threads: list[threading.Thread] = []
@@ -157,6 +172,8 @@ class Load:
             while True:
                 open_jobs = self._open_jobs(client)
                 if open_jobs is not None and not open_jobs:
+                    with self.lock:  # every final event is committed by now
+                        self._settled_at = time.monotonic()
                     return True
                 if time.monotonic() > deadline:
                     return False
@@ -179,11 +196,17 @@ class Load:
 
     @property
     def followers_seen(self) -> dict[str, list[dict]]:
-        """What each tenant's follower saw, once they have been quiet for QUIET_S (at most
-        30 s): the final events reach them a moment after the jobs settle, and an event whose
-        publish was lost comes with the server's next read (pools.consumers.POLL_S)."""
+        """What each tenant's follower saw, once QUIET_S (at most 30 s) passed without an event
+        and since the jobs were seen settled: an event reaches its follower at the server's
+        next read at the latest (pools.consumers.POLL_S), also one whose wake-up was lost (a
+        publish while Redis was away; a socket whose groups a Redis restart forgot). Quiet
+        alone is not enough: an event committed after a long quiet comes up to POLL_S later."""
         deadline = time.monotonic() + 30
-        while time.monotonic() - self._last_event < QUIET_S and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            with self.lock:
+                since = max(self._last_event, self._settled_at)
+            if time.monotonic() - since >= QUIET_S:
+                break
             time.sleep(0.2)
         with self.lock:
             return {tenant: list(events) for tenant, events in self.seen.items()}
@@ -348,9 +371,7 @@ class Load:
 
     async def _follow_async(self, tenant: str) -> None:
         url = self.api_url.replace("https://", "wss://").replace("http://", "ws://")
-        context = None
-        if url.startswith("wss://"):
-            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        context = tls_context(self.ca_file) if url.startswith("wss://") else None
         headers = {"Authorization": f"Bearer {self.tokens[tenant]}"}
         stats, events = self.follower_stats[tenant], self.seen[tenant]
         while not self._close.is_set():
@@ -578,7 +599,7 @@ class _SignedClient(Client):
         started, clock = time.time(), time.monotonic()
         response = error = None
         try:
-            response = self.session.send(prepared, timeout=TIMEOUT)
+            response = self.session.send(prepared, timeout=TIMEOUT, verify=self.verify)
         except requests.RequestException as exc:
             error = exc
         outcome = classify(response, error)

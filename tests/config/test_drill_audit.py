@@ -13,8 +13,10 @@ import pytest
 from config.builders import SYSTEM, TEST_IMAGE_TAG, build_node, submit_job
 from config.drill.audit import audit, engine_double_runs, recovery
 from jobs.choices import JobState
+from jobs.lifecycle import job_report
 from jobs.models import Job, JobEvent
 from jobs.services import job_cancel
+from leases.choices import LeaseState
 from leases.models import Lease
 from pools.actors import Actor
 from pools.reasons import Reason
@@ -80,6 +82,45 @@ def test_a_gap_in_a_job_history_is_caught(run, tenant):
     assert result["lost_events"] == 1
     (broken,) = result["details"]["broken_histories"]
     assert broken["job"] == job.pk and "from leased after queued" in broken["problem"]
+
+
+def test_notes_that_keep_the_state_are_no_broken_history(pool, tenant):
+    """The agent reports its image pull as events that keep the job leased (leased → leased,
+    docs/data-plane.md "pulling"): a whole history. A second placement is not: it comes from
+    queued, after leased."""
+    node = build_node(pool, "n1")
+    job = submit_job(pool, tenant, "pulls", cpu=500)
+    assert job.pk in scheduling_pass(pool_id=pool.pk).placed
+    lease = job.leases.get(state=LeaseState.RESERVED)
+    agent = Actor.for_node(node)
+    for step, extra in [
+        ("pulling", {}),
+        ("pulling", {"pull_seconds": 1.5}),
+        ("starting", {}),
+        ("running", {}),
+        ("succeeded", {}),
+    ]:
+        job_report(
+            job=job, node=node, fencing_token=lease.fencing_token, step=step, actor=agent, **extra
+        )
+    history = list(job.events.order_by("id").values_list("from_state", "to_state", "reason"))
+    assert history[2:4] == [
+        (JobState.LEASED, JobState.LEASED, Reason.IMAGE_PULLING),
+        (JobState.LEASED, JobState.LEASED, Reason.IMAGE_PULLED),
+    ]
+    result = audited(tenant)
+    assert result["lost_events"] == 0, result["details"]
+    assert result["jobs_by_state"] == {"succeeded": 1} and result["double_runs"] == 0
+
+    JobEvent.record(
+        job,
+        actor=SYSTEM,
+        from_state=JobState.QUEUED,
+        to_state=JobState.LEASED,
+        reason=Reason.PLACED,
+    )
+    (broken,) = audited(tenant)["details"]["broken_histories"]
+    assert "from queued after succeeded" in broken["problem"]
 
 
 def test_an_event_a_follower_missed_or_got_twice_is_caught(run, tenant):

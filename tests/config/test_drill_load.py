@@ -4,44 +4,94 @@ that sees its tenant's events, a lost answer retried without a second job, and a
 that only ever gets 4xx answers."""
 
 import contextlib
+import os
 import socket
+import subprocess
 import threading
 import time
 
+import certifi
 import pytest
+import requests
 from django.conf import settings
 
 from config.builders import SYSTEM, build_node, build_person, build_token
-from config.drill.load import Load, classify, hostile_burst, p99
+from config.drill.load import QUIET_S, Load, classify, hostile_burst, p99
+from config.drill.tls import make_certificates
+from config.roles import web_command
 from jobs.models import Job, JobEvent
 from jobs.services import job_cancel
 from pools.choices import PlatformRole
 from pools.models import Quota, ResourceShape
 from tests.live_events import own_channel_layer
-from tests.web_server import web_server
+from tests.web_server import _free_port, _test_database_url, web_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def fleet(pool, tenant, other_tenant, member, outsider):
-    """The drill's seed in small: a `tiny` shape, a node, quotas, tokens, one server."""
+def seed(pool, tenant, other_tenant, member, outsider) -> dict[str, str]:
+    """The drill's seed in small: a `tiny` shape, a node, quotas; the tokens."""
     ResourceShape.objects.create(pool=pool, name="tiny", cpu_millicores_min=100, memory_mib_min=64)
     build_node(pool, "n1", cpu=8000, memory=16384)
     for t in (tenant, other_tenant):
         Quota.objects.create(tenant=t, pool=pool, cpu_millicores=64000, memory_mib=262144, gpus=0)
     operator = build_person("op", platform_role=PlatformRole.OPERATOR)
-    tokens = {
+    return {
         "vision": build_token(member),
         "nlp": build_token(outsider),
         "operator": build_token(operator),
     }
+
+
+# the loopback registry speaks plain HTTP (the drill's cluster says so too)
+INSECURE_REGISTRY = "127.0.0.1:5000,localhost:5000"
+
+
+@pytest.fixture
+def fleet(pool, tenant, other_tenant, member, outsider):
+    """The seed and one server."""
+    tokens = seed(pool, tenant, other_tenant, member, outsider)
     with own_channel_layer():
         prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
-        # the loopback registry speaks plain HTTP (the drill's cluster says so too)
-        insecure = "127.0.0.1:5000,localhost:5000"
-        with web_server(CHANNEL_LAYER_PREFIX=prefix, REGISTRY_INSECURE_HOSTS=insecure) as url:
+        with web_server(
+            CHANNEL_LAYER_PREFIX=prefix, REGISTRY_INSECURE_HOSTS=INSECURE_REGISTRY
+        ) as url:
             yield url, tokens
+
+
+@pytest.fixture
+def tls_fleet(pool, tenant, other_tenant, member, outsider, tmp_path):
+    """The seed and one server over TLS, its certificate signed by a CA of the test's own
+    (config/drill/tls.py, as the drill's): (url, CA file, tokens)."""
+    tokens = seed(pool, tenant, other_tenant, member, outsider)
+    certs = make_certificates(tmp_path, ["127.0.0.1"])
+    port = _free_port()
+    with own_channel_layer():
+        env = os.environ | {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": _test_database_url(),
+            "CHANNEL_LAYER_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+            "REGISTRY_INSECURE_HOSTS": INSECURE_REGISTRY,
+        }
+        command = web_command(f"127.0.0.1:{port}", certs.cert_file, certs.key_file)
+        url = f"https://127.0.0.1:{port}"
+        with (tmp_path / "web.log").open("wb") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+            try:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        requests.get(f"{url}/accounts/login/", verify=certs.ca_file, timeout=5)
+                        break
+                    except requests.ConnectionError:
+                        log_text = (tmp_path / "web.log").read_text()[-2000:]
+                        assert process.poll() is None, log_text
+                        assert time.monotonic() < deadline, log_text
+                        time.sleep(0.3)
+                yield url, certs.ca_file, tokens
+            finally:
+                process.terminate()
+                process.wait(15)
 
 
 def test_outcomes_are_classified_and_p99_is_the_99th_percentile():
@@ -82,6 +132,26 @@ def test_the_load_leases_submits_and_follows_every_event(fleet, pool, tenant):
             expected.values_list("id", "job_id", "to_state")
         )
     assert len(seen["vision"]) > 0
+
+
+def test_followers_are_read_once_the_events_of_the_settling_reached_them(fleet, pool):
+    """The followers have been quiet for long when the last job ends, and that end's wake-up
+    is lost (published where the server does not listen, as while Redis is away): the event
+    comes with the server's next timed read, and the followers are read after it."""
+    url, tokens = fleet
+    load = Load(url, None, tokens, pool=pool.slug, lease_clients=0, submit_every_s=60)
+    load.start()
+    load.stop()  # the submitter's first jobs only
+    assert load.jobs
+    time.sleep(QUIET_S + 1)  # quiet: the submits' events are long delivered
+    with own_channel_layer():  # another prefix: the server's sockets get no wake-up
+        for job in Job.objects.filter(pk__in=list(load.jobs)):
+            job_cancel(job=job, actor=SYSTEM)
+    assert load.wait_settled(10)
+    seen = load.followers_seen
+    load.close()
+    got = {(e["job"], e["to"]) for events in seen.values() for e in events}
+    assert {(job, "cancelled") for job in load.jobs} <= got
 
 
 class DropFirstAnswer:
@@ -159,3 +229,28 @@ def test_a_hostile_burst_gets_only_4xx_answers(fleet, pool):
     assert result["requests"] >= 25
     assert sum(result["other_tenants"]["outcomes"].values()) >= 8  # their job and lease existed
     assert Job.objects.filter(tenant__slug="vision", name="h").count() == 0
+
+
+def test_over_tls_the_load_trusts_its_ca_whatever_the_environment_names(
+    tls_fleet, pool, monkeypatch
+):
+    """requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE) override a Session's own `verify`,
+    and ssl's defaults follow SSL_CERT_FILE: each names here the public CAs, which never signed
+    the server's certificate. The load's requests, its followers' websockets and the hostile
+    burst still verify the server with the CA they were given."""
+    url, ca_file, tokens = tls_fleet
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"):
+        monkeypatch.setenv(name, certifi.where())
+    load = Load(url, ca_file, tokens, pool=pool.slug, lease_clients=1, submit_every_s=0.3)
+    load.start()
+    time.sleep(4)
+    load.stop()
+    report = load.report()
+    assert set(report["requests"]) == {"2xx"}, report
+    assert report["jobs_submitted"] > 0 and report["leases_held"] > 0
+    seen = load.followers_seen
+    load.close()
+    assert len(seen["vision"]) > 0, report["followers"]
+    assert report["followers"]["vision"]["connects"] == 1, report["followers"]
+    hostile = hostile_burst(url, ca_file, tokens, pool=pool.slug)
+    assert hostile["not_4xx"] == 0, hostile

@@ -4,20 +4,28 @@ connection, and picks up with `?after=<cursor>` every event it missed, each once
 
 import asyncio
 import json
+import logging
 import threading
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 import websockets
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_token, submit_job
+from config.drill.proxy import Proxy
+from config.routing import websocket_urlpatterns
 from jobs.models import JobEvent
 from jobs.services import job_cancel
-from pools.consumers import BAD_CURSOR, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
+from pools.consumers import AWAY, BAD_CURSOR, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
 from pools.models import ApiToken, token_digest
 from tests.live_events import own_channel_layer
 from tests.web_server import _test_database_url, web_server
@@ -190,3 +198,64 @@ def test_a_session_still_needs_an_allowed_origin(server, member):
         return refused.value.response.status_code
 
     assert asyncio.run(scenario()) == 403
+
+
+# --- Redis away: the documented 1011, never a dropped socket ------------------------------------
+
+
+async def _open(user, path: str = "/ws/jobs/") -> WebsocketCommunicator:
+    """A socket to `path` as `user` (signed in, as the session middleware makes it): an
+    exception inside the consumer is raised here, as the server would log it. Run under
+    async_to_sync: the consumer's database work then uses the test's own connection."""
+    socket = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    socket.scope["user"] = user
+    accepted, _ = await socket.connect(timeout=10)
+    assert accepted
+    return socket
+
+
+def test_while_redis_is_away_a_connect_is_closed_with_1011(member, caplog):
+    """Joining the socket's groups fails: the client gets the close code it reconnects on
+    (docs/api.md "Live events"), not a dropped socket and a traceback in the server's log."""
+
+    async def scenario():
+        socket = await _open(member, "/ws/jobs/?after=0")
+        return await socket.receive_output(timeout=10)
+
+    dead = own_channel_layer(hosts=["redis://127.0.0.1:1/0"])  # nothing listens there
+    with dead, caplog.at_level(logging.WARNING, logger="pools.consumers"):
+        closed = async_to_sync(scenario)()
+    assert closed == {"type": "websocket.close", "code": AWAY}
+    assert "a store is away" in caplog.text
+
+
+def test_redis_going_away_under_an_open_socket_closes_it_with_1011(pool, tenant, member):
+    """The socket follows through a link to Redis that is then cut (config/drill/proxy.py's
+    partition): it ends with 1011, and once Redis answers again a reconnect with the last
+    cursor gets what happened meanwhile."""
+    redis = urlsplit(settings.REDIS_URL)
+
+    async def scenario():
+        proxy = Proxy([(redis.hostname, redis.port or 6379)])
+        server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with own_channel_layer(hosts=[f"redis://127.0.0.1:{port}/{redis.path[1:] or 0}"]):
+                socket = await _open(member)
+                await database_sync_to_async(submit_job)(pool, tenant, "seen")
+                first = await socket.receive_json_from(timeout=10)
+                proxy.set_cut(True)
+                closed = await socket.receive_output(timeout=20)
+                missed = await database_sync_to_async(submit_job)(pool, tenant, "while-away")
+                proxy.set_cut(False)
+                again = await _open(member, f"/ws/jobs/?after={first['cursor']}")
+                later = await again.receive_json_from(timeout=10)
+                await again.disconnect()
+        finally:
+            server.close()
+        return first, closed, missed, later
+
+    first, closed, missed, later = async_to_sync(scenario)()
+    assert first["name"] == "seen"
+    assert closed == {"type": "websocket.close", "code": AWAY}
+    assert (later["job"], later["state"]) == (missed.pk, "queued")
