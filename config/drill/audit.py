@@ -17,7 +17,9 @@ the Docker engine's own events, never from what the control plane says of itself
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
 from collections import Counter, defaultdict
 
@@ -37,7 +39,12 @@ DETAILS = 20  # examples kept of each finding
 
 
 def audit(
-    database_url: str, *, control_plane_labels: dict, since: float, followers_seen: dict
+    database_url: str,
+    *,
+    control_plane_labels: dict,
+    since: float,
+    followers_seen: dict,
+    engine_events: list | None = None,
 ) -> dict:
     with psycopg.connect(database_url, autocommit=True) as db:
         over = overcommitted_history(db)
@@ -61,7 +68,7 @@ def audit(
                 "double_runs_reported": sorted(db_runs)[:DETAILS],
             },
         }
-    engine_runs = engine_double_runs(control_plane_labels, since)
+    engine_runs = engine_double_runs(control_plane_labels, since, events=engine_events)
     result["double_runs"] = len(db_runs | set(engine_runs["double"]))
     result["details"]["double_runs_engine"] = engine_runs
     return result
@@ -237,23 +244,63 @@ def double_starts(events: dict) -> set[tuple[int, int]]:
     return found
 
 
-def engine_double_runs(labels: dict, since: float, until: float | None = None) -> dict:
-    """From the Docker engine's own events: the containers of each (job, attempt), by node,
-    each running from its start to its die (or still). Two nodes' overlapping: a double run."""
-    import docker
-
-    client = docker.from_env()
-    filters = {
+def _engine_filters(labels: dict) -> dict:
+    return {
         "type": "container",
         "event": ["start", "die"],
         "label": [f"{k}={v}" for k, v in labels.items()] + [f"{LABEL}.job"],
     }
-    until = until or time.time()
+
+
+class EngineEvents:
+    """The Docker engine's start and die events of the drill's job containers, watched live
+    from before the load starts: the engine keeps only its last 256 events, so a query after
+    the run would see only its tail."""
+
+    def __init__(self, labels: dict):
+        import docker
+
+        self.client = docker.from_env()
+        self.events: list[dict] = []
+        self.stream = self.client.events(filters=_engine_filters(labels), decode=True)
+        self.thread = threading.Thread(target=self._follow, daemon=True, name="engine-events")
+        self.thread.start()
+
+    def _follow(self) -> None:
+        with contextlib.suppress(Exception):  # the stream ends with an error when closed
+            for event in self.stream:
+                self.events.append(event)
+
+    def stop(self) -> list[dict]:
+        """The events seen; stops watching (again: nothing more)."""
+        if self.thread.is_alive():
+            time.sleep(1.0)  # the last die events of the settled jobs are on their way
+            with contextlib.suppress(Exception):
+                self.stream.close()
+            self.thread.join(timeout=5)
+            self.client.close()
+        return list(self.events)
+
+
+def engine_double_runs(
+    labels: dict, since: float, until: float | None = None, events: list | None = None
+) -> dict:
+    """From the Docker engine's own events (those watched live, else the engine's own recent
+    history): the containers of each (job, attempt), by node, each running from its start to
+    its die (or still). Two nodes' overlapping: a double run."""
     runs = defaultdict(list)  # (job, attempt) → [node, container, start, end]
     open_runs = {}
+    client = None
+    if events is None:
+        import docker
+
+        client = docker.from_env()
+        until = until or time.time()
+        events = client.events(
+            since=int(since), until=int(until) + 1, filters=_engine_filters(labels), decode=True
+        )
     try:
-        stream = client.events(since=int(since), until=int(until) + 1, filters=filters, decode=True)
-        for event in stream:
+        for event in events:
             attributes = event.get("Actor", {}).get("Attributes", {})
             at = event.get("timeNano", 0) / 1e9
             container = event.get("id") or event.get("Actor", {}).get("ID")
@@ -265,7 +312,8 @@ def engine_double_runs(labels: dict, since: float, until: float | None = None) -
             elif container in open_runs:
                 open_runs.pop(container)[3] = at
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     double = []
     for key, spans in runs.items():
         for i, (node_a, _, start_a, end_a) in enumerate(spans):

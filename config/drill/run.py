@@ -81,7 +81,7 @@ def run_drill(
 ) -> dict:
     """The drill, start to end; the cluster is stopped whatever happens."""
     # imported here: helper C's modules (the load, the audit) are their own
-    from config.drill.audit import audit, recovery
+    from config.drill.audit import EngineEvents, audit, recovery
     from config.drill.load import Load, hostile_burst
 
     chosen = PROFILES[profile]
@@ -94,13 +94,14 @@ def run_drill(
         beat_lock_s=chosen.beat_lock_s,
         keep=keep,
     )
-    load = None
+    load = engine = None
     result: dict = {"profile": profile, "faults_planned": names}
     try:
         say(f"starting the fleet in {cluster.dir}")
         cluster.start()
         result["fleet_started_s"] = round(time.time() - started, 1)
         say(f"fleet ready in {result['fleet_started_s']} s at {cluster.api_url}; load starts")
+        engine = EngineEvents(cluster.control_plane_labels)  # before the first job starts
         load_started = time.time()
         load = Load(cluster.api_url, cluster.ca_file, cluster.tokens, pool=cluster.pool)
         load.start()
@@ -131,6 +132,7 @@ def run_drill(
             control_plane_labels=cluster.control_plane_labels,
             since=load_started,
             followers_seen=getattr(load, "followers_seen", {}),
+            engine_events=engine.stop(),
         )
         recovered = recovery(records, cluster.database_url, load)
         result |= {
@@ -154,6 +156,8 @@ def run_drill(
         cluster.say_logs(sys.stderr, lines=15)
     finally:
         _ignore_interrupts()  # a second Ctrl-C must not cut the clean-up short
+        if engine is not None:
+            engine.stop()
         if load is not None:
             try:
                 load.stop()
@@ -206,6 +210,8 @@ def failures(result: dict) -> list[str]:
             found.append(f"fault {fault['name']}: {fault['detail']['error']}")
     if result.get("leftovers"):
         found.append(f"left behind: {result['leftovers']}")
+    if not result.get("error") and not result.get("jobs_by_state", {}).get("succeeded"):
+        found.append("no job succeeded: the drill proved nothing")  # a fleet that did nothing
     return found
 
 

@@ -167,6 +167,16 @@ def _nothing_left(cluster: Cluster) -> None:
 
 @pytest.mark.slow
 @pytest.mark.docker
+def test_a_drill_whose_jobs_never_succeeded_fails_even_with_its_zeros():
+    from config.drill.run import ZEROS, failures
+
+    idle = dict.fromkeys(ZEROS, 0) | {"faults": [], "leftovers": []}
+    assert failures(idle | {"jobs_by_state": {"succeeded": 12, "cancelled": 1}}) == []
+    assert failures(idle | {"jobs_by_state": {"queued": 12}}) == [
+        "no job succeeded: the drill proved nothing"
+    ]
+
+
 def test_the_fleet_starts_each_agent_in_its_namespace_over_tls_and_stops_leaving_nothing():
     _require_fleet_services()
     cluster = Cluster(agents_count=3)

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from config.builders import SYSTEM, TEST_IMAGE_TAG, build_node, submit_job
-from config.drill.audit import audit, engine_double_runs, recovery
+from config.drill.audit import EngineEvents, audit, engine_double_runs, recovery
 from jobs.choices import JobState
 from jobs.lifecycle import job_report
 from jobs.models import Job, JobEvent
@@ -180,6 +180,7 @@ def test_the_engine_events_show_an_attempt_running_on_two_nodes_at_once():
         )
 
     made = []
+    watched = EngineEvents(labels)  # live, as the drill watches (the engine keeps only 256)
     try:
         made += [container(101, 1, 2), container(101, 2, 2)]  # both at once: a double run
         made.append(container(102, 1, 0.1))  # one after the other: not one
@@ -188,12 +189,21 @@ def test_the_engine_events_show_an_attempt_running_on_two_nodes_at_once():
         for c in made:
             c.wait(timeout=30)
         found = engine_double_runs(labels, since, until=time.time() + 1)
+        # 300 other events (volumes made and removed) push these out of the engine's history
+        for n in range(150):
+            client.volumes.create(f"{labels['computepool.control_plane']}-{n}").remove()
+        events = watched.stop()
+        from_history = engine_double_runs(labels, since, until=time.time() + 1)
+        from_watch = engine_double_runs(labels, since, events=events)
     finally:
+        watched.stop()
         for c in made:
             c.remove(force=True)
         client.close()
     assert found["containers_started"] == 4
     assert found["double"] == [(101, 1)]
+    assert from_history["containers_started"] < 4  # what a query after a long run sees
+    assert from_watch == found
 
 
 def test_recovery_is_measured_from_each_fault_end(run):
