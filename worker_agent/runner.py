@@ -252,8 +252,12 @@ class Runner(threading.Thread):
         self._monitor(handle)
 
     def _adopt(self, found: Found) -> None:
-        """A container a previous agent started: report where it is, then follow it."""
+        """A container a previous agent started: report where it is, then follow it. One it
+        created and never started (neither running nor ended) is started afresh."""
         a = self.assignment
+        if not found.running and found.ended is None:
+            self._start_afresh(found)
+            return
         log.info("job %s: reconciling its container (running=%s)", a.job, found.running)
         if a.state in ("leased", "starting"):
             self._running(found.handle)
@@ -261,6 +265,23 @@ class Runner(threading.Thread):
         self._follower = self.runtime.logs(found.handle, since=int(time.time()))
         self.started_at = time.monotonic() - found.elapsed_s
         self._monitor(found.handle)
+
+    def _start_afresh(self, found: Found) -> None:
+        """The previous agent died between the container's create and its start: nothing of
+        the attempt ever ran, so there is no run to follow (one followed as running would only
+        end at its maximum runtime) and none to double. The container is removed with what was
+        made for it (its network owner, its secrets' and disks' mounts, inputs: the directory),
+        then the attempt is launched again under the same lease and token (the control plane
+        takes the pull's notes and a repeated `starting` of a starting job)."""
+        a = self.assignment
+        log.info("job %s: its container was created but never started: starting afresh", a.job)
+        self.runtime.remove(found.handle)
+        self._clean_workdir()
+        if a.state not in ("leased", "starting"):  # reported running, yet it never started
+            message = "the container never started (agent restart)"
+            self._report(Step.FAILED, "runtime_error", message=message)
+            return
+        self._launch()
 
     def _bound(self, a: Assignment) -> Assignment:
         """The assignment with its ports' bind address settled: the pool's `ingress_address`,

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from worker_agent.runner import Runner
+from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment
 from worker_agent.workroot import WorkRoot
 
@@ -15,9 +16,7 @@ from .conftest import IDS
 pytestmark = pytest.mark.docker
 
 
-def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
-    state, client, runtime = agent_parts
-    job = next(IDS)
+def assignment(job: int, image, command, **changes) -> Assignment:
     data = {
         "job": job,
         "attempt": 1,
@@ -31,13 +30,18 @@ def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
         "limits": {"cpu_millicores": 500, "memory_mib": 32, "pids": 64},
     } | changes
     data["limits"] = {"output_limit_mib": 16} | data["limits"]  # every job has one
-    a = Assignment.parse(data)
-    runner = Runner(
-        a,
-        client=client,
-        runtime=runtime,
-        workdir=WorkRoot(state.dir.parent / "work", state.dir).attempt_dir(job, 1),
-    )
+    return Assignment.parse(data)
+
+
+def attempt_dir(state, job: int):
+    return WorkRoot(state.dir.parent / "work", state.dir).attempt_dir(job, 1)
+
+
+def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
+    state, client, runtime = agent_parts
+    job = next(IDS)
+    a = assignment(job, image, command, **changes)
+    runner = Runner(a, client=client, runtime=runtime, workdir=attempt_dir(state, job))
     runner.poll_s = 0.2
     runner.start()
     if wait:
@@ -154,3 +158,44 @@ def test_a_halted_agent_leaves_the_container_and_a_new_one_adopts_it(
     last = control_plane.reports(runner.job)[-1]
     assert (last["step"], last["exit_code"]) == ("failed", 4)
     assert containers_of(docker_client, runner.job) == []
+
+
+def test_a_container_created_but_never_started_is_started_afresh_by_the_next_agent(
+    agent_parts, control_plane, test_image, docker_client
+):
+    """The agent died between the container's create and its start (the job `starting`): the
+    next agent finds it `created`. It never ran, so that agent removes it and starts the
+    attempt afresh under the same lease, never following it as running until the maximum
+    runtime kills it (found by the fleet drill)."""
+    state, client, runtime = agent_parts
+    job = next(IDS)
+    a = assignment(job, test_image, ["sh", "-c", "sleep 1"], state="starting")
+    workdir = attempt_dir(state, job)
+    (workdir / "inputs").mkdir(parents=True)  # as the runner prepares it
+    created = runtime.create(a, workdir)  # same name and labels; never started
+    try:
+        created.reload()
+        assert created.status == "created"
+        found = {(f.job, f.lease): f for f in runtime.find()}[a.key]
+        assert (found.running, found.ended) == (False, None)  # neither running nor ended
+        began = time.monotonic()
+        adopted = Runner(a, client=client, runtime=runtime, workdir=workdir, found=found)
+        adopted.poll_s = 0.2
+        adopted.start()
+        adopted.join(30)
+        assert not adopted.is_alive(), "followed as if it ran (until its maximum runtime)"
+        assert time.monotonic() - began < 20
+        assert control_plane.steps(job) == [  # launched again, under the same lease
+            ("pulling", "image_pulling"),
+            ("pulling", "image_pulled"),
+            ("starting", ""),
+            ("running", ""),
+            ("succeeded", ""),
+        ]
+        assert control_plane.reports(job)[-1]["exit_code"] == 0
+        assert containers_of(docker_client, job) == []
+        assert not workdir.exists()
+    finally:
+        for container in containers_of(docker_client, job):
+            container.remove(force=True)
+        disks.release(workdir)

@@ -75,7 +75,12 @@ from worker_agent.runtime.container_spec import (
     secrets_mount,
     volume_mounts,
 )
-from worker_agent.runtime.engine import Engine, remove_container, seconds_since_start
+from worker_agent.runtime.engine import (
+    Engine,
+    never_started,
+    remove_container,
+    seconds_since_start,
+)
 from worker_agent.runtime.network_owner import (
     INPUTS_SUFFIX,
     OWNER_SUFFIX,
@@ -412,7 +417,9 @@ class DockerRuntime:
     # ------------------------------------------------------------------ reconciliation
     def find(self) -> list[Found]:
         """This node's job containers (by its owner labels), running or ended, for
-        reconciliation; its network owners whose job container is gone are removed."""
+        reconciliation; its network owners whose job container is gone are removed. One
+        created and never started (the agent died in between) is found neither running nor
+        ended (`running` False, `ended` None): the runner starts its attempt afresh."""
         found = []
         if self.owner is None:
             return found
@@ -443,9 +450,10 @@ class DockerRuntime:
                 continue
             if not self.runs(container):
                 continue  # the other Docker-backed runtime's (gVisor's or runc's)
-            ended = self._look(container)
+            ended = self._look(container)  # None for a created one too: it has not ended
+            running = ended is None and not never_started(container)
             elapsed = seconds_since_start(container)
-            found.append(Found(job, lease, attempt, container, ended is None, ended, elapsed))
+            found.append(Found(job, lease, attempt, container, running, ended, elapsed))
         return found
 
 

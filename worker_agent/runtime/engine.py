@@ -36,6 +36,12 @@ def seconds_since_start(container) -> float:
     return max(0.0, (datetime.now(UTC) - started).total_seconds()) if started else 0.0
 
 
+def never_started(container) -> bool:
+    """Whether the container was created and never started (its last inspection): an agent
+    that died between create and start left it."""
+    return container.attrs["State"].get("Status") == "created"
+
+
 class Engine:
     def __init__(self, client: docker.DockerClient, owner: Owner | None = None):
         self.client = client
