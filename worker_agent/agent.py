@@ -508,7 +508,9 @@ class Agent:
 
     def reconcile(self) -> None:
         """What a previous agent left: containers of current assignments are adopted (still
-        running → reported; exited → their exit reported; stopping, its job cancelled → stopped
+        running → reported; exited → their exit reported; created and never started (the
+        agent died between create and start) → removed and the attempt launched afresh under the
+        same lease; stopping, its job cancelled → stopped
         and the stop confirmed); the rest are stopped and removed. Assignments already past
         `leased` with no container left are reported failed (stopping ones: stopped)."""
         current = self.assignments()
