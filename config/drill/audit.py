@@ -59,6 +59,7 @@ def audit(
             "jobs_by_state": _count(db, Job),
             "leases_by_state": _count(db, Lease),
             "jobs_without_terminal_reason": len(no_reason),
+            "job_ends_by_reason": job_ends_by_reason(jobs, events),
             "lost_events": len(broken) + sum(f["lost"] for f in followers.values()),
             "details": {
                 "overcommitted": sorted(over)[:DETAILS],
@@ -158,6 +159,17 @@ def jobs_without_terminal_reason(jobs: list[tuple], events: dict) -> list[dict]:
         elif not history or not history[-1][3] or history[-1][2] != state:
             found.append({"job": job_id, "state": state, "why": "final event without a reason"})
     return found
+
+
+def job_ends_by_reason(jobs: list[tuple], events: dict) -> dict[str, dict[str, int]]:
+    """Final state → the reason code of the event that ended each job there → how many: what
+    a failure was (a fault's casualty or a bug) is read here first."""
+    ends = defaultdict(Counter)
+    for job_id, state, _ in jobs:
+        final = [e for e in events.get(job_id, []) if e[2] == state and e[1] != state]
+        if state in TERMINAL and final:
+            ends[state][final[-1][3] or "none"] += 1
+    return {state: dict(reasons.most_common()) for state, reasons in sorted(ends.items())}
 
 
 def broken_histories(jobs: list[tuple], events: dict) -> list[dict]:

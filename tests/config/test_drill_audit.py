@@ -58,6 +58,7 @@ def test_a_clean_run_has_nothing_to_report(run, tenant):
     result = audited(tenant)
     assert result["jobs_by_state"] == {"cancelled": 3}
     assert result["leases_by_state"] == {"released": 3}
+    assert result["job_ends_by_reason"] == {"cancelled": {"cancelled_by_user": 3}}
     for name in ("overcommitted_nodes", "jobs_without_terminal_reason", "lost_events"):
         assert result[name] == 0, (name, result["details"])
     assert result["double_runs"] == 0
