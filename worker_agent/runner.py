@@ -35,7 +35,7 @@ from pathlib import Path
 
 from worker_agent import addresses, inputs
 from worker_agent import checkpoint as checkpoints
-from worker_agent.client import ApiClient, ApiError, ApiUnreachable
+from worker_agent.client import RETRY_STATUSES, ApiClient, ApiError, ApiUnreachable
 from worker_agent.metrics import AgentMetrics
 from worker_agent.outputs import Outputs, read_budget
 from worker_agent.runtime import disks
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
+END_REPORT_RETRY_S = 5.0  # an end report the control plane could not take, sent again
 STOPPING = "stopping"  # an assignment's state once its job was cancelled
 
 
@@ -128,6 +129,8 @@ class Runner(threading.Thread):
             self.cancelled.set()
         self.end_reported = False  # the run's last report (END_STEPS) was taken
         self.halted = threading.Event()  # the agent stops: leave the container running
+        # how long an end report the control plane could not take waits before it is sent again
+        self.end_report_retry_s = END_REPORT_RETRY_S
         self.checkpoint = threading.Event()  # the control plane asks for a checkpoint
         if assignment.checkpoint_requested:
             self.checkpoint.set()
@@ -457,14 +460,35 @@ class Runner(threading.Thread):
         body |= {key: value for key, value in fields.items() if value is not None}
         body["message"] = str(body.get("message", ""))[:1000]
         log.info("job %s: %s %s", self.assignment.job, step, reason)
-        try:
-            answer = self.client.report(self.assignment.job, body)
-            self.end_reported = self.end_reported or step in END_STEPS
-            return answer
-        except ApiError as exc:
-            if exc.status in (403, 404, 409):  # stale token, or no longer this node's job
-                raise Fenced(str(exc)) from exc
-            raise
+        while True:
+            try:
+                answer = self.client.report(self.assignment.job, body)
+                self.end_reported = self.end_reported or step in END_STEPS
+                return answer
+            except ApiError as exc:
+                if exc.status in (403, 404, 409):  # stale token, or no longer this node's job
+                    raise Fenced(str(exc)) from exc
+                if exc.status not in RETRY_STATUSES or not self._again(step, exc):
+                    raise
+            except ApiUnreachable as exc:
+                if not self._again(step, exc):
+                    raise
+
+    def _again(self, step: Step, exc: Exception) -> bool:
+        """Whether to send a report again that the control plane could not take, even after
+        the client's retries (its database or Redis away for longer): an end report, yes, until
+        it is taken or refused — its outcome is known, and giving up would leave the job's end
+        unreported, or report the run a failure it was not; the agent stopping ends the wait."""
+        if step not in END_STEPS or self.halted.is_set():
+            return False
+        log.warning(
+            "job %s: %s not taken (%s); sending it again in %ss",
+            self.assignment.job,
+            step,
+            exc,
+            self.end_report_retry_s,
+        )
+        return not self.halted.wait(self.end_report_retry_s)
 
     def _flush_logs(self, quiet: bool = False) -> None:
         text = self._follower.take() if self._follower is not None else ""

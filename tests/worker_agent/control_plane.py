@@ -23,6 +23,7 @@ class ControlPlane:
         self.requests: list[tuple[str, str, object]] = []
         self.headers: list[tuple[str, dict]] = []  # (path, headers) of each request, in order
         self.refuse_steps: set[str] = set()  # steps answered 409 fencing_token_mismatch
+        self.unavailable_steps: dict[str, int] = {}  # step → how many of its reports get 503
         self.credential = "cpn_test"
         # who this control plane is, and the node it enrolls: each test's agent owns its own
         # containers on the engine every test process shares
@@ -157,6 +158,9 @@ class ControlPlane:
                     return self._answer(400, {"reason": ["Only a failure or a pull has one."]})
                 if path.endswith("/report") and plane.on_report:
                     plane.on_report(body)
+                if path.endswith("/report") and plane.unavailable_steps.get(body.get("step")):
+                    plane.unavailable_steps[body["step"]] -= 1
+                    return self._answer(503, {"code": "database_unavailable"})
                 if path.endswith("/report") and body.get("step") in plane.refuse_steps:
                     return self._answer(409, {"code": "fencing_token_mismatch"})
                 self._answer(200, plane.answers.get(path, {"ok": True}))

@@ -138,6 +138,22 @@ def test_a_refused_starting_report_starts_nothing(
     assert containers_of(docker_client, runner.job) == []
 
 
+def test_an_end_report_the_control_plane_cannot_take_for_a_while_is_sent_until_taken(
+    agent_parts, control_plane, test_image
+):
+    """The control plane answers 503 longer than the client's own retries (its Redis cut for
+    20 s in the drill): the run's end is sent again until taken, never turned into a failure."""
+    _, client, _ = agent_parts
+    control_plane.unavailable_steps = {"succeeded": client.retries + 3}
+    runner = run(agent_parts, test_image, ["sh", "-c", "true"], wait=False)
+    runner.end_report_retry_s = 0.2
+    runner.join(60)
+    assert not runner.is_alive()
+    steps = [r["step"] for r in control_plane.reports(runner.job)]
+    assert steps[-1] == "succeeded" and "failed" not in steps
+    assert control_plane.unavailable_steps == {"succeeded": 0}  # every 503 was met
+
+
 def test_a_halted_agent_leaves_the_container_and_a_new_one_adopts_it(
     agent_parts, control_plane, test_image, docker_client
 ):
