@@ -133,6 +133,20 @@ PLACE = dict(region="eu-west", zone="eu-west-1a", rack="r1", network_class="25g"
 ACTOR = Actor.system("demo")
 
 
+def ensure_priority_classes() -> None:
+    """The demo's priority classes (a pool's policy names them), made or brought up to date."""
+    for name, value, preemptible, description, minimum_role in PRIORITIES:
+        PriorityClass.objects.update_or_create(
+            name=name,
+            defaults={
+                "value": value,
+                "preemptible": preemptible,
+                "description": description,
+                "minimum_role": minimum_role,
+            },
+        )
+
+
 def _demo_pool(fields: dict, knobs: dict, comment: str) -> ComputePool:
     """The pool, with a new policy version when the current one lacks any of `knobs` (an
     operator's own values of them are kept)."""
@@ -171,16 +185,7 @@ def load_demo() -> list[tuple[str, str, str]]:
                 pool=each,
                 defaults={"cpu_millicores": 64000, "memory_mib": 262144, "gpus": 4},
             )
-    for name, value, preemptible, description, minimum_role in PRIORITIES:
-        PriorityClass.objects.update_or_create(
-            name=name,
-            defaults={
-                "value": value,
-                "preemptible": preemptible,
-                "description": description,
-                "minimum_role": minimum_role,
-            },
-        )
+    ensure_priority_classes()
     for shape in SHAPES:
         defaults = {k: v for k, v in shape.items() if k != "name"}
         ResourceShape.objects.update_or_create(pool=pool, name=shape["name"], defaults=defaults)

@@ -704,10 +704,10 @@ def seed(agents: int, heartbeat_s: int) -> dict:
         build_token,
         set_pool_knobs,
     )
-    from config.demo import PRIORITIES, agent_enrollment_token
+    from config.demo import agent_enrollment_token, ensure_priority_classes
     from nodes.selectors import control_plane_id
     from pools.choices import PlatformRole, TenantRole
-    from pools.models import PriorityClass, Quota, ResourceShape
+    from pools.models import Quota, ResourceShape
 
     pool = build_pool(POOL, name="Drill", heartbeat_interval_s=heartbeat_s)
     set_pool_knobs(
@@ -719,16 +719,7 @@ def seed(agents: int, heartbeat_s: int) -> dict:
         preemption_min_runtime_s=5,
         preemption_notice_s=2,
     )
-    for name, value, preemptible, description, minimum_role in PRIORITIES:
-        PriorityClass.objects.update_or_create(
-            name=name,
-            defaults={
-                "value": value,
-                "preemptible": preemptible,
-                "description": description,
-                "minimum_role": minimum_role,
-            },
-        )
+    ensure_priority_classes()
     ResourceShape.objects.update_or_create(
         pool=pool, name="tiny", defaults={"cpu_millicores_min": 100, "memory_mib_min": 64}
     )
