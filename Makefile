@@ -81,7 +81,7 @@ bench: $(VENV)/.test-deps services
 ## drill: the product as a fleet on this machine — its own PostgreSQL and Redis, two TLS web
 ## processes behind one balancer, two Celery workers, one beat, three agents in network
 ## namespaces — broken while it works (every fault of config/drill/faults.py); ONE JSON object,
-## exit status 1 when a count that must be zero is not (root and Docker; about 9 minutes)
+## exit status 1 when a count that must be zero is not (root and Docker; about 6 minutes)
 drill: $(VENV)/.run-deps services
 	$(BIN)/python manage.py drill --json
 
