@@ -47,7 +47,8 @@ def test_embedded_redis_serves_the_channel_layer_and_the_celery_broker():
         return await asyncio.wait_for(receive, 5)
 
     assert asyncio.run(live_event_round_trip())["event"] == {"job": 7}
-    with Celery(broker=url).connection() as connection:
+    # not set as the current app: the project's tasks must keep config.celery's (eager here)
+    with Celery(broker=url, set_as_current=False).connection() as connection:
         queue = connection.SimpleQueue("computepool-test")
         queue.put({"task": "scheduling.pass"})
         assert queue.get(timeout=5).payload == {"task": "scheduling.pass"}
