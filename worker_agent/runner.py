@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of UTF-8)
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
-END_REPORT_RETRY_S = 5.0  # an end report the control plane could not take, sent again
+REPORT_RETRY_S = 5.0  # a report the control plane could not take is sent again after this
 STOPPING = "stopping"  # an assignment's state once its job was cancelled
 
 
@@ -129,8 +129,8 @@ class Runner(threading.Thread):
             self.cancelled.set()
         self.end_reported = False  # the run's last report (END_STEPS) was taken
         self.halted = threading.Event()  # the agent stops: leave the container running
-        # how long an end report the control plane could not take waits before it is sent again
-        self.end_report_retry_s = END_REPORT_RETRY_S
+        # how long a report the control plane could not take waits before it is sent again
+        self.report_retry_s = REPORT_RETRY_S
         self.checkpoint = threading.Event()  # the control plane asks for a checkpoint
         if assignment.checkpoint_requested:
             self.checkpoint.set()
@@ -476,19 +476,21 @@ class Runner(threading.Thread):
 
     def _again(self, step: Step, exc: Exception) -> bool:
         """Whether to send a report again that the control plane could not take, even after
-        the client's retries (its database or Redis away for longer): an end report, yes, until
-        it is taken or refused — its outcome is known, and giving up would leave the job's end
-        unreported, or report the run a failure it was not; the agent stopping ends the wait."""
-        if step not in END_STEPS or self.halted.is_set():
+        the client's retries (its database or Redis away for longer): yes, until it is taken or
+        refused, whatever the step. Giving up would report the run a failure it was not (an end
+        whose outcome is known, a pull or a start that went well); `starting` must be taken
+        before the container starts anyway (the fence), and a lease that ended meanwhile is
+        refused then (409: the attempt is abandoned). The agent stopping ends the wait."""
+        if self.halted.is_set():
             return False
         log.warning(
             "job %s: %s not taken (%s); sending it again in %ss",
             self.assignment.job,
             step,
             exc,
-            self.end_report_retry_s,
+            self.report_retry_s,
         )
-        return not self.halted.wait(self.end_report_retry_s)
+        return not self.halted.wait(self.report_retry_s)
 
     def _flush_logs(self, quiet: bool = False) -> None:
         text = self._follower.take() if self._follower is not None else ""
