@@ -173,6 +173,11 @@ class Runner(threading.Thread):
                     self._stop_container(self.found.handle)
             elif self.found is not None:
                 self._adopt(self.found)
+            elif a.state == "starting":
+                # reported starting by an earlier agent that died before it made the container:
+                # nothing of the attempt ran, so it is launched again under the same lease
+                log.info("job %s: starting, and no container was made: launching afresh", a.job)
+                self._launch()
             elif a.state != "leased":
                 # Reported starting/running by an earlier agent, and no container is left.
                 self._report(

@@ -177,6 +177,23 @@ def test_a_halted_agent_leaves_the_container_and_a_new_one_adopts_it(
     assert containers_of(docker_client, runner.job) == []
 
 
+def test_a_starting_job_whose_container_was_never_made_is_launched_afresh(
+    agent_parts, control_plane, test_image, docker_client
+):
+    """The agent died after its `starting` report was taken and before it created the
+    container: nothing ran, so the next agent launches the attempt again under the same lease
+    (it had been failed `runtime_error`, "the container is gone"; found by the fleet drill)."""
+    runner = run(agent_parts, test_image, ["sh", "-c", "true"], state="starting")
+    assert control_plane.steps(runner.job) == [
+        ("pulling", "image_pulling"),
+        ("pulling", "image_pulled"),
+        ("starting", ""),
+        ("running", ""),
+        ("succeeded", ""),
+    ]
+    assert containers_of(docker_client, runner.job) == []
+
+
 def test_a_container_created_but_never_started_is_started_afresh_by_the_next_agent(
     agent_parts, control_plane, test_image, docker_client
 ):
