@@ -40,7 +40,7 @@ def attempt_dir(state, job: int):
 
 def run(agent_parts, image, command, *, wait=True, **changes) -> Runner:
     state, client, runtime = agent_parts
-    job = next(IDS)
+    job = changes.pop("job", None) or next(IDS)  # a next attempt names its job
     a = assignment(job, image, command, **changes)
     runner = Runner(a, client=client, runtime=runtime, workdir=attempt_dir(state, job))
     runner.poll_s = 0.2
