@@ -320,7 +320,10 @@ def console(stack, django_db_blocker):
         pytest.fail("daphne did not start")
     yield f"http://127.0.0.1:{server.port.value}"
     server.terminate()
-    server.join()
+    server.join(10)
+    if server.is_alive():  # a forked daphne can miss its SIGTERM; the module must not hang on it
+        server.kill()
+        server.join(10)
 
 
 def screenshot(page, name: str) -> None:
