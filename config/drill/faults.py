@@ -199,6 +199,13 @@ def _pass_lock_holder(cluster: Cluster) -> tuple[int, str] | None:
     return tuple(rows[0]) if rows else None
 
 
+def _lock_left(cluster: Cluster, holder: tuple[int, str]) -> bool:
+    """Whether the backend `holder` no longer holds the pass lock (read once: it may go
+    between two reads)."""
+    now = _pass_lock_holder(cluster)
+    return now is None or now[0] != holder[0]
+
+
 def worker_kill_mid_pass(cluster: Cluster, *, find_s: float = 30, down_s: float = 2, **_):
     """The Celery worker whose connection holds the drill pool's pass lock (pg_locks, the
     backend's application_name: drill-worker-N) SIGKILLed with its children, in the middle of
@@ -222,10 +229,7 @@ def worker_kill_mid_pass(cluster: Cluster, *, find_s: float = 30, down_s: float 
     cluster.held.add(name)
     cluster.kill(name, signal.SIGKILL)
     # PostgreSQL ends the backend, and with it the session's lock, once its client is gone
-    released = _poll(
-        lambda: not _pass_lock_holder(cluster) or _pass_lock_holder(cluster)[0] != holder[0],
-        timeout=30,
-    ) if holder else True  # fmt: skip
+    released = _poll(lambda: _lock_left(cluster, holder), timeout=30) if holder else True
     released_s = round(time.time() - started, 2)
     time.sleep(down_s)
     with cluster.lock:

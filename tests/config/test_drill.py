@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -141,6 +142,20 @@ def test_drill_refuses_an_unknown_fault_naming_the_known_ones():
         call_command("drill", "--faults", "agent_kill,meteor_strike")
     assert "meteor_strike" in str(refused.value)
     assert "postgres_restart" in str(refused.value)
+
+
+def test_the_pass_lock_is_seen_released_whenever_its_holder_goes_between_two_reads(monkeypatch):
+    """The worker-kill fault polls pg_locks while PostgreSQL ends the killed backend: any read
+    may find the lock gone (a CI run once failed the drill on a second read that did)."""
+    from config.drill import faults
+
+    holder = (4242, "drill-worker-0")
+    reads = iter([[holder], [(5151, "drill-worker-1")], []])
+    monkeypatch.setattr(faults, "_query", lambda *_args, **_kw: next(reads))
+    cluster = types.SimpleNamespace(pool_id=7)
+    assert faults._lock_left(cluster, holder) is False  # still held by the killed backend
+    assert faults._lock_left(cluster, holder) is True  # another worker's pass took it
+    assert faults._lock_left(cluster, holder) is True  # nobody holds it
 
 
 # --- the fleet ---------------------------------------------------------------------------------
