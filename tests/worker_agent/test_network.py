@@ -5,6 +5,8 @@ listening in a network namespace of the test's own (tests/worker_agent/netns.py)
 own addresses, which no job may reach, and it never leaves this machine."""
 
 import shutil
+import threading
+import uuid
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -95,6 +97,42 @@ def run(runtime, a, workdir, timeout=30) -> tuple[object, str]:
     runtime.start(container)
     assert runtime.wait(container, timeout) is not None, "the job did not end"
     return container, container.logs().decode()
+
+
+@pytest.mark.docker
+def test_agents_making_the_pool_network_at_once_all_join_one(docker_client, monkeypatch):
+    """Docker makes a second network of one name without a word; a name that then resolves to
+    two refused every job on the node (a fresh engine with two agents found it)."""
+    from worker_agent.runtime import network_owner
+
+    name = f"cp-test-pool-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(network_owner, "POOL_NETWORK", name)
+    runtimes = [DockerRuntime(make_owner(f"test-node-{i}"), client=docker_client) for i in range(4)]
+    start = threading.Barrier(len(runtimes))
+    ids = []
+
+    def make(runtime):
+        start.wait()
+        ids.append(runtime.networks.pool_network())
+
+    threads = [threading.Thread(target=make, args=(runtime,)) for runtime in runtimes]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        left = [n for n in docker_client.networks.list(names=[name]) if n.name == name]
+        assert len(ids) == len(runtimes) and len(set(ids)) == 1
+        assert [n.id for n in left] == ids[:1]
+        # a duplicate made by hand (an engine left so by an older agent) is folded the same way
+        docker_client.networks.create(name, driver="bridge")
+        assert runtimes[0].networks.pool_network() == ids[0]
+        assert [n.id for n in docker_client.networks.list(names=[name]) if n.name == name] == ids[
+            :1
+        ]
+    finally:
+        for network in docker_client.networks.list(names=[name]):
+            network.remove()
 
 
 @pytest.mark.docker

@@ -14,10 +14,11 @@ egress allows only the inputs' hosts (worker_agent/inputs.py), removed once they
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
-from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from worker_agent import netpolicy
 from worker_agent.runtime.base import LABEL, Assignment, RuntimeFailure
@@ -104,18 +105,34 @@ class NetworkOwners:
         finally:
             remove_container(owner)
 
-    def pool_network(self) -> None:
-        """The bridge network every owner joins (inter-container traffic off), made once."""
+    def pool_network(self) -> str:
+        """The id of the bridge network every owner joins (inter-container traffic off), made
+        once. Docker does not refuse a second network of one name, so two agents on one engine
+        starting together may make two (and the name then resolves to neither): each keeps the
+        oldest, removes the others it can, and joins by id."""
         client = self.engine.client
-        try:
-            client.networks.get(POOL_NETWORK)
-        except NotFound:
+        found = self._pool_networks()
+        if not found:
             client.networks.create(
                 POOL_NETWORK,
                 driver="bridge",
                 options={"com.docker.network.bridge.enable_icc": "false"},
                 labels={f"{LABEL}.network": "pool"},
             )
+            found = self._pool_networks()
+        kept, *extra = found
+        for network in extra:  # one another agent joined stays (in use): nobody joins it again
+            with contextlib.suppress(NotFound, APIError):
+                client.api.remove_network(network["Id"])
+        return kept["Id"]
+
+    def _pool_networks(self) -> list[dict]:
+        """The networks named exactly POOL_NETWORK (the engine's filter also matches parts of
+        names), oldest first."""
+        listed = self.engine.client.api.networks(names=[POOL_NETWORK])
+        return sorted(
+            (n for n in listed if n["Name"] == POOL_NETWORK), key=lambda n: (n["Created"], n["Id"])
+        )
 
     def pinned_image(self) -> str:
         """The pause image by digest (pulled when missing); a tag is pinned to its digest."""
@@ -139,7 +156,7 @@ class NetworkOwners:
         """A network owner of the attempt: `sleep` on the pool network, hardened like a job,
         with tiny limits; the job's owner carries the published ports (the job shares its
         namespace), bound to the pool's ingress address only."""
-        self.pool_network()
+        network = self.pool_network()
         image = self.pinned_image()
         sysctls = {}
         if Path("/proc/sys/net/ipv6").exists():
@@ -160,7 +177,7 @@ class NetworkOwners:
                 memswap_limit="16m",
                 pids_limit=8,
                 nano_cpus=100_000_000,
-                network=POOL_NETWORK,
+                network=network,
                 sysctls=sysctls,
                 ports={f"{port}/tcp": (bind, None) for port in ports},  # ephemeral host ports
                 log_config=json_logs("1m", 1),
