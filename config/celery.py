@@ -18,6 +18,7 @@ from kombu.transport import redis as kombu_redis
 
 from config.logging import configure_from_settings
 from config.request_id import REQUEST_ID
+from config.roles import beat_lock_timeout
 from pools import logcontext
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -143,18 +144,6 @@ RELEASE_SCRIPT = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-
-
-def beat_lock_timeout(environ=os.environ) -> float:
-    """BEAT_LOCK_TIMEOUT_S (default 30): how long a dead holder keeps the others waiting."""
-    raw = environ.get("BEAT_LOCK_TIMEOUT_S", "").strip() or "30"
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 3 <= value <= 3600:
-        raise ValueError(f"BEAT_LOCK_TIMEOUT_S={raw!r}: expected seconds between 3 and 3600")
-    return value
 
 
 def beat_lock_key() -> str:

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from environ import Env
+
 # The settings each role needs set in its environment: their built-in defaults (SQLite under the
 # checkout, a Redis on localhost, a development secret, a key ring file under var/) only suit
 # `make run` on one machine. Why each: docs/deployment.md, "Settings per role".
@@ -39,7 +41,7 @@ ALTERNATIVES = {
     "ENCRYPTION_KEYS": "ENCRYPTION_KEYS_FILE",
     "MEDIA_ROOT": "OUTPUTS_TO_OBJECT_STORE",
 }
-TRUE = {"1", "true", "yes", "on"}
+TRUE = set(Env.BOOLEAN_TRUE_STRINGS)  # as the settings read OUTPUTS_TO_OBJECT_STORE
 # beat's last run times when no --schedule is given (runstack keeps its own there too)
 DEFAULT_BEAT_SCHEDULE = Path(__file__).resolve().parent.parent / "var" / "beat-schedule"
 
@@ -60,6 +62,35 @@ def missing_settings(role: str, environ: Mapping[str, str] = os.environ) -> list
             alternative += "=true"
         missing.append(f"{name} (or {alternative})" if alternative else name)
     return missing
+
+
+def unusable_settings(role: str, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """What is set but cannot work, checked before the server starts (a server that then fails
+    on its own would be restarted by its supervisor, again and again)."""
+    wrong = []
+    keys_file = environ.get("ENCRYPTION_KEYS_FILE", "").strip()
+    read = "ENCRYPTION_KEYS" in REQUIRED_SETTINGS[role] and keys_file
+    read = read and not environ.get("ENCRYPTION_KEYS", "").strip()  # the variable comes first
+    if read and not (os.path.isfile(keys_file) and os.access(keys_file, os.R_OK)):
+        wrong.append(f"ENCRYPTION_KEYS_FILE={keys_file}: not a readable file")
+    if role == "beat":
+        try:
+            beat_lock_timeout(environ)
+        except ValueError as exc:
+            wrong.append(str(exc))
+    return wrong
+
+
+def beat_lock_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """BEAT_LOCK_TIMEOUT_S (default 30): how long a dead holder keeps the others waiting."""
+    raw = environ.get("BEAT_LOCK_TIMEOUT_S", "").strip() or "30"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 3 <= value <= 3600:
+        raise ValueError(f"BEAT_LOCK_TIMEOUT_S={raw!r}: expected seconds between 3 and 3600")
+    return value
 
 
 def bind_address(host: str, port: int) -> str:

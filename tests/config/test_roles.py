@@ -171,8 +171,9 @@ def test_an_empty_setting_is_missing_and_only_the_missing_ones_are_named(role_en
 
 def test_the_alternatives_of_a_setting_count_as_set(role_env, tmp_path):
     """The key ring from a file, outputs in the object store: no ENCRYPTION_KEYS, no MEDIA_ROOT."""
+    (tmp_path / "keys").write_text(KEYS)
     env = role_env | {"ENCRYPTION_KEYS_FILE": str(tmp_path / "keys")}
-    env |= {"OUTPUTS_TO_OBJECT_STORE": "true", "REDIS_URL": ""}
+    env |= {"OUTPUTS_TO_OBJECT_STORE": "y", "REDIS_URL": ""}  # django-environ's true
     del env["ENCRYPTION_KEYS"], env["MEDIA_ROOT"]
     done = refusal("worker", env=env)
     assert done.returncode == 2
@@ -185,10 +186,42 @@ def test_bad_flags_are_refused_with_a_clear_line(role_env, tmp_path):
         (["web", "--certfile", str(tmp_path / "c.pem")], "both --certfile and --keyfile"),
         (["worker", "--concurrency", "0"], "--concurrency must be at least 1"),
         (["beat", "--schedule", str(tmp_path / "no" / "s")], "no such directory"),
+        (["beat", "--schedule", str(tmp_path)], "a directory, not a file"),
+        (["web", "--bind", "127.0.0.1:99999"], "a port is 1 to 65535"),
+        (["web", "--bind", "127.0.0.1:８０"], "expected HOST:PORT"),
+        (["web", "--certfile", str(tmp_path), "--keyfile", str(tmp_path)], "not a readable"),
     ]:
         done = refusal(*args, env=role_env)
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_settings_that_are_set_but_cannot_work_are_refused_before_the_server_starts(
+    role_env, tmp_path
+):
+    """Else the server fails on its own, and its supervisor restarts it again and again."""
+    for role_, env, said in [
+        ("beat", {"BEAT_LOCK_TIMEOUT_S": "abc"}, "BEAT_LOCK_TIMEOUT_S='abc': expected seconds"),
+        ("beat", {"BEAT_LOCK_TIMEOUT_S": "nan"}, "between 3 and 3600"),
+        ("beat", {"BEAT_LOCK_TIMEOUT_S": "0"}, "between 3 and 3600"),
+        (
+            "worker",
+            {"ENCRYPTION_KEYS": "", "ENCRYPTION_KEYS_FILE": str(tmp_path / "typo")},
+            f"ENCRYPTION_KEYS_FILE={tmp_path / 'typo'}: not a readable file",
+        ),
+    ]:
+        done = refusal(role_, env=role_env | env)
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_ipv6_address_binds_bracketed_or_not(role_env):
+    """WEB_HOST=:: in the unit makes `--bind :::8001`."""
+    port = _free_port()
+    with role("web", "--bind", f":::{port}", env=role_env) as web:
+        _wait_for_answer(f"http://[::1]:{port}/healthz", web)
+        assert f"[::]:{port}" in web.command_line()  # hypercorn's, once exec'd
+        assert web.terminate() == 0
 
 
 # --- each role: starts, stops on SIGTERM ---------------------------------------------------

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from config import roles
 
 DOCS = "docs/deployment.md, 'Settings per role'"
-BIND = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):\d{1,5}")
+HOST = re.compile(r"[0-9a-fA-F:.]+|[A-Za-z0-9.-]+")
 
 
 class Command(BaseCommand):
@@ -46,18 +46,25 @@ class Command(BaseCommand):
                 f"({DOCS})",
                 returncode=2,
             )
+        wrong = roles.unusable_settings(role)
+        if wrong:
+            raise CommandError(f"role {role} refuses to start: {'; '.join(wrong)}", returncode=2)
         command = getattr(self, f"{role}_command")(**options)
         os.execv(command[0], command)
 
     def web_command(self, *, bind, certfile, keyfile, **_):
-        if not BIND.fullmatch(bind):
+        host, _colon, port = bind.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # an IPv6 address, bracketed or not
+        if not (HOST.fullmatch(host) and port.isascii() and port.isdigit()):
             raise CommandError(f"--bind {bind!r}: expected HOST:PORT", returncode=2)
+        if not 1 <= int(port) <= 65535:
+            raise CommandError(f"--bind {bind!r}: a port is 1 to 65535", returncode=2)
         if bool(certfile) != bool(keyfile):
             raise CommandError("TLS needs both --certfile and --keyfile", returncode=2)
         for flag, path in (("--certfile", certfile), ("--keyfile", keyfile)):
-            if path and not os.access(path, os.R_OK):
+            if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
                 raise CommandError(f"{flag} {path}: not a readable file", returncode=2)
-        return roles.web_command(bind, certfile or None, keyfile or None)
+        return roles.web_command(roles.bind_address(host, int(port)), certfile, keyfile)
 
     def worker_command(self, *, concurrency, hostname, **_):
         if concurrency < 1:
@@ -71,4 +78,6 @@ class Command(BaseCommand):
         schedule = Path(schedule)
         if not schedule.parent.is_dir():
             raise CommandError(f"--schedule {schedule}: no such directory", returncode=2)
+        if schedule.is_dir():
+            raise CommandError(f"--schedule {schedule}: a directory, not a file", returncode=2)
         return roles.beat_command(schedule)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from config import roles
 from config.builders import TEST_IMAGE_TAG, build_token
@@ -289,6 +289,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, host, port, no_agent=False, **options):
+        try:  # beat runs inside the worker: a bad value would end it while the rest ran on
+            roles.beat_lock_timeout()
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
         redis_url = settings.REDIS_URL
         redis_mode = f"external Redis at {redis_url}"
         if not _redis_answers(redis_url):
