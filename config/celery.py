@@ -6,7 +6,6 @@ import logging
 import os
 import re
 import socket
-import time
 import uuid
 
 import redis
@@ -159,8 +158,10 @@ class LeaderScheduler(PersistentScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.lock_timeout = beat_lock_timeout()
-        self.renew_every = self.lock_timeout / 3  # two renewals may fail before it expires
-        self.max_interval = min(self.max_interval, self.renew_every)
+        # every tick (at least each second) checks the lock still names this beat before it
+        # sends: one that lost it (expired while frozen, or gone with a Redis restarted empty
+        # and taken by a standby) stops sending within a second
+        self.max_interval = min(self.max_interval, 1.0)
         self.lock_key = beat_lock_key()
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.redis = redis.Redis.from_url(
@@ -168,12 +169,10 @@ class LeaderScheduler(PersistentScheduler):
         )
         self.hold_script = self.redis.register_script(HOLD_SCRIPT)
         self.release_script = self.redis.register_script(RELEASE_SCRIPT)
-        self.leading, self.checked_at, self.said = False, 0.0, ""
+        self.leading, self.said = False, ""
 
     def tick(self, *args, **kwargs):
-        if time.monotonic() - self.checked_at >= (self.renew_every if self.leading else 1.0):
-            self.leading = self.hold()
-            self.checked_at = time.monotonic()
+        self.leading = self.hold()  # renewed to the full timeout on each tick
         if not self.leading:
             return 1.0  # a standby looks again every second
         return super().tick(*args, **kwargs)

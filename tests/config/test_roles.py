@@ -101,9 +101,10 @@ class Process:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    def wait_for(self, text: str, timeout: float = 60) -> None:
+    def wait_for(self, text: str, timeout: float = 60, count: int = 1) -> None:
+        """Until `text` appeared `count` times in its output."""
         deadline = time.monotonic() + timeout
-        while text not in self.output():
+        while self.output().count(text) < count:
             if self.popen.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"no {text!r} (exit {self.popen.poll()}): {self.output()[-3000:]}")
             time.sleep(0.2)
@@ -277,6 +278,26 @@ def test_one_beat_sends_the_schedule_a_second_stands_by_and_takes_over(role_env,
         second.wait_for("Sending due task health-beat")
         assert second.terminate() == 0
     assert client.get(lock) is None  # released on the clean stop
+
+
+def test_a_leading_beat_that_finds_its_lock_taken_stops_sending_within_a_second(role_env, tmp_path):
+    """Redis restarted empty and a standby took the lock first: the old leader must not send
+    on until its next renewal (it checks on every tick)."""
+    env = role_env | {"BEAT_LOCK_TIMEOUT_S": "30", "CHANNEL_LAYER_PREFIX": f"steal-{os.getpid()}"}
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    lock = f"computepool:beat-leader:{env['CHANNEL_LAYER_PREFIX']}"
+    with role("beat", "--schedule", str(tmp_path / "s"), env=env) as beat:
+        beat.wait_for("Sending due task health-beat")
+        client.set(lock, "elsewhere:1:standby", px=60_000)
+        taken_at = time.monotonic()
+        beat.wait_for("beat: standing by: elsewhere:1:standby holds the lock", timeout=10)
+        assert time.monotonic() - taken_at < 3
+        sends = beat.output().count("Sending due task")
+        time.sleep(6)  # health-beat (5 s) and the pass (2 s) fell due meanwhile
+        assert beat.output().count("Sending due task") == sends
+        client.delete(lock)
+        beat.wait_for("beat: leading", timeout=10, count=2)
+        assert beat.terminate() == 0
 
 
 def test_beat_outlives_a_redis_restart_and_leads_again(role_env, tmp_path):
