@@ -146,9 +146,8 @@ return 0
 
 
 def beat_lock_key() -> str:
-    """One lock per deployment: its channel layer prefix (CHANNEL_LAYER_PREFIX, else derived
-    from the database), so two deployments on one Redis never share it."""
-    return f"computepool:beat-leader:{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}"
+    """One lock per deployment (settings.DEPLOYMENT_PREFIX): two on one Redis never share it."""
+    return f"computepool:beat-leader:{settings.DEPLOYMENT_PREFIX}"
 
 
 class LeaderScheduler(PersistentScheduler):

@@ -37,7 +37,8 @@ env = environ.Env(
     JOB_OUTPUT_MAX_BYTES=(int, 1024**3),
     HTTP_HEADER_TIMEOUT_S=(float, 10.0),
     HTTP_BODY_TIMEOUT_S=(float, 10.0),
-    CHANNEL_LAYER_PREFIX=(str, ""),
+    DEPLOYMENT_PREFIX=(str, ""),
+    CHANNEL_LAYER_PREFIX=(str, ""),  # DEPLOYMENT_PREFIX's former name, still read
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -215,6 +216,25 @@ LOGIN_REDIRECT_URL = "/"
 
 REDIS_URL = env("REDIS_URL")
 
+
+def _deployment_prefix(database: dict) -> str:
+    """One prefix per database by default: every process of one deployment shares it, and two
+    deployments on one Redis (two `make run`s, staging beside production) never do."""
+    where = "|".join(str(database.get(key) or "") for key in ("ENGINE", "HOST", "PORT", "NAME"))
+    return "cp-" + hashlib.sha256(where.encode()).hexdigest()[:12]
+
+
+# Every Redis key of one deployment carries this prefix: Celery's queues, the channel layer, the
+# throttles' and sign-in counts, the nonces, beat's lock and heartbeat. Two deployments on one
+# Redis database (two `make run`s, staging beside production) then never take each other's
+# tasks or events. Every process of a deployment must agree on it (docs/deployment.md).
+DEPLOYMENT_PREFIX = (
+    env("DEPLOYMENT_PREFIX")
+    or env("CHANNEL_LAYER_PREFIX")
+    or _deployment_prefix(DATABASES["default"])
+)
+
+
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     # Failed sign-ins (config/throttle.py) live in Redis so that every server process counts
@@ -222,7 +242,7 @@ CACHES = {
     "throttle": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "computepool:throttle",
+        "KEY_PREFIX": f"computepool:throttle:{DEPLOYMENT_PREFIX}",
         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
     },
     # The nonces of nodes' signed requests (nodes/signatures.py), shared by every web process so
@@ -230,7 +250,7 @@ CACHES = {
     "nonces": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "computepool:nonce",
+        "KEY_PREFIX": f"computepool:nonce:{DEPLOYMENT_PREFIX}",
         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
     },
 }
@@ -242,20 +262,12 @@ CACHES = {
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = 15
 
 
-def _deployment_prefix(database: dict) -> str:
-    """One prefix per database by default: every process of one deployment shares it, and two
-    deployments on one Redis (two `make run`s, staging beside production) never do."""
-    where = "|".join(str(database.get(key) or "") for key in ("ENGINE", "HOST", "PORT", "NAME"))
-    return "cp-" + hashlib.sha256(where.encode()).hexdigest()[:12]
-
-
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
-            # two deployments on one Redis need two prefixes, or each gets the other's events
-            "prefix": env("CHANNEL_LAYER_PREFIX") or _deployment_prefix(DATABASES["default"]),
+            "prefix": DEPLOYMENT_PREFIX,
         },
     }
 }
@@ -297,6 +309,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL") or REDIS_URL
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "unix://")):  # kombu's Redis transport
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{DEPLOYMENT_PREFIX}:"}
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND") or None
 CELERY_TASK_ALWAYS_EAGER = env("CELERY_TASK_ALWAYS_EAGER")
 CELERY_TASK_IGNORE_RESULT = True

@@ -7,10 +7,13 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-HEARTBEAT_KEY = "computepool:health:beat"
 HEARTBEAT_PERIOD_S = 5.0  # its entry in config/celery.py's beat schedule
 # Missing three beats in a row means beat or every worker is gone (or hopelessly behind).
 HEARTBEAT_STALE_S = 3 * HEARTBEAT_PERIOD_S
+
+
+def heartbeat_key() -> str:
+    return f"computepool:health:beat:{settings.DEPLOYMENT_PREFIX}"  # this deployment's
 
 
 def redis_client():
@@ -20,4 +23,4 @@ def redis_client():
 @shared_task(name="config.health_beat", ignore_result=True)
 def health_beat() -> None:
     # The timestamp says how fresh it is; the expiry only keeps Redis tidy once all stopped.
-    redis_client().set(HEARTBEAT_KEY, time.time(), ex=3600)
+    redis_client().set(heartbeat_key(), time.time(), ex=3600)

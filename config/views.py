@@ -34,7 +34,7 @@ def _celery_ok() -> tuple[bool, str]:
     """Beat schedules `config.health_beat` and a worker runs it: a stale mark means either is
     down, and queued jobs wait for nobody."""
     try:
-        beat = tasks.redis_client().get(tasks.HEARTBEAT_KEY)
+        beat = tasks.redis_client().get(tasks.heartbeat_key())
     except Exception as exc:
         return False, str(exc)[:200]
     if beat is None:

@@ -81,6 +81,7 @@ def isolate_environment(tmp: Path) -> None:
         "CELERY_BROKER_URL",
         "CELERY_RESULT_BACKEND",
         "CHANNEL_LAYER_PREFIX",
+        "DEPLOYMENT_PREFIX",
         "OUTPUTS_TO_OBJECT_STORE",
     ):
         os.environ.pop(name, None)

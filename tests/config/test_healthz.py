@@ -8,7 +8,7 @@ def heartbeat():
     """Beat and a worker have just run the heartbeat task (for real, against Redis)."""
     tasks.health_beat()
     yield
-    tasks.redis_client().delete(tasks.HEARTBEAT_KEY)
+    tasks.redis_client().delete(tasks.heartbeat_key())
 
 
 def test_health_reports_database_redis_and_celery(client, db, heartbeat):

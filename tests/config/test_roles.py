@@ -251,7 +251,7 @@ def test_one_beat_sends_the_schedule_a_second_stands_by_and_takes_over(role_env,
     within the lock's timeout; a clean stop releases the lock."""
     env = role_env | {"BEAT_LOCK_TIMEOUT_S": "4"}
     client = redis.Redis.from_url(env["REDIS_URL"])
-    client.delete("celery")
+    client.delete(f"{env['CHANNEL_LAYER_PREFIX']}:celery")  # the deployment's default queue
     lock = f"computepool:beat-leader:{env['CHANNEL_LAYER_PREFIX']}"
     with (
         role("beat", "--schedule", str(tmp_path / "a"), env=env) as a,
@@ -265,9 +265,10 @@ def test_one_beat_sends_the_schedule_a_second_stands_by_and_takes_over(role_env,
         first, second = (a, b) if "beat: leading" in a.output() else (b, a)
         second.wait_for("beat: standing by")
         assert client.get(lock).decode().split(":")[1] == str(first.popen.pid)
-        before = _sent(client, "config.health_beat")
+        queue = f"{env['CHANNEL_LAYER_PREFIX']}:celery"
+        before = _sent(client, queue, "config.health_beat")
         time.sleep(11)  # health-beat is due every 5 s: two or three sends, six if doubled
-        assert 2 <= _sent(client, "config.health_beat") - before <= 3
+        assert 2 <= _sent(client, queue, "config.health_beat") - before <= 3
         assert "Sending due task" not in second.output()
 
         first.kill()  # SIGKILL: its lock stays until it expires
@@ -326,9 +327,9 @@ def test_beat_outlives_a_redis_restart_and_leads_again(role_env, tmp_path):
         server.wait(10)
 
 
-def _sent(client, task: str) -> int:
-    """The messages of `task` waiting in the default queue (no worker consumes it here)."""
-    return sum(json.loads(m)["headers"]["task"] == task for m in client.lrange("celery", 0, -1))
+def _sent(client, queue: str, task: str) -> int:
+    """The messages of `task` waiting in `queue` (no worker consumes it here)."""
+    return sum(json.loads(m)["headers"]["task"] == task for m in client.lrange(queue, 0, -1))
 
 
 def _wait_for_answer(url: str, process: Process, context=None) -> str:

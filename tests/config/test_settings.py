@@ -3,10 +3,17 @@
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import pytest
+from celery import Celery
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+
+from config import tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +111,7 @@ def _channel_prefix(**env) -> str:
         "from django.conf import settings;"
         "print(settings.CHANNEL_LAYERS['default']['CONFIG']['prefix'])"
     )
-    return _with_settings(script, **({"CHANNEL_LAYER_PREFIX": ""} | env))
+    return _with_settings(script, **({"CHANNEL_LAYER_PREFIX": "", "DEPLOYMENT_PREFIX": ""} | env))
 
 
 def test_two_deployments_on_one_redis_never_share_live_events():
@@ -115,6 +122,54 @@ def test_two_deployments_on_one_redis_never_share_live_events():
     assert first != _channel_prefix(DATABASE_URL="postgres://postgres@127.0.0.1:5432/second")
     assert first != _channel_prefix(DATABASE_URL="sqlite:////tmp/first")
     assert _channel_prefix(DATABASE_URL="sqlite:////tmp/x", CHANNEL_LAYER_PREFIX="mine") == "mine"
+    assert _channel_prefix(DATABASE_URL="sqlite:////tmp/x", DEPLOYMENT_PREFIX="ours") == "ours"
+
+
+@pytest.mark.slow
+def test_two_deployments_on_one_redis_never_take_each_others_tasks(db, tmp_path):
+    """A real worker of deployment A; a task sent by deployment B (another prefix, the same Redis
+    database) never reaches it, A's own does (health_beat writes A's heartbeat)."""
+    ours, theirs = (f"test-{name}-{uuid.uuid4().hex[:8]}" for name in ("a", "b"))
+    client = tasks.redis_client()
+    heartbeat = f"computepool:health:beat:{ours}"
+    db_settings = connection.settings_dict
+    env = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://{db_settings['USER']}@{db_settings['HOST']}:"
+        f"{db_settings['PORT']}/{db_settings['NAME']}",
+        "DEPLOYMENT_PREFIX": ours,
+        "LOG_FORMAT": "json",
+    }
+    command = [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", "1"]
+    command += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{ours}@t"]
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+
+        def send(prefix: str) -> None:
+            sender = Celery(broker=settings.REDIS_URL)
+            sender.conf.broker_transport_options = {"global_keyprefix": f"{prefix}:"}
+            sender.send_task("config.health_beat")
+
+        def ran(timeout: float) -> bool:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if client.get(heartbeat) is not None:
+                    return True
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+                time.sleep(0.2)
+            return False
+
+        send(theirs)
+        assert not ran(timeout=5)
+        send(ours)
+        assert ran(timeout=30), (tmp_path / "worker.log").read_text()[-3000:]
+        # the worker is up and took A's: B's is still waiting for B's own workers
+        assert client.llen(f"{theirs}:celery") == 1
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        client.delete(heartbeat, f"{theirs}:celery")
 
 
 def test_no_registry_is_reached_over_plain_http_by_default(monkeypatch, settings):

@@ -40,7 +40,7 @@ def test_wsgi_application_answers_and_freezes_the_startup_heap(db):
         timeout=120,
         check=True,
     )
-    tasks.redis_client().delete(tasks.HEARTBEAT_KEY)
+    tasks.redis_client().delete(tasks.heartbeat_key())
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"].startswith("200")
     assert result["body"]["database"]["ok"] is True

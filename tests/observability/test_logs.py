@@ -286,6 +286,8 @@ def celery_worker_log(tmp_path):
         "DJANGO_SETTINGS_MODULE": "tests.scheduling.worker_settings",
         "DATABASE_URL": _database_url(),
         "TEST_CELERY_QUEUE": queue,
+        # this process's Redis prefix: the one its tasks are sent under
+        "DEPLOYMENT_PREFIX": django_settings.DEPLOYMENT_PREFIX,
         "LOG_FORMAT": "json",
         "PYTHONUNBUFFERED": "1",
     }

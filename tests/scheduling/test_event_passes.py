@@ -67,6 +67,8 @@ class Worker:
             "DJANGO_SETTINGS_MODULE": "tests.scheduling.worker_settings",
             "DATABASE_URL": _database_url(),
             "TEST_CELERY_QUEUE": self.queue,
+            # this process's Redis prefix: the one its tasks are sent under
+            "DEPLOYMENT_PREFIX": django_settings.DEPLOYMENT_PREFIX,
             "PYTHONUNBUFFERED": "1",
         }
         command = [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", self.queue]

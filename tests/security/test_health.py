@@ -15,7 +15,7 @@ from config.celery import app
 def heartbeat_key():
     client = redis.Redis.from_url(settings.REDIS_URL)
     yield client
-    client.delete(tasks.HEARTBEAT_KEY)
+    client.delete(tasks.heartbeat_key())
 
 
 def test_the_heartbeat_is_on_the_beat_schedule():
@@ -31,7 +31,7 @@ def test_health_is_ok_while_beat_and_worker_record_heartbeats(client, db, heartb
 
 
 def test_health_is_503_when_the_heartbeat_is_stale(client, db, heartbeat_key):
-    heartbeat_key.set(tasks.HEARTBEAT_KEY, time.time() - 120)
+    heartbeat_key.set(tasks.heartbeat_key(), time.time() - 120)
     response = client.get("/healthz")
     assert response.status_code == 503
     body = response.json()
@@ -42,7 +42,7 @@ def test_health_is_503_when_the_heartbeat_is_stale(client, db, heartbeat_key):
 
 
 def test_health_is_503_when_no_heartbeat_was_ever_recorded(client, db, heartbeat_key):
-    heartbeat_key.delete(tasks.HEARTBEAT_KEY)
+    heartbeat_key.delete(tasks.heartbeat_key())
     response = client.get("/healthz")
     assert response.status_code == 503
     assert response.json()["celery"]["ok"] is False
