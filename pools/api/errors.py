@@ -10,7 +10,7 @@ adds its own facts beside them (reasons, nearest miss, …)."""
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import DataError, IntegrityError, InterfaceError, OperationalError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError, connection
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -38,6 +38,24 @@ def one_shape(body: dict, errors: dict | None = None) -> dict:
     return {**body, "message": message, "detail": detail, "errors": errors or {}}
 
 
+# SQLSTATE classes a retry may get past: connection lost or refused (08), too many connections
+# (53), the server shutting down or starting (57), a serialization failure or deadlock (40).
+TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57", "40")
+
+
+def database_unavailable(exc: OperationalError | InterfaceError) -> bool:
+    """Whether the database was away (retry) rather than the statement wrong (no retry helps)."""
+    if isinstance(exc, InterfaceError):  # the connection was already closed
+        return True
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate:
+        return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
+    if connection.vendor == "sqlite":  # SQLite names no state: only a lock is worth waiting out
+        return "locked" in str(exc)
+    return True  # psycopg names none when the connection itself failed
+
+
 def exception_handler(exc, context):
     if isinstance(exc, Refusal):  # transitions refused, no capacity, never fits, key reused …
         set_rollback()
@@ -46,12 +64,18 @@ def exception_handler(exc, context):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
         )
-    # The database did not answer (restarting, failing over, out of connections): the request's
-    # transaction rolled back or never began, so it may be sent again, and clients (the agent's
-    # among them, worker_agent/client.py) retry a 503. As a 500 they did not: during the drill's
-    # PostgreSQL restart (issue 25) an agent's end-of-job report was dropped.
-    if isinstance(exc, OperationalError | InterfaceError):
-        response = error(503, "unavailable", "The database did not answer; try again shortly.")
+    # The database did not answer (restarting, failing over, out of connections): clients (the
+    # agent's among them, worker_agent/client.py) retry a 503. As a 500 they did not: during the
+    # drill's PostgreSQL restart (issue 25) an agent's end-of-job report was dropped. A connection
+    # lost during COMMIT leaves a write's outcome unknown: the answer says to resend it with its
+    # Idempotency-Key. Other database errors (a missing table, say) stay 500s: no retry helps.
+    if isinstance(exc, OperationalError | InterfaceError) and database_unavailable(exc):
+        response = error(
+            503,
+            "unavailable",
+            "The database did not answer; try again shortly (a write's outcome is unknown: "
+            "send it again with the same Idempotency-Key).",
+        )
         response["Retry-After"] = "1"
         return response
     if isinstance(exc, IntegrityError):

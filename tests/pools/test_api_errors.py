@@ -3,9 +3,10 @@ that clients retry, not a 500 (found by the drill's PostgreSQL restart, issue 25
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from config.builders import build_person, build_tenant, build_token
+from pools.api.errors import database_unavailable
 from tests.clients import bearer_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,3 +37,25 @@ def test_a_request_whose_database_connection_was_cut_is_answered_503_to_retry():
     # connection goes, and the next request has a new one
     connection.close_if_unusable_or_obsolete()
     assert client.get("/api/v1/jobs").status_code == 200
+
+
+def _operational(sqlstate: str | None) -> OperationalError:
+    """Django's wrapping of a psycopg error of that SQLSTATE (None: no state, a lost socket)."""
+    exc = OperationalError("it failed")
+    exc.__cause__ = psycopg.errors.lookup(sqlstate)("it failed") if sqlstate else None
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "retry"),
+    [
+        ("57P01", True),  # admin shutdown: a restart
+        ("08006", True),  # connection failure
+        ("53300", True),  # too many connections
+        ("40001", True),  # serialization failure
+        (None, True),  # the socket went without a word
+        ("58P01", False),  # undefined file: no retry helps
+    ],
+)
+def test_only_a_database_that_was_away_is_answered_503(sqlstate, retry):
+    assert database_unavailable(_operational(sqlstate)) is retry
