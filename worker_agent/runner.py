@@ -12,7 +12,10 @@ outputs.py). An attempt after a checkpoint first restores it into the created co
 leaves the assignments, or whose lease is `stopping` (it was cancelled), is stopped with its
 grace period and removed; then `stopped` is reported (the control plane holds a stopping lease's
 capacity until it). When the agent itself stops, runners leave their containers running for
-the next agent to reconcile (`found`).
+the next agent to reconcile (`found`), and a report the control plane has not taken by then is
+left to that agent too. An end the runner reports of its own (a failure it met, a refusal)
+comes only once the attempt's container is stopped and removed: the job never outlives its
+reported end (the control plane may run it again elsewhere from then on).
 
 The runner talks to its runtime through the contract of worker_agent/runtime/protocol.py alone.
 Where it is is a `Phase`; while the job runs, `_monitor` only dispatches, every poll, to small
@@ -22,6 +25,7 @@ usage).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -57,6 +61,7 @@ LOG_CHUNK = 48 * 1024  # characters per POST to /logs (the API takes 256 KiB of 
 LOG_FLUSH_S = 2.0
 USAGE_EVERY_S = 10.0
 REPORT_RETRY_S = 5.0  # a report the control plane could not take is sent again after this
+AGAIN_LOG_S = 60.0  # a report sent again and again: its warning once, then once per this
 STOPPING = "stopping"  # an assignment's state once its job was cancelled
 
 
@@ -100,6 +105,22 @@ class Fenced(Exception):
     """The control plane refused a report (409): this attempt is no longer the job's."""
 
 
+class Deadline:
+    """The startup deadline: `seconds` of the runner's own work (pull, create, inputs, restore,
+    start). The time spent waiting for the control plane to take a report is not counted
+    (`extend`): a control plane away for longer than the startup timeout delays the run, it
+    does not fail it `startup_timed_out`."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def extend(self, seconds: float) -> None:
+        self.end += seconds
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+
 class Runner(threading.Thread):
     def __init__(
         self,
@@ -141,6 +162,11 @@ class Runner(threading.Thread):
         self._follower = None
         self.started_at = 0.0  # time.monotonic() when the run started (the maximum runtime's)
         self._logs_due, self._usage_due = Every(LOG_FLUSH_S), Every(USAGE_EVERY_S)
+        # the attempt's container (the runtime's handle) while one is on the host: stopped and
+        # removed before the runner reports an end of its own, left when the agent stops
+        self._handle = None
+        self._deadline: Deadline | None = None  # while starting: reports' waits extend it
+        self._resent, self._resent_logged = 0, float("-inf")  # a report sent again: how often
 
     # ------------------------------------------------------------------ for the agent
     def cancel(self) -> None:
@@ -186,10 +212,16 @@ class Runner(threading.Thread):
             else:
                 self._launch()
         except Fenced as exc:
+            # no longer this node's attempt (or stopped while starting): nothing of it runs on
             log.warning("job %s: report refused (%s); abandoning this attempt", a.job, exc)
+            if self._discard():
+                self._clean_workdir()
         except ApiUnreachable as exc:
-            # What ran is still on the host: the next reconciliation reports it.
-            log.error("job %s: control plane unreachable (%s); left for reconciliation", a.job, exc)
+            # A report not taken when the agent stopped: what ran is still on the host, with
+            # its directory, and the next agent's reconciliation reports it.
+            log.error("job %s: report not taken (%s); left for reconciliation", a.job, exc)
+            if self._handle is not None:
+                self.phase = Phase.LEFT_RUNNING
         except RuntimeFailure as exc:
             log.warning("job %s failed: %s", a.job, exc)
             self._end_quietly(Ended.failed(exc.reason, exc.message))
@@ -217,12 +249,36 @@ class Runner(threading.Thread):
         log.info("job %s: stopping (grace %ss)", a.job, a.stop_grace_s)
         self.runtime.stop(handle, a.stop_grace_s)
         self._flush_logs(quiet=True)
-        self.runtime.remove(handle)
+        self._remove(handle)
         self._clean_workdir()
+
+    def _remove(self, handle) -> None:
+        """The container removed with its network owner (and secrets' mounts)."""
+        self.runtime.remove(handle)
+        if handle is self._handle:
+            self._handle = None
+
+    def _discard(self) -> bool:
+        """The attempt's container, if one is here, stopped (its grace) and removed: before the
+        runner reports an end of its own, or abandons an attempt no longer this node's, nothing
+        of it may run on. False when the runtime could not (the run is then left as it is, for
+        the next reconciliation, rather than reported ended while it may still run)."""
+        handle = self._handle
+        if handle is None:
+            return True
+        log.warning("job %s: stopping its container: the run ends here", self.job)
+        try:
+            self._stop_container(handle)
+        except Exception:
+            log.exception("job %s: its container could not be stopped and removed", self.job)
+            with contextlib.suppress(Exception):  # a kill and a forced removal, at least
+                self.runtime.stop(handle, 0)
+                self._remove(handle)
+        return self._handle is None
 
     def _launch(self) -> None:
         a = self.assignment = self._bound(self.assignment)
-        deadline = time.monotonic() + a.startup_timeout_s
+        deadline = self._deadline = Deadline(a.startup_timeout_s)
         self._report(Step.PULLING, "image_pulling")
         pull_seconds = self._before(deadline, "image pull", lambda: self.runtime.pull(a))
         if self.metrics is not None:
@@ -235,7 +291,7 @@ class Runner(threading.Thread):
         self._prepare_dirs()
         a = self.assignment = self._with_volumes(a)
         starting = time.monotonic()
-        handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
+        handle = self._handle = self.runtime.create(a, self.workdir, self._fetcher(deadline))
         try:
             if a.restore:  # an earlier attempt's checkpoint, in $CHECKPOINT_DIR before start
                 restored = self._before(
@@ -244,18 +300,18 @@ class Runner(threading.Thread):
                     lambda: checkpoints.restore(self.client, a, self.runtime, handle),
                 )
                 log.info("job %s: %d checkpoint files restored", a.job, restored)
-            self.runtime.start(handle, timeout=max(0.0, deadline - time.monotonic()))
+            self.runtime.start(handle, timeout=max(0.0, deadline.remaining()))
             if self.metrics is not None:  # create and start, the inputs' fetch and restore in
                 self.metrics.container_start.observe(time.monotonic() - starting)
             self._follower = self.runtime.logs(handle)
         except BaseException:
-            self.runtime.remove(handle)
+            with contextlib.suppress(Exception):  # whatever of it started (a process: not
+                self.runtime.stop(handle, 0)  # removed by `remove`)
+            self._remove(handle)
             raise
-        try:
-            self._running(handle)
-        except Fenced:  # no longer this node's attempt: nothing of it runs on
-            self._stop_container(handle)
-            raise
+        finally:
+            self._deadline = None
+        self._running(handle)  # refused (Fenced): stopped and removed by run()
         self.started_at = time.monotonic()
         self._monitor(handle)
 
@@ -266,6 +322,7 @@ class Runner(threading.Thread):
         if not found.running and found.ended is None:
             self._start_afresh(found)
             return
+        self._handle = found.handle  # a refused `running` (Fenced): stopped and removed
         log.info("job %s: reconciling its container (running=%s)", a.job, found.running)
         if a.state in ("leased", "starting"):
             self._running(found.handle)
@@ -283,7 +340,7 @@ class Runner(threading.Thread):
         takes the pull's notes and a repeated `starting` of a starting job)."""
         a = self.assignment
         log.info("job %s: its container was created but never started: starting afresh", a.job)
-        self.runtime.remove(found.handle)
+        self._remove(found.handle)
         self._clean_workdir()
         if a.state not in ("leased", "starting"):  # reported running, yet it never started
             message = "the container never started (agent restart)"
@@ -425,7 +482,7 @@ class Runner(threading.Thread):
         upload_seconds = round(time.monotonic() - exited, 3)
         self._report(Step.CHECKPOINTED, message=message, upload_seconds=upload_seconds, **skipped)
         self.phase = Phase.ENDED
-        self.runtime.remove(handle)
+        self._remove(handle)
         self._clean_workdir()
 
     def _finish(self, handle, ended: Ended) -> None:
@@ -444,11 +501,17 @@ class Runner(threading.Thread):
             **skipped,
         )
         self.phase = Phase.ENDED
-        self.runtime.remove(handle)
+        self._remove(handle)
         self._clean_workdir()
 
     def _end_quietly(self, ended: Ended) -> None:
+        """An end the runner met (a runtime failure, an error of its own): the container stopped
+        and removed first, then the end reported. One the runtime cannot stop is not reported:
+        the job must not run on past its reported end."""
         self.outcome = ended
+        if not self._discard():
+            log.error("job %s: %s not reported: its container may still run", self.job, ended)
+            return
         try:
             self._flush_logs(quiet=True)
             self._report(ended.step, ended.reason, exit_code=ended.exit_code, message=ended.message)
@@ -465,19 +528,36 @@ class Runner(threading.Thread):
         body |= {key: value for key, value in fields.items() if value is not None}
         body["message"] = str(body.get("message", ""))[:1000]
         log.info("job %s: %s %s", self.assignment.job, step, reason)
+        began = time.monotonic()
+        try:
+            return self._send(step, body)
+        finally:
+            if self._deadline is not None:  # the wait is not the start's: not counted
+                self._deadline.extend(time.monotonic() - began)
+
+    def _send(self, step: Step, body: dict) -> dict | None:
+        """The report sent until taken or refused. The agent stopping meanwhile ends the wait
+        as an unreachable control plane does (ApiUnreachable): the run is left as it is, for
+        the next agent, whatever the last answer was."""
         while True:
             try:
                 answer = self.client.report(self.assignment.job, body)
-                self.end_reported = self.end_reported or step in END_STEPS
-                return answer
             except ApiError as exc:
                 if exc.status in (403, 404, 409):  # stale token, or no longer this node's job
                     raise Fenced(str(exc)) from exc
-                if exc.status not in RETRY_STATUSES or not self._again(step, exc):
+                if exc.status not in RETRY_STATUSES:
                     raise
+                if not self._again(step, exc):
+                    raise ApiUnreachable(f"{exc} (not taken; the agent stops)") from exc
             except ApiUnreachable as exc:
                 if not self._again(step, exc):
                     raise
+            else:
+                if self._resent:
+                    log.info("job %s: %s taken, sent %d times", self.job, step, self._resent + 1)
+                    self._resent, self._resent_logged = 0, float("-inf")
+                self.end_reported = self.end_reported or step in END_STEPS
+                return answer
 
     def _again(self, step: Step, exc: Exception) -> bool:
         """Whether to send a report again that the control plane could not take, even after
@@ -485,16 +565,22 @@ class Runner(threading.Thread):
         refused, whatever the step. Giving up would report the run a failure it was not (an end
         whose outcome is known, a pull or a start that went well); `starting` must be taken
         before the container starts anyway (the fence), and a lease that ended meanwhile is
-        refused then (409: the attempt is abandoned). The agent stopping ends the wait."""
+        refused then (409: the attempt is abandoned). The agent stopping ends the wait. Its
+        warning is logged the first time, then at most once every AGAIN_LOG_S with a count."""
         if self.halted.is_set():
             return False
-        log.warning(
-            "job %s: %s not taken (%s); sending it again in %ss",
-            self.assignment.job,
-            step,
-            exc,
-            self.report_retry_s,
-        )
+        self._resent += 1
+        now = time.monotonic()
+        if now - self._resent_logged >= AGAIN_LOG_S:
+            self._resent_logged = now
+            log.warning(
+                "job %s: %s not taken (%s): %d sends failed so far, sent again every %ss",
+                self.job,
+                step,
+                exc,
+                self._resent,
+                self.report_retry_s,
+            )
         return not self.halted.wait(self.report_retry_s)
 
     def _flush_logs(self, quiet: bool = False) -> None:
@@ -519,7 +605,7 @@ class Runner(threading.Thread):
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
 
-    def _fetcher(self, deadline: float) -> inputs.Fetcher:
+    def _fetcher(self, deadline: Deadline) -> inputs.Fetcher:
         """The inputs, fetched where the runtime says (the job's own network namespace), within
         the startup deadline (worker_agent/inputs.py)."""
         a = self.assignment
@@ -558,7 +644,7 @@ class Runner(threading.Thread):
     def job(self) -> int:
         return self.assignment.job
 
-    def _before(self, deadline: float, what: str, work):
+    def _before(self, deadline: Deadline, what: str, work):
         """`work()` in a helper thread, given until the startup deadline (a hung pull or
         download cannot hold the job forever); its result, or its exception re-raised."""
         result: dict = {}
@@ -572,7 +658,7 @@ class Runner(threading.Thread):
         helper = threading.Thread(target=call, daemon=True, name=f"job-{self.job}-{what}")
         helper.start()
         while helper.is_alive():
-            remaining = deadline - time.monotonic()
+            remaining = deadline.remaining()
             if remaining <= 0:
                 raise RuntimeFailure("startup_timed_out", f"{what} exceeded the startup timeout")
             if self.halted.is_set() or self.cancelled.is_set():

@@ -2,11 +2,15 @@
 HTTP server shaped like the agent API: every step in order with the fencing token, logs and
 outputs before the final report, and the ways a run ends (docs/data-plane.md)."""
 
+import hashlib
+import io
+import tarfile
 import time
 
 import pytest
 
 from worker_agent import runner as runner_module
+from worker_agent.client import ApiError
 from worker_agent.runner import Runner
 from worker_agent.runtime import disks
 from worker_agent.runtime.base import Assignment
@@ -233,3 +237,181 @@ def test_a_container_created_but_never_started_is_started_afresh_by_the_next_age
         for container in containers_of(docker_client, job):
             container.remove(force=True)
         disks.release(workdir)
+
+
+def wait_until(condition, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def remove_leftovers(docker_client, job, workdir):
+    for container in containers_of(docker_client, job):
+        container.remove(force=True)
+    disks.release(workdir)
+
+
+@pytest.mark.parametrize("step", ["running", "succeeded"])
+def test_an_agent_stopping_while_a_report_is_not_taken_leaves_the_run_to_the_next_agent(
+    agent_parts, control_plane, test_image, docker_client, step, monkeypatch
+):
+    """The agent stops while the control plane answers 503 to the run's `running` (or end)
+    report, past the client's retries: as with an unreachable control plane, the container and
+    its directory stay for the next agent, which adopts the run; nothing is reported failed (it
+    was failed "agent error", and the directory deleted under a container meant to run on)."""
+    _, client, runtime = agent_parts
+    monkeypatch.setattr(runner_module, "REPORT_RETRY_S", 0.1)
+    control_plane.unavailable_steps = {step: 10**6}
+    script = "echo hi > /outputs/a.txt" + ("; sleep 4" if step == "running" else "")
+    job = next(IDS)
+    runner = run(agent_parts, test_image, ["sh", "-c", script], job=job, wait=False)
+    try:
+        # past the client's retries: the runner sends it again (once at least)
+        sent = lambda: [r["step"] for r in control_plane.reports(job)].count(step)  # noqa: E731
+        wait_until(lambda: sent() > client.retries + 1)
+        runner.halt()
+        runner.join(15)
+        assert not runner.is_alive()
+        assert "failed" not in [r["step"] for r in control_plane.reports(job)]
+        assert len(containers_of(docker_client, job)) == 1  # left, as is its directory
+        assert (runner.workdir / "inputs").is_dir()
+        assert runner.phase == "left running"  # what the agent keeps MPS daemons for
+        control_plane.unavailable_steps = {}  # the control plane is back; a new agent starts
+        found = {(f.job, f.lease): f for f in runtime.find()}[runner.assignment.key]
+        adopted = Runner(
+            runner.assignment, client=client, runtime=runtime, workdir=runner.workdir, found=found
+        )
+        adopted.poll_s = 0.2
+        adopted.start()
+        adopted.join(30)
+        assert not adopted.is_alive()
+        assert control_plane.steps(job)[-1] == ("succeeded", "")
+        assert "failed" not in [r["step"] for r in control_plane.reports(job)]
+        assert control_plane.outputs(job) == {"a.txt": b"hi\n"}
+        assert containers_of(docker_client, job) == []
+        assert not runner.workdir.exists()
+    finally:
+        runner.halt()
+        remove_leftovers(docker_client, job, runner.workdir)
+
+
+@pytest.mark.parametrize("fault", ["a 500 on running", "a bug in the watch"])
+def test_a_run_the_runner_fails_itself_is_stopped_before_the_failure_is_reported(
+    agent_parts, control_plane, test_image, docker_client, fault, monkeypatch
+):
+    """An answer not to send again (a 500 on `running`) or an unexpected error once the
+    container runs: the runner reports the attempt failed, so its container is stopped and
+    removed first; it ran on after that report (the control plane could retry the job on
+    another node while it still ran: two runs)."""
+    _, client, runtime = agent_parts
+    if fault == "a 500 on running":
+        report = client.report
+
+        def refusing(job, body):
+            if body["step"] == "running":
+                raise ApiError(500, {"detail": "boom"}, "POST", f"agent/jobs/{job}/report")
+            return report(job, body)
+
+        monkeypatch.setattr(client, "report", refusing)
+    else:
+
+        def broken(handle):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(runtime, "stats", broken)
+    job = next(IDS)
+    left = []  # what of the container is there when the failure is reported
+    control_plane.on_report = lambda body: (
+        left.append(containers_of(docker_client, job)) if body["step"] == "failed" else None
+    )
+    runner = run(agent_parts, test_image, ["sleep", "60"], job=job, wait=False)
+    try:
+        runner.join(30)
+        assert not runner.is_alive()
+        assert control_plane.steps(job)[-1] == ("failed", "runtime_error")
+        assert "agent error" in control_plane.reports(job)[-1]["message"]
+        assert left == [[]]  # gone before the failure was reported
+        assert not runner.workdir.exists()
+    finally:
+        remove_leftovers(docker_client, job, runner.workdir)
+
+
+def test_a_refused_running_report_of_an_adopted_container_stops_it(
+    agent_parts, control_plane, test_image, docker_client
+):
+    """The next agent adopts a running container and its `running` report is refused (409:
+    the lease ended meanwhile): the attempt is no longer this node's, so nothing of it runs on
+    (it was followed no further and left running)."""
+    _, client, runtime = agent_parts
+    job = next(IDS)
+    runner = run(agent_parts, test_image, ["sleep", "60"], job=job, wait=False)
+    try:
+        wait_until(lambda: runner.phase == "running")
+        runner.halt()
+        runner.join(10)
+        assert len(containers_of(docker_client, job)) == 1
+        control_plane.refuse_steps = {"running"}
+        found = {(f.job, f.lease): f for f in runtime.find()}[runner.assignment.key]
+        adopted = Runner(
+            runner.assignment, client=client, runtime=runtime, workdir=runner.workdir, found=found
+        )
+        adopted.start()
+        adopted.join(30)
+        assert not adopted.is_alive()
+        assert containers_of(docker_client, job) == []
+        assert not runner.workdir.exists()
+        assert "failed" not in [r["step"] for r in control_plane.reports(job)]
+    finally:
+        remove_leftovers(docker_client, job, runner.workdir)
+
+
+@pytest.mark.parametrize("step", ["pulling", "starting"])
+def test_waiting_for_the_control_plane_does_not_count_against_the_startup_timeout(
+    agent_parts, control_plane, test_image, step, monkeypatch
+):
+    """The control plane answers 503 to the pull's or the start's report for longer than the
+    job's startup timeout: the run still starts, its checkpoint restored before (its deadline
+    is the runner's own work, not the wait for a report to be taken; it failed
+    `startup_timed_out` at once)."""
+    _, client, _ = agent_parts
+    monkeypatch.setattr(runner_module, "REPORT_RETRY_S", 0.5)
+    control_plane.unavailable_steps = {step: (client.retries + 1) * 8}  # some 6 s of 503s
+    job = next(IDS)
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        member = tarfile.TarInfo("checkpoint/state")
+        member.size = len(b"saved\n")
+        tar.addfile(member, io.BytesIO(b"saved\n"))
+    control_plane.checkpoints[job] = archive.getvalue()
+    restore = {"url": "", "sha256": hashlib.sha256(archive.getvalue()).hexdigest()}
+    script = 'cat "$CHECKPOINT_DIR/state"'
+    began = time.monotonic()
+    run(
+        agent_parts, test_image, ["sh", "-c", script], job=job, startup_timeout_s=4, restore=restore
+    )
+    assert time.monotonic() - began > 4  # away for longer than the startup timeout
+    assert control_plane.unavailable_steps == {step: 0}
+    assert control_plane.steps(job)[-1] == ("succeeded", "")
+    assert control_plane.log_text(job).strip() == "saved"  # restored within the deadline
+
+
+def test_a_report_sent_again_and_again_is_logged_at_first_then_once_a_minute(
+    tmp_path, caplog, monkeypatch
+):
+    """The runner sends a report again until it is taken, however long that takes: its warning
+    is logged the first time, then at most once a minute with how many times it was sent."""
+    a = assignment(next(IDS), "img", ["true"])
+    runner = Runner(a, client=None, runtime=None, workdir=tmp_path)
+    runner.report_retry_s = 0
+    caplog.set_level("WARNING", logger="worker_agent.runner")
+    unavailable = ApiError(503, {"code": "database_unavailable"}, "POST", "report")
+    for _ in range(50):
+        assert runner._again("running", unavailable)
+    assert len(caplog.records) == 1
+    now = time.monotonic()
+    monkeypatch.setattr(runner_module.time, "monotonic", lambda: now + 61)
+    for _ in range(50):
+        runner._again("running", unavailable)
+    assert len(caplog.records) == 2
+    assert "51 sends failed" in caplog.records[-1].getMessage()
