@@ -18,6 +18,13 @@ network, and can signal the agent's other processes. What it does:
   allow-list fails with runtime_error rather than run with the host's whole network.
 - the exit status is known only to the agent that started it: after an agent restart a process
   still running is followed by its pid, and its end is reported as runtime_error.
+- the pid file is the launch's record, and it is durable before the job's command runs: the
+  process starts as a small `sh` that waits on a pipe from the agent, which writes the pid
+  file (fsync'd, renamed into place) and only then lets it go. It `exec`s the command (same
+  pid, same session) only if the pid file is there once the pipe gives it the word or closes;
+  an agent killed before the record was written closes the pipe by dying, and the process
+  exits without running anything. So a process running the command always has its pid file,
+  and the next agent, finding none, may launch the attempt again without a second copy.
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ from worker_agent.runtime.protocol import START_TIMEOUT_S
 log = logging.getLogger(__name__)
 
 PID_FILE = "process.json"
+LAUNCH_EXIT = 111  # the launch's own `sh` exits with this when the agent never recorded it
+# The launch: wait for the agent's word on stdin (or its end: the agent died), then run the
+# command only where the agent recorded its pid. `$1` is the pid file, the rest the command.
+LAUNCH_SCRIPT = (
+    f'IFS= read -r go || :; [ -f "$1" ] || exit {LAUNCH_EXIT}; shift; exec "$@" </dev/null'
+)
 SECRETS_SUBDIR = "secrets"  # NAME_FILE → <attempt>/secrets/NAME (mode 0400, the agent's user)
 LOG_FILE = "output.log"
 
@@ -175,7 +188,8 @@ class ProcessRuntime:
         return ProcessHandle(workdir=workdir, assignment=assignment)
 
     def start(self, handle: ProcessHandle, timeout: float = START_TIMEOUT_S) -> None:
-        """Runs once Popen returns: nothing to wait for."""
+        """Its pid recorded (the pid file), then it runs: nothing more to wait for. Until the
+        record is written the process only waits (the module's docstring: the launch)."""
         assignment, workdir = handle.assignment, handle.workdir
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -187,23 +201,63 @@ class ProcessRuntime:
             "TMPDIR": str(workdir / "tmp"),
         } | assignment.environment(str(workdir / SECRETS_SUBDIR))
         log.warning("job %s runs as a local process: NOT isolated", assignment.job)
+        command = list(assignment.command)
+        _check_executable(command[0], env["PATH"], workdir)
+        pid_file = workdir / PID_FILE
+        pid_file.unlink(missing_ok=True)  # only this launch's record lets it run
+        read, write = os.pipe()
         try:
             with open(workdir / LOG_FILE, "ab") as out:
                 handle.popen = subprocess.Popen(
-                    list(assignment.command),
+                    ["/bin/sh", "-c", LAUNCH_SCRIPT, "computepool-launch", str(pid_file), *command],
                     cwd=workdir,
                     env=env,
-                    stdin=subprocess.DEVNULL,
+                    stdin=read,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_limits(assignment),
                 )
         except OSError as exc:
+            os.close(write)
             raise RuntimeFailure("runtime_error", f"start failed: {exc}") from exc
+        finally:
+            os.close(read)
         handle.pid = handle.popen.pid
+        try:
+            self._record(handle)
+        except OSError as exc:
+            os.close(write)  # no record: it exits without running the command
+            handle.popen.wait()
+            raise RuntimeFailure("runtime_error", f"start failed: pid file: {exc}") from exc
+        self._release(write)
+
+    def _record(self, handle: ProcessHandle) -> None:
+        """The launch's record, the pid file, durable before the command may run."""
+        assignment = handle.assignment
         record = {"pid": handle.pid, "job": assignment.job, "lease": assignment.lease}
         record |= {"attempt": assignment.attempt} | (self.owner.labels() if self.owner else {})
-        (workdir / PID_FILE).write_text(json.dumps(record))
+        pid_file = handle.workdir / PID_FILE
+        partial = pid_file.with_name(PID_FILE + ".partial")
+        with open(partial, "w") as f:
+            f.write(json.dumps(record))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, pid_file)
+        folder = os.open(handle.workdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+    @staticmethod
+    def _release(write: int) -> None:
+        """The word to the waiting launch: the command runs (its record is written)."""
+        try:
+            os.write(write, b"go\n")
+        except OSError:  # it died meanwhile: `wait` says how
+            pass
+        finally:
+            os.close(write)
 
     # the files of an attempt, as the Docker runtime hands them out: tar streams
     def archive(self, handle: ProcessHandle, path: str):
@@ -308,6 +362,20 @@ class ProcessRuntime:
             elapsed = _seconds_since_start(handle.pid)
             found.append(Found(job, lease, attempt, handle, not ended, ended, elapsed))
         return found
+
+
+def _check_executable(program: str, path: str, cwd: Path) -> None:
+    """The command's program found as exec would find it (a name on PATH, a path from the job's
+    directory): the launch's `sh` would only exit 127, so a missing one is a failed start."""
+    if "/" in program:
+        found = (cwd / program) if not os.path.isabs(program) else Path(program)
+        if os.path.isfile(found) and os.access(found, os.X_OK):
+            return
+    elif shutil.which(program, path=path):
+        return
+    raise RuntimeFailure(
+        "runtime_error", f"start failed: {program!r}: no such executable (PATH {path})"
+    )
 
 
 def _seconds_since_start(pid: int) -> float:
