@@ -507,12 +507,21 @@ class Agent:
             log.exception("MPS daemons not supervised")
 
     def reconcile(self) -> None:
-        """What a previous agent left: containers of current assignments are adopted (still
-        running → reported; exited → their exit reported; created and never started (the
-        agent died between create and start) → removed and the attempt launched afresh under the
-        same lease; stopping, its job cancelled → stopped
-        and the stop confirmed); the rest are stopped and removed. Assignments already past
-        `leased` with no container left are reported failed (stopping ones: stopped)."""
+        """What a previous agent left (worker_agent/runner.py `Runner.run` decides each):
+        - a container (or process) of no current assignment, or of another runtime: stopped
+          and removed;
+        - one of a current assignment: adopted. Its lease stopping (the job cancelled) → stopped,
+          removed and `stopped` reported; created and never started (the agent died between
+          create and start) → removed and, the job `leased` or `starting`, the attempt launched
+          afresh under the same lease (reported further: failed `runtime_error`); running or
+          exited → `running` reported where the job was `leased` or `starting`, then followed
+          to its end, which is reported (an exited one's at once);
+        - a current assignment with nothing found: `leased` → launched; `starting` (the agent
+          died after that report and before the create) → launched afresh under the same
+          lease, since nothing of it ran; `stopping` → `stopped` reported; any other state
+          (`running`, `checkpointing`) → failed `runtime_error`, "the container is gone"; a
+          runtime this agent does not offer → failed `runtime_unavailable`.
+        The attempt directories of everything not adopted are deleted first."""
         current = self.assignments()
         adopted = []
         for runtime in self.runtimes.values():
