@@ -1,5 +1,7 @@
-"""Live events: once a transition commits, it is pushed to Channels groups that websocket
-consumers (pools/consumers.py) follow.
+"""Live events: once a transition commits, a wake-up goes to the Channels groups that websocket
+consumers (pools/consumers.py) follow. The message carries nothing: a woken consumer reads what
+its socket may see from the event table, past its cursor, so a message's content would only be
+read by nobody.
 
 One stream per kind of entity ("jobs", "leases", "nodes"), so a socket of one stream never
 receives another's events. Inside a stream the groups follow the model's `visibility` rule
@@ -62,7 +64,7 @@ def subscriptions(stream: str, model, actor: Actor, pk: int | None = None) -> li
 
 
 def event_fields(event) -> dict:
-    """What every stream says about a transition (an EventBase row)."""
+    """What every stream says about a transition (an EventBase row), as consumers send it."""
     return {
         "at": event.at.isoformat(),
         "from": event.from_state,
@@ -73,14 +75,14 @@ def event_fields(event) -> dict:
     }
 
 
-def publish_event(groups: list[str], payload: dict) -> None:
-    """Send `payload` to `groups`; call it on commit. The database is the source of truth and a
-    browser can re-read it, so a broken channel layer is logged and never fails or undoes the
-    transition that already committed."""
+def publish_event(groups) -> None:
+    """Wake the consumers of `groups`; call it on commit. The database is the source of truth
+    (and the consumers re-read it every 5 s), so a broken channel layer is logged and never
+    fails or undoes the transition that already committed."""
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": MESSAGE_TYPE, "event": payload}
+    message = {"type": MESSAGE_TYPE}
 
     async def send_all():  # one event loop for all groups: each async_to_sync starts one
         for group in groups:

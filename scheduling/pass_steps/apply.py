@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from types import SimpleNamespace
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -32,7 +31,7 @@ from jobs.models import Job
 from jobs.services import jobs_placed_many
 from leases.services import SCHEDULER_KEY_PREFIX, ledger, quota
 from leases.window import request_digest
-from pools.events import MESSAGE_TYPE, event_fields, groups_of
+from pools.events import MESSAGE_TYPE, groups_of
 from pools.reasons import Reason
 
 from .outcomes import SCHEDULER, PassResult, placement_note
@@ -49,14 +48,14 @@ def apply_plan(pool, plan: list[Planned], view, now, result: PassResult) -> None
         placing = [p for p in plan if p.placement is not None]
         hold_back_gangs(placing, "another pass or a cancel holds one of its members")
         leases = take_leases(pool, placing, view, now)
-        event, placed = _jobs_leased([p for p in placing if p.job.pk in leases], leases, now)
+        placed = _jobs_leased([p for p in placing if p.job.pk in leases], leases, now)
         _note_pending([p for p in plan if p.explanation is not None], now)
     for p in plan:
         if p.job.pk in leases:
             result.placed.append(p.job.pk)
         elif p.explanation is not None:
             result.pending[p.job.pk] = p.explanation["code"]
-    _publish_later(event, placed)
+    _publish_later(placed)
 
 
 def lock_queued(job_ids: list[int]) -> set[int]:
@@ -157,15 +156,15 @@ def _conflict(p: Planned, node: str) -> dict:
 
 def _jobs_leased(placing: list[Planned], leases: dict[int, int], now):
     """queued → leased for the placed jobs, through the jobs' bulk service, each `placed`
-    event the one note of a placement. Returns the event all share and each (job, message),
-    for publishing after commit."""
+    event the one note of a placement. Returns the placed jobs, to wake their sockets after
+    commit."""
     notes = []
     for p in placing:
         gang = p.gang.name if p.gang is not None else ""
         node, version = p.placement.node, p.placement.policy_version
         notes.append((p.job.pk, *placement_note(node, leases[p.job.pk], version, gang)))
-    base = jobs_placed_many(notes, actor=SCHEDULER, now=now)
-    return base, [(p.job, message) for p, (_, message, _) in zip(placing, notes, strict=True)]
+    jobs_placed_many(notes, actor=SCHEDULER, now=now)
+    return [p.job for p in placing]
 
 
 def _note_pending(waiting: list[Planned], now) -> None:
@@ -180,23 +179,19 @@ def _note_pending(waiting: list[Planned], now) -> None:
         )
 
 
-def _publish_later(base, placed: list[tuple]) -> None:
-    """The placed jobs' live events, published after commit on a thread of their own with one
-    event loop: each costs about a millisecond of Redis round trips, which must not hold up the
-    pass (16 s for 16,000 placements). `base`: the event they share, `placed`: (job, message)
-    each. A lost event is only a late browser update: the database is the source of truth."""
+def _publish_later(placed: list) -> None:
+    """The placed jobs' sockets woken after commit, on a thread of its own with one event loop:
+    each group once (the tenants' and the operators' groups are shared by many jobs), and each
+    wake-up a Redis round trip that must not hold up the pass. A lost one is made good by the
+    consumers' 5 s re-read: the database is the source of truth."""
     layer = get_channel_layer()
     if layer is None or not placed:
         return
-    shared = {name: getattr(base, name) for name in ("at", "from_state", "to_state", "reason")}
-    shared["actor_label"] = base.actor_label
+    groups = dict.fromkeys(g for job in placed for g in groups_of(JOB_STREAM, job, model=Job))
 
     async def send_all():
-        for job, message in placed:
-            event = event_fields(SimpleNamespace(**shared, message=message))
-            payload = {"job": job.pk, "name": job.name, "state": JobState.LEASED, **event}
-            for group in groups_of(JOB_STREAM, job, model=Job):
-                await layer.group_send(group, {"type": MESSAGE_TYPE, "event": payload})
+        for group in groups:
+            await layer.group_send(group, {"type": MESSAGE_TYPE})
 
     def publish():
         try:

@@ -1,7 +1,7 @@
 """The scheduling pass turns queued jobs into leases, in priority order, and explains the rest."""
 
 import asyncio
-import secrets
+import contextlib
 import threading
 from datetime import timedelta
 
@@ -31,7 +31,7 @@ from leases.models import Lease
 from leases.selectors import ledger_problems
 from leases.services import SCHEDULER_KEY_PREFIX, expire_leases, ledger
 from pools.actors import Actor
-from pools.events import object_group
+from pools.events import object_group, tenant_group
 from pools.models import PriorityClass, Quota
 from pools.services import policy_version_publish
 from scheduling import passes
@@ -39,6 +39,7 @@ from scheduling.bench.scheduler import jobs_without_one_lease, overcommitted_nod
 from scheduling.pass_steps import single as single_path
 from scheduling.passes import requeue_jobs_without_lease, scheduling_pass
 from scheduling.tasks import scheduling_pass as scheduling_pass_task
+from tests.live_events import own_channel_layer
 from tests.scheduling.conftest import another_writer_takes_before_apply
 
 
@@ -394,32 +395,34 @@ def test_every_lease_of_a_pass_has_its_own_fencing_token(lpool, ltenant):
     assert len(set(tokens)) == 5
 
 
-def test_each_placement_of_a_pass_is_published_to_the_jobs_groups(lpool, ltenant):
-    """After commit, on the pass's publishing thread: the job's own group hears its `placed`
-    event (the payload `job_transition` would publish)."""
-    build_node(lpool, "n1", cpu=4000, memory=8192)
-    job = submit_job(lpool, ltenant, f"live-{secrets.token_hex(4)}")
-    layer = get_channel_layer()
+def test_a_pass_wakes_each_placed_jobs_group_and_its_tenants_once(lpool, ltenant):
+    """After commit, on the pass's publishing thread: one wake-up per group (the consumers read
+    the `placed` events themselves), so three jobs of one tenant wake its group once."""
+    build_node(lpool, "n1", cpu=16000, memory=65536)
+    jobs = [submit_job(lpool, ltenant, f"live-{i}") for i in range(3)]
+    groups = [tenant_group(JOB_STREAM, ltenant.pk), *(object_group(JOB_STREAM, j.pk) for j in jobs)]
 
-    async def subscribe():
-        channel = await layer.new_channel()
-        await layer.group_add(object_group(JOB_STREAM, job.pk), channel)
-        return channel
+    with own_channel_layer():
+        layer = get_channel_layer()
 
-    async def receive(channel):
-        while True:  # other test workers' jobs may share the pk: the name is this one's
-            message = await asyncio.wait_for(layer.receive(channel), 10)
-            if message["event"]["name"] == job.name:
-                return message["event"]
+        async def subscribe():
+            channel = await layer.new_channel()
+            for group in groups:
+                await layer.group_add(group, channel)
+            return channel
 
-    channel = async_to_sync(subscribe)()
-    assert scheduling_pass(pool_id=lpool.pk).placed == [job.pk]
-    event = async_to_sync(receive)(channel)
-    lease = Lease.objects.get(job=job)
-    assert event["job"] == job.pk and event["state"] == "leased"
-    assert (event["from"], event["to"], event["reason"]) == ("queued", "leased", "placed")
-    assert event["message"] == f"placed on n1 (lease {lease.pk})"
-    assert event["actor"] == job.events.get(reason="placed").actor_label
+        async def receive_all(channel):
+            messages = []
+            with contextlib.suppress(asyncio.TimeoutError):
+                while True:
+                    messages.append(await asyncio.wait_for(layer.receive(channel), 2))
+            return messages
+
+        channel = async_to_sync(subscribe)()
+        assert len(scheduling_pass(pool_id=lpool.pk).placed) == 3
+        messages = async_to_sync(receive_all)(channel)
+    # one channel in four groups: the tenant's once, each job's once; nothing but a wake-up
+    assert messages == [{"type": "entity.event"}] * 4
 
 
 def test_copy_rows_refuses_rows_whose_columns_differ(lpool, ltenant):
