@@ -13,10 +13,12 @@ import uuid
 
 import pytest
 
+from worker_agent.agent import Agent, Config
 from worker_agent.client import ApiClient
 from worker_agent.runtime import disks
 from worker_agent.runtime.base import Owner
 from worker_agent.runtime.docker import DockerRuntime
+from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.state import AgentState
 
 from .control_plane import ControlPlane
@@ -103,3 +105,16 @@ def workdir(tmp_path):
     (tmp_path / "inputs").chmod(0o777)
     yield tmp_path
     disks.release(tmp_path)
+
+
+@pytest.fixture
+def agent(tmp_path, control_plane):
+    """An agent on the process runtime, enrolling with the fake control plane."""
+    config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
+    config.node_name, config.poll_s = "node-a", 0.1
+    agent = Agent(
+        config, runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state.work")}
+    )
+    yield agent
+    agent.stop()
+    agent.shutdown()

@@ -20,20 +20,8 @@ from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.schema import inventory_errors
 from worker_agent.workroot import WorkRoot
 
-from .conftest import make_owner, require_service
+from .conftest import require_service
 from .netns import Netns, available
-
-
-@pytest.fixture
-def agent(tmp_path, control_plane):
-    config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
-    config.node_name, config.poll_s = "node-a", 0.1
-    agent = Agent(
-        config, runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state.work")}
-    )
-    yield agent
-    agent.stop()
-    agent.shutdown()
 
 
 def assignment(job, command, **changes):

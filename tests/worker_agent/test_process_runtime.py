@@ -15,10 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_agent.agent import Agent, Config
-from worker_agent.runtime.process import ProcessRuntime
-
-from .conftest import make_owner
+from .test_agent import assignment, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,40 +33,6 @@ setattr(process.ProcessRuntime, args["window"], lambda *_: os.kill(os.getpid(), 
 handle = runtime.create(Assignment.parse(args["assignment"]), Path(args["workdir"]))
 runtime.start(handle)
 """
-
-
-@pytest.fixture
-def agent(tmp_path, control_plane):
-    config = Config(api=control_plane.url, state_dir=str(tmp_path / "state"), enroll_token="cpe_x")
-    config.node_name, config.poll_s = "node-a", 0.1
-    agent = Agent(
-        config, runtimes={"process": ProcessRuntime(make_owner(), tmp_path / "state.work")}
-    )
-    yield agent
-    agent.stop()
-    agent.shutdown()
-
-
-def assignment(job, command, **changes):
-    return {
-        "job": job,
-        "attempt": 1,
-        "lease": job * 10,
-        "fencing_token": "55",
-        "state": "leased",
-        "image": "",
-        "command": command,
-        "runtime": "process",
-        "stop_grace_s": 1,
-        "limits": {"cpu_millicores": 1000, "memory_mib": 256, "pids": 4096},
-    } | changes
-
-
-def wait_for(condition, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def launch_and_kill(agent, data: dict, window: str) -> None:
