@@ -3,7 +3,9 @@ the Docker engine's own events, never from what the control plane says of itself
 
 - overcommitted_nodes: at every moment a lease began to hold, what the holding leases of its
   node held against the node's allocatable (scheduling.bench.scheduler.overcommitted, the
-  bench's own check, over the leases' history);
+  bench's own check, over the leases' history); a backfill counts inside its reservation while
+  that is reserved, on its own once the reservation was claimed or ended, and a node where a
+  backfill's container ran beside its reservation's job's container counts too;
 - jobs_by_state, leases_by_state;
 - jobs_without_terminal_reason: a final job whose last event has no reason code, and every job
   not final at the end;
@@ -11,8 +13,13 @@ the Docker engine's own events, never from what the control plane says of itself
   an event missing between two: its `from` is not the last `to`, or the last `to` is not the
   job's state; an event that keeps the state is a note, not a transition), and each
   follower's events against what its tenant may see (missing, repeated or out of cursor order);
-- double_runs: a job attempt that two nodes started, by the agents' start reports in the
-  database or by the engine's container start/die events (by the control plane's labels).
+- double_runs: jobs that ran twice at once: an attempt that two nodes reported starting (the
+  agents' reports in the database), or two containers of one job, any attempt, any node, whose
+  runs overlap by the engine's container start/die events (by the control plane's labels);
+  None when the engine watch broke (it cannot say 0);
+- runs_unseen_by_engine: jobs that ran (a node reported them running, or they succeeded) of
+  which the engine watch saw no container: a label that did not match would hide every double
+  run.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import psycopg
 
 from jobs.choices import JOB_TRANSITIONS, TERMINAL
 from jobs.models import Job, JobEvent
-from leases.choices import HOLDING
+from leases.choices import HOLDING, LeaseState
 from leases.models import Lease, LeaseEvent
 from nodes.models import GpuDevice, Node
 from pools.models import Tenant
@@ -45,17 +52,26 @@ def audit(
     since: float,
     followers_seen: dict,
     engine_events: list | None = None,
+    engine_error: str | None = None,
 ) -> dict:
+    """`engine_events`: the engine's events watched live (EngineEvents; None: the engine's own
+    recent history is read); `engine_error`: why that watch broke, if it did."""
+    if engine_events is None:
+        engine_events = engine_history(control_plane_labels, since)
+    spans = engine_spans(engine_events)
+    engine_runs = double_runs_of(spans)
     with psycopg.connect(database_url, autocommit=True) as db:
         over = overcommitted_history(db)
+        lent = backfills_beside_their_reservation(db, spans)
         jobs = _rows(db, f"SELECT id, state, tenant_id FROM {_t(Job)}")
         events = _job_events(db)
         no_reason = jobs_without_terminal_reason(jobs, events)
         broken = broken_histories(jobs, events)
         followers = followers_missed(db, followers_seen)
         db_runs = double_starts(events)
+        unseen = sorted(jobs_that_ran(jobs, events) - {span["job"] for span in spans})
         result = {
-            "overcommitted_nodes": len(over),
+            "overcommitted_nodes": len(over | {entry["node"] for entry in lent}),
             "jobs_by_state": _count(db, Job),
             "leases_by_state": _count(db, Lease),
             "jobs_without_terminal_reason": len(no_reason),
@@ -63,15 +79,21 @@ def audit(
             "lost_events": len(broken) + sum(f["lost"] for f in followers.values()),
             "details": {
                 "overcommitted": sorted(over)[:DETAILS],
+                "backfills_beside_their_reservation": lent[:DETAILS],
                 "without_terminal_reason": no_reason[:DETAILS],
                 "broken_histories": broken[:DETAILS],
                 "followers": followers,
                 "double_runs_reported": sorted(db_runs)[:DETAILS],
             },
         }
-    engine_runs = engine_double_runs(control_plane_labels, since, events=engine_events)
-    result["double_runs"] = len(db_runs | set(engine_runs["double"]))
-    result["details"]["double_runs_engine"] = engine_runs
+    # by job: an attempt two nodes reported starting, or two containers of one job at once
+    doubled = {job for job, _ in db_runs} | set(engine_runs["double"])
+    result["double_runs"] = None if engine_error else len(doubled)
+    result["runs_unseen_by_engine"] = len(unseen)
+    result["details"]["double_runs_engine"] = engine_runs | {
+        "unseen": unseen[:DETAILS],
+        "watch_error": engine_error,
+    }
     return result
 
 
@@ -105,27 +127,53 @@ def _job_events(db) -> dict[int, list[tuple]]:
 def overcommitted_history(db) -> set[int]:
     """The nodes that ever held more than their allocatable: each lease holds from the event
     that made it holding to the one that ended that; at every start, the leases holding on its
-    node then are checked (a node can only go over when a lease begins)."""
-    intervals = defaultdict(list)  # node → (start id, end id or None, lease row)
+    node then are checked (a node can only go over when a lease begins to count).
+
+    A backfill (`backfill_of`) holds nothing on the ledger of its own: it runs on capacity its
+    reservation holds, and counting both would count that capacity twice. So while its
+    reservation is `reserved` (holding, unclaimed) the backfills inside it count as part of it
+    (the reservation then holds, per resource, the larger of itself and its live backfills'
+    sum: backfills lent beyond it count too). Once the reservation is claimed (its job starts:
+    `committed`) or ends, the product expires its backfills in the same transaction
+    (leases.services.lifecycle._close_backfills, the same `at`); a backfill that still holds
+    after that moment holds capacity nothing else counts (the reservation's job runs on it),
+    and counts on its own from then."""
     leases = {
         row[0]: row[1:]
         for row in _rows(
             db,
-            f"SELECT id, node_id, cpu_millicores, memory_mib, scratch_mib, gpu_allocations "
-            f"FROM {_t(Lease)} WHERE backfill_of_id IS NULL AND node_id IS NOT NULL",
+            f"SELECT id, node_id, cpu_millicores, memory_mib, scratch_mib, gpu_allocations, "
+            f"backfill_of_id FROM {_t(Lease)} WHERE node_id IS NOT NULL",
         )
     }
-    holding = {}
-    query = f"SELECT lease_id, id, to_state FROM {_t(LeaseEvent)} ORDER BY id"
-    for lease_id, event_id, to_state in _rows(db, query):
+    parents = {row[5] for row in leases.values() if row[5] is not None}
+    holds: dict[int, list] = {}  # lease → [start id, end id or None, end at or None]
+    claimed: dict[int, tuple] = {}  # reservation → (id, at) of its event out of `reserved`
+    query = f"SELECT lease_id, id, to_state, at FROM {_t(LeaseEvent)} ORDER BY id"
+    for lease_id, event_id, to_state, at in _rows(db, query):
         if lease_id not in leases:
             continue
-        if to_state in HOLDING and lease_id not in holding:
-            holding[lease_id] = event_id
-        elif to_state not in HOLDING and lease_id in holding:
-            intervals[leases[lease_id][0]].append((holding.pop(lease_id), event_id, lease_id))
-    for lease_id, start in holding.items():
-        intervals[leases[lease_id][0]].append((start, None, lease_id))
+        left = to_state != LeaseState.RESERVED  # claimed (committed) or ended
+        if left and lease_id in parents and lease_id in holds and lease_id not in claimed:
+            claimed[lease_id] = (event_id, at)
+        if to_state in HOLDING and lease_id not in holds:
+            holds[lease_id] = [event_id, None, None]
+        elif to_state not in HOLDING and lease_id in holds and holds[lease_id][1] is None:
+            holds[lease_id][1:] = [event_id, at]
+    spans = defaultdict(list)  # node → (start id, end id or None, lease, reservation inside)
+    for lease_id, (start, end, end_at) in holds.items():
+        node, parent = leases[lease_id][0], leases[lease_id][5]
+        if parent is None or parent not in holds:
+            spans[node].append((start, end, lease_id, None))
+            continue
+        cut = claimed.get(parent)
+        if cut is None or (end is not None and (end < cut[0] or end_at <= cut[1])):
+            spans[node].append((start, end, lease_id, parent))  # inside it while it held
+        elif start >= cut[0]:
+            spans[node].append((start, end, lease_id, None))
+        else:  # held on past its reservation's claim or end: on its own from then
+            spans[node].append((start, cut[0], lease_id, parent))
+            spans[node].append((cut[0], end, lease_id, None))
     allocatable = {
         node_id: tuple(limits)
         for node_id, *limits in _rows(
@@ -136,15 +184,71 @@ def overcommitted_history(db) -> set[int]:
     }
     gpu_nodes = dict(_rows(db, f"SELECT id, node_id FROM {_t(GpuDevice)}"))
     over = set()
-    for _node_id, spans in intervals.items():
-        for start, _, _ in spans:  # event ids order the moments
-            rows = [
-                leases[lease_id]
-                for s, end, lease_id in spans
-                if s <= start and (end is None or end > start)
-            ]
-            over |= overcommitted(rows, allocatable, gpu_nodes)
+    for node_id, node_spans in spans.items():
+        for moment in sorted({start for start, _, _, _ in node_spans}):  # event ids order them
+            own, inside = {}, defaultdict(list)
+            for start, end, lease_id, parent in node_spans:
+                if start <= moment and (end is None or end > moment):
+                    if parent is None:
+                        own[lease_id] = leases[lease_id][:5]
+                    else:
+                        inside[parent].append(leases[lease_id][:5])
+            for parent, children in inside.items():
+                if parent in own:
+                    own[parent] = _with_backfills(own[parent], children)
+                else:  # not holding itself: what runs in it counts as it is
+                    for n, child in enumerate(children):
+                        own[("backfill", parent, n)] = child
+            if over_now := overcommitted(list(own.values()), allocatable, gpu_nodes):
+                over |= over_now
+                if node_id in over:
+                    break
     return over
+
+
+def _with_backfills(parent: tuple, children: list[tuple]) -> tuple:
+    """A reservation's row holding, per resource, the larger of itself and its backfills'
+    sum; on each GPU, the backfills' milli beyond its own as a share of its own."""
+    node, cpu, memory, scratch, allocations = parent
+    lent = Counter()
+    for child in children:
+        for alloc in child[4]:
+            lent[alloc["gpu"]] += alloc.get("milli", 0)
+    held = Counter()
+    for alloc in allocations:
+        if not alloc.get("mig_slots"):
+            held[alloc["gpu"]] += alloc.get("milli", 0)
+    beyond = [{"gpu": g, "milli": m - held[g]} for g, m in lent.items() if m > held[g]]
+    return (
+        node,
+        max(cpu, sum(child[1] for child in children)),
+        max(memory, sum(child[2] for child in children)),
+        max(scratch, sum(child[3] for child in children)),
+        list(allocations) + beyond,
+    )
+
+
+def backfills_beside_their_reservation(db, spans: list[dict]) -> list[dict]:
+    """Backfills whose container ran (by the engine's events) while a container of their
+    reservation's own job ran: the capacity the reservation holds once was used twice at
+    once, whatever the leases' history says (a backfill's lease expires when its reservation
+    is claimed, its container stops after)."""
+    lent = dict(
+        _rows(db, f"SELECT id, backfill_of_id FROM {_t(Lease)} WHERE backfill_of_id IS NOT NULL")
+    )
+    if not lent:
+        return []
+    by_lease = defaultdict(list)
+    for span in spans:
+        by_lease[span["lease"]].append(span)
+    found = []
+    for child, parent in sorted(lent.items()):
+        for a, b in itertools.product(by_lease.get(child, ()), by_lease.get(parent, ())):
+            if _overlap(a["start"], a["end"], b["start"], b["end"]):
+                node = _int(a["node"])
+                found.append({"backfill": child, "reservation": parent, "node": node})
+                break
+    return found
 
 
 # --- jobs ---------------------------------------------------------------------------------------
@@ -267,75 +371,139 @@ def _engine_filters(labels: dict) -> dict:
 class EngineEvents:
     """The Docker engine's start and die events of the drill's job containers, watched live
     from before the load starts: the engine keeps only its last 256 events, so a query after
-    the run would see only its tail."""
+    the run would see only its tail. `error`: why the watch broke before `stop` (the stream
+    failed or ended): what it saw then is not the whole run, and cannot vouch for a 0."""
 
     def __init__(self, labels: dict):
         import docker
 
         self.client = docker.from_env()
         self.events: list[dict] = []
+        self.error: str | None = None
+        self._stopping = threading.Event()
         self.stream = self.client.events(filters=_engine_filters(labels), decode=True)
         self.thread = threading.Thread(target=self._follow, daemon=True, name="engine-events")
         self.thread.start()
 
     def _follow(self) -> None:
-        with contextlib.suppress(Exception):  # the stream ends with an error when closed
+        try:
             for event in self.stream:
                 self.events.append(event)
+        except Exception as exc:  # closing the stream ends it with an error: that one is ours
+            if not self._stopping.is_set():
+                self.error = f"{type(exc).__name__}: {exc}"
+            return
+        if not self._stopping.is_set():
+            self.error = "the engine ended the event stream"
 
     def stop(self) -> list[dict]:
         """The events seen; stops watching (again: nothing more)."""
         if self.thread.is_alive():
             time.sleep(1.0)  # the last die events of the settled jobs are on their way
+            self._stopping.set()
             with contextlib.suppress(Exception):
                 self.stream.close()
             self.thread.join(timeout=5)
-            self.client.close()
+            with contextlib.suppress(Exception):
+                self.client.close()
+        self._stopping.set()
         return list(self.events)
+
+
+def engine_history(labels: dict, since: float, until: float | None = None) -> list[dict]:
+    """The engine's own recent events of the labelled job containers (its last 256 only)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        until = until or time.time()
+        return list(
+            client.events(
+                since=int(since), until=int(until) + 1, filters=_engine_filters(labels), decode=True
+            )
+        )
+    finally:
+        client.close()
+
+
+def engine_spans(events) -> list[dict]:
+    """Each job container's run, by the engine's events: its job, attempt, lease and node (its
+    labels), from its start to its die (end None: still running when the events end)."""
+    spans, running = [], {}
+    for event in events:
+        actor = event.get("Actor", {})
+        attributes = actor.get("Attributes", {})
+        at = event.get("timeNano", 0) / 1e9
+        container = event.get("id") or actor.get("ID")
+        if event.get("status", event.get("Action")) == "start":
+            if container in running:
+                continue  # started again while running: the same run
+            span = {
+                "job": _int(attributes.get(f"{LABEL}.job")),
+                "attempt": _int(attributes.get(f"{LABEL}.attempt")) or 1,
+                "lease": _int(attributes.get(f"{LABEL}.lease")),
+                "node": attributes.get(f"{LABEL}.node_id"),
+                "container": (container or "")[:12],
+                "start": at,
+                "end": None,
+            }
+            spans.append(span)
+            running[container] = span
+        elif container in running:
+            running.pop(container)["end"] = at
+    return spans
+
+
+def double_runs_of(spans: list[dict]) -> dict:
+    """Jobs two of whose containers ran at overlapping times: any attempts, any nodes (an old
+    attempt still running on a cut-off node beside the next one elsewhere, two on one node)."""
+    by_job = defaultdict(list)
+    for span in spans:
+        by_job[span["job"]].append(span)
+    overlaps = []
+    for job, runs in by_job.items():
+        for a, b in itertools.combinations(runs, 2):
+            if _overlap(a["start"], a["end"], b["start"], b["end"]):
+                overlaps.append(
+                    {
+                        "job": job,
+                        "runs": [
+                            {k: run[k] for k in ("attempt", "node", "lease", "container")}
+                            for run in (a, b)
+                        ],
+                    }
+                )
+    return {
+        "containers_started": len(spans),
+        "double": sorted({overlap["job"] for overlap in overlaps}, key=lambda j: (j is None, j)),
+        "overlaps": overlaps[:DETAILS],
+    }
 
 
 def engine_double_runs(
     labels: dict, since: float, until: float | None = None, events: list | None = None
 ) -> dict:
     """From the Docker engine's own events (those watched live, else the engine's own recent
-    history): the containers of each (job, attempt), by node, each running from its start to
-    its die (or still). Two nodes' overlapping: a double run."""
-    runs = defaultdict(list)  # (job, attempt) → [node, container, start, end]
-    open_runs = {}
-    client = None
+    history): the jobs two of whose containers ran at once (double_runs_of)."""
     if events is None:
-        import docker
+        events = engine_history(labels, since, until)
+    return double_runs_of(engine_spans(events))
 
-        client = docker.from_env()
-        until = until or time.time()
-        events = client.events(
-            since=int(since), until=int(until) + 1, filters=_engine_filters(labels), decode=True
-        )
+
+def jobs_that_ran(jobs: list[tuple], events: dict) -> set[int]:
+    """Jobs a node reported running, and jobs that succeeded: each had a container."""
+    ran = {job_id for job_id, state, _ in jobs if state == "succeeded"}
+    for job_id, history in events.items():
+        if any(e[2] == "running" and e[4].startswith("node:") for e in history):
+            ran.add(job_id)
+    return ran
+
+
+def _int(value) -> int | None:
     try:
-        for event in events:
-            attributes = event.get("Actor", {}).get("Attributes", {})
-            at = event.get("timeNano", 0) / 1e9
-            container = event.get("id") or event.get("Actor", {}).get("ID")
-            if event.get("status", event.get("Action")) == "start":
-                key = (int(attributes[f"{LABEL}.job"]), int(attributes.get(f"{LABEL}.attempt", 1)))
-                run = [attributes.get(f"{LABEL}.node_id"), container, at, None]
-                runs[key].append(run)
-                open_runs[container] = run
-            elif container in open_runs:
-                open_runs.pop(container)[3] = at
-    finally:
-        if client is not None:
-            client.close()
-    double = []
-    for key, spans in runs.items():
-        for i, (node_a, _, start_a, end_a) in enumerate(spans):
-            for node_b, _, start_b, end_b in spans[i + 1 :]:
-                if node_a != node_b and _overlap(start_a, end_a, start_b, end_b):
-                    double.append(key)
-    return {
-        "containers_started": sum(len(spans) for spans in runs.values()),
-        "double": sorted(set(double)),
-    }
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _overlap(a0, a1, b0, b1) -> bool:
@@ -348,26 +516,30 @@ def _overlap(a0, a1, b0, b1) -> bool:
 
 
 def recovery(faults, database_url: str, load) -> list[dict]:
-    """Per fault (in order): seconds from its end to the next lease created (a placement),
-    and to the API answering within the run's p99 again (five 2xx answers in a row, each
-    within it). None: it never did before the run ended."""
+    """Per fault (in order), from its end: `to_next_placement_s`, seconds to the next job a
+    scheduling pass placed (a job's queued → leased `placed` event; a lease reserved through
+    the lease API is no placement); `to_p99_s`, seconds to the API answering within the
+    baseline p99 again (the load's p99 before the first fault: five 2xx answers in a row, each
+    within it). None: it never did before the run ended (or there was no baseline)."""
     samples = sorted(load.samples())
-    latencies = sorted(latency for _, latency, _ in samples)
-    run_p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if samples else None
+    first = min((_field(fault, "started_at") for fault in faults), default=None)
+    before = [latency for at, latency, _ in samples if first is None or at <= first]
+    baseline = sorted(before)[min(len(before) - 1, int(0.99 * len(before)))] if before else None
     out = []
     with psycopg.connect(database_url, autocommit=True) as db:
         for fault in faults:
             name, end = _field(fault, "name"), _field(fault, "ended_at")
             placed = db.execute(
-                f"SELECT min(extract(epoch FROM at))::float FROM {_t(LeaseEvent)} "
-                "WHERE from_state = '' AND at >= to_timestamp(%s)",
+                f"SELECT min(extract(epoch FROM at))::float FROM {_t(JobEvent)} "
+                "WHERE to_state = 'leased' AND from_state = 'queued' AND reason = 'placed' "
+                "AND at >= to_timestamp(%s)",
                 [end],
             ).fetchone()[0]
             out.append(
                 {
                     "name": name,
                     "to_next_placement_s": _round(placed - end if placed else None),
-                    "to_p99_s": _round(_back_within(samples, end, run_p99)),
+                    "to_p99_s": _round(_back_within(samples, end, baseline)),
                 }
             )
     return out

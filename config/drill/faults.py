@@ -32,6 +32,21 @@ class FaultRecord:
         return asdict(self)
 
 
+# after SIGSTOP, before reading what the frozen agent's node holds: its last requests land
+FROZEN_LOOK_S = 0.5
+# nodes/conf.py NODE_MISSED_HEARTBEATS and config/celery.py's nodes-heartbeat-sweep (s)
+MISSED_HEARTBEATS = 3
+HEARTBEAT_SWEEP_S = 10.0
+NOTICE_MARGIN_S = 5.0
+
+
+def unreachable_within(cluster) -> float:
+    """How long an agent must be silent for the control plane to mark its node unreachable
+    for sure: its missed heartbeats, the sweep's period, a margin for a loaded machine."""
+    heartbeat = getattr(cluster, "heartbeat_s", 2)
+    return MISSED_HEARTBEATS * heartbeat + HEARTBEAT_SWEEP_S + NOTICE_MARGIN_S
+
+
 def _record(name: str, started: float, **detail) -> FaultRecord:
     return FaultRecord(name=name, started_at=started, ended_at=time.time(), detail=detail)
 
@@ -122,13 +137,17 @@ def agent_freeze(
     cluster: Cluster, *, find_s: float = 30, timeout_s: float = 60, **_
 ) -> FaultRecord:
     """An agent frozen (SIGSTOP) until the control plane holds its leases uncertain (its node
-    unreachable when it had none), then resumed (SIGCONT)."""
+    unreachable when it had none), then resumed (SIGCONT). `expected` says which: what the
+    node held once the agent was frozen (its jobs may have ended between the look and the
+    signal), and `went_uncertain` whether it came within `timeout_s`."""
     agent, running = _busy_agent(cluster, find_s)
     started = time.time()
     cluster.kill(agent.name, signal.SIGSTOP)
+    time.sleep(FROZEN_LOOK_S)  # what the agent sent before the signal has landed
+    committed = committed_jobs_by_node(cluster).get(agent.node_id, 0)
 
     def uncertain():
-        if running:
+        if committed:
             rows = _query(
                 cluster,
                 "SELECT count(*) FROM scheduling_lease WHERE node_id = %s AND state = 'uncertain'",
@@ -149,7 +168,9 @@ def agent_freeze(
         started,
         agent=agent.name,
         running_jobs=running,
-        uncertain_leases=seen if running else 0,
+        committed_when_frozen=committed,
+        expected="uncertain" if committed else "unreachable",
+        uncertain_leases=seen if committed else 0,
         went_uncertain=bool(seen),
         frozen_s=frozen_s,
         back_after_s=back,
@@ -181,6 +202,8 @@ def agent_partition(cluster: Cluster, *, seconds: float = 30, find_s: float = 30
         agent=agent.name,
         running_jobs=running,
         seconds=seconds,
+        # silent past the missed heartbeats, and the sweep's next look: noticed for sure
+        unreachable_expected=seconds >= unreachable_within(cluster),
         went_unreachable=unreachable,
         back_after_s=back,
     )

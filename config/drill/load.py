@@ -9,7 +9,8 @@ classified. Threads, each with its own HTTP session (TLS, verified with the dril
 - followers, one per tenant: /ws/jobs/ with the tenant's token, reconnecting with
   `?after=<last cursor>` whenever the connection drops, every event recorded.
 
-`hostile_burst` sends what no answer may accept: every reply must be a 4xx.
+`hostile_burst` sends what no answer may accept: every reply must be a 4xx, and no probe may be
+skipped (a probe whose setup failed is listed in `skipped`, which fails the verdict).
 """
 
 from __future__ import annotations
@@ -410,7 +411,9 @@ def hostile_burst(
 ) -> dict:
     """Requests no answer may accept: bad shapes, forged node callbacks, other tenants' ids.
     Every answer must be a 4xx. Returns, by kind, each outcome's count and the requests that
-    got anything else (`accepted`: a 2xx or a 5xx, a connection error or a timeout)."""
+    got anything else (`accepted`: a 2xx or a 5xx, a connection error or a timeout);
+    `skipped`: the probes not sent, and why (no node to name; the other tenant's job or lease
+    their setup could not make)."""
     tenants = sorted(t for t in tokens if t != "operator")
     me, other = tenants[0], tenants[1]
     samples, lock = [], threading.Lock()
@@ -418,6 +421,10 @@ def hostile_burst(
     theirs = Client(api_url, ca_file, tokens[other], samples, lock)
     anonymous = Client(api_url, ca_file, None, samples, lock)
     results: dict[str, dict] = {}
+    skipped: list[str] = []  # probes not sent (their setup failed): each fails the verdict
+
+    def skip(kind: str, labels: list[str], why: str) -> None:
+        skipped.extend(f"{kind}: {label} ({why})" for label in labels)
 
     def expect_4xx(kind: str, label: str, client: Client, method: str, path: str, **kwargs):
         _, outcome = client.call(method, path, kind, **kwargs)
@@ -499,39 +506,39 @@ def hostile_burst(
         "/enroll",
         json={"token": "cpe_" + uuid.uuid4().hex, "name": "rogue"},
     )
-    if node_id is not None:
-        expect_4xx(
-            "forged_callbacks",
-            "drain another's node as a member",
-            mine,
-            "POST",
-            f"/nodes/{node_id}/drain",
-        )
-        expect_4xx(
-            "forged_callbacks",
+    node_probes = [
+        ("drain another's node as a member", mine, "POST", "/nodes/{node}/drain", {}),
+        (
             "revoke a node's credentials as a member",
             mine,
             "POST",
-            f"/nodes/{node_id}/revoke-credentials",
-        )
-        expect_4xx(
-            "forged_callbacks",
+            "/nodes/{node}/revoke-credentials",
+            {},
+        ),
+        (
             "a node's heartbeat anonymously",
             anonymous,
             "POST",
             "/agent/heartbeat",
-            json=beat | {"node": node_id},
-        )
+            {"json": beat | {"node": node_id}},
+        ),
+    ]
+    if node_id is None:
+        skip("forged_callbacks", [p[0] for p in node_probes], "no node to name")
+    else:
+        for label, client, method, path, kwargs in node_probes:
+            path = path.format(node=node_id)
+            expect_4xx("forged_callbacks", label, client, method, path, **kwargs)
 
     # other tenants' ids: a job and a lease of `other`, reached with `me`'s token
-    their_job, _ = theirs.call(
-        "POST", "/jobs", "setup", json=good | {"tenant": other, "name": "theirs"}
-    )
-    their_lease, _ = theirs.call(
-        "POST", "/compute-leases", "setup", json=lease | {"tenant": other, "duration_s": 30}
-    )
-    if their_job is not None and their_job.status_code == 201:
-        job = their_job.json()["id"]
+    job_labels = ["GET job", "GET job events", "GET job logs", "POST job cancel"]
+    job_labels.append("submit as their tenant")
+    lease_labels = ["GET lease", "POST lease release", "POST lease renew"]
+    lease_labels += ["reserve for their tenant", "name their lease as a reservation"]
+    job, why = _made(theirs, "/jobs", good | {"tenant": other, "name": "theirs"})
+    if job is None:
+        skip("other_tenants", job_labels, f"their job was not made: {why}")
+    else:
         for method, path in [
             ("GET", f"/jobs/{job}"),
             ("GET", f"/jobs/{job}/events"),
@@ -548,8 +555,10 @@ def hostile_burst(
             json=good | {"tenant": other},
         )
         theirs.call("POST", f"/jobs/{job}/cancel", "setup")
-    if their_lease is not None and their_lease.status_code == 201:
-        lease_id = their_lease.json()["id"]
+    lease_id, why = _made(theirs, "/compute-leases", lease | {"tenant": other, "duration_s": 30})
+    if lease_id is None:
+        skip("other_tenants", lease_labels, f"their lease was not made: {why}")
+    else:
         for method, path in [
             ("GET", f"/compute-leases/{lease_id}"),
             ("POST", f"/compute-leases/{lease_id}/release"),
@@ -582,7 +591,29 @@ def hostile_burst(
     return out | {
         "requests": sum(sum(e["outcomes"].values()) for e in results.values()),
         "not_4xx": sum(len(e["accepted"]) for e in results.values()),
+        "skipped": skipped,
     }
+
+
+SETUP_TRIES = 3
+
+
+def _made(client: Client, path: str, body: dict) -> tuple[int | None, str]:
+    """(id, "") of what `client` made by POST `path`, retried with one Idempotency-Key while no
+    answer says what happened; (None, the last outcome) when it was not made."""
+    key = f"drill-hostile-{uuid.uuid4()}"
+    outcome = ""
+    for attempt in range(SETUP_TRIES):
+        if attempt:
+            time.sleep(0.5 * attempt)
+        response, outcome = client.call(
+            "POST", path, "setup", json=body, headers={"Idempotency-Key": key}
+        )
+        if outcome == "2xx":  # 201, or a replay of the key's first answer
+            return response.json()["id"], ""
+        if outcome.startswith("4xx") and outcome != "4xx:429":
+            break  # refused for good
+    return None, outcome
 
 
 class _SignedClient(Client):

@@ -2,7 +2,9 @@
 the faults one after another with settle gaps while the load runs, then a burst of hostile
 requests; stop the load, wait for the jobs to settle, audit the database and the engines
 (audit.py) and say how long each fault took to recover from. One dict comes back; `ok` is
-whether every count that must be zero is zero, every fault ran and the fleet left nothing.
+whether `failures` finds nothing: every count that must be zero is zero, every planned fault
+ran and found what it promises, the hostile burst was refused whole, no process crashed and the
+fleet left nothing.
 """
 
 from __future__ import annotations
@@ -17,8 +19,16 @@ from pathlib import Path
 from config.drill.cluster import Cluster
 from config.drill.faults import FAULTS, inject
 
-# What must be zero after any drill (issue 25).
-ZEROS = ("overcommitted_nodes", "jobs_without_terminal_reason", "lost_events", "double_runs")
+# What must be zero after any drill (issue 25), and the jobs that ran without a container the
+# engine watch saw: its double runs would be unseen too (a label that did not match, a watch
+# that saw nothing)
+ZEROS = (
+    "overcommitted_nodes",
+    "jobs_without_terminal_reason",
+    "lost_events",
+    "double_runs",
+    "runs_unseen_by_engine",
+)
 
 
 @dataclass(frozen=True)
@@ -127,12 +137,14 @@ def run_drill(
         settled = load.wait_settled(chosen.settle_timeout_s)
         report = load.report()
         say("audit")
+        engine_events = engine.stop()
         audited = audit(
             cluster.database_url,
             control_plane_labels=cluster.control_plane_labels,
             since=load_started,
             followers_seen=getattr(load, "followers_seen", {}),
-            engine_events=engine.stop(),
+            engine_events=engine_events,
+            engine_error=engine.error,
         )
         recovered = recovery(records, cluster.database_url, load)
         result |= {
@@ -141,12 +153,17 @@ def run_drill(
             "settled": settled,
             # p99 while the load ran (the report's own also counts the settle phase's reads)
             "p99_s": load.p99_between(load_started, load_ended),
+            # the load alone, before the first fault: what each fault's `to_p99_s` is back to
+            "p99_baseline_s": load.p99_between(
+                load_started, records[0].started_at if records else load_ended
+            ),
             "hostile": hostile,
             **audited,
             "faults": [
                 record.to_dict()
                 | {"p99_during_s": load.p99_between(record.started_at, _window_end(record))}
                 | _recovered(recovered, record.name, index)
+                | {"judged": judge_fault(record.to_dict())}
                 for index, record in enumerate(records)
             ],
         }
@@ -201,18 +218,115 @@ def _recovered(recovered, name: str, index: int) -> dict:
 
 
 def failures(result: dict) -> list[str]:
-    """Why the drill failed (empty: it passed)."""
+    """Why the drill failed (empty: it passed): a count that must be zero is not, the run or a
+    fault broke, a fault found the product wrong, the hostile burst got anything but 4xx (or
+    skipped a probe), a process crashed, the fleet left something, or nothing succeeded."""
     found = [f"{name} = {result.get(name)!r}" for name in ZEROS if result.get(name) != 0]
     if result.get("error"):
         found.insert(0, result["error"])
-    for fault in result.get("faults", ()):
+    watch = result.get("details", {}).get("double_runs_engine", {})
+    if watch.get("watch_error"):
+        found.append(f"the engine's event watch broke: {watch['watch_error']}")
+    planned = list(result.get("faults_planned", ()))
+    faults = list(result.get("faults", ()))
+    if not result.get("error"):
+        if not planned:
+            found.append("no fault was planned: the drill broke nothing")
+        if [fault.get("name") for fault in faults] != planned:
+            found.append(
+                f"{len(faults)} fault records for {len(planned)} faults planned: "
+                f"{[fault.get('name') for fault in faults]} != {planned}"
+            )
+    for fault in faults:
         if fault.get("detail", {}).get("error"):
             found.append(f"fault {fault['name']}: {fault['detail']['error']}")
+        else:
+            found += [f"fault {fault['name']}: {why}" for why in judge_fault(fault)["failed"]]
+    found += _hostile_failures(result)
+    if result.get("unexpected_exits"):
+        exits = [f"{e.get('name')} ({e.get('returncode')})" for e in result["unexpected_exits"]]
+        found.append(f"processes exited on their own: {', '.join(exits)}")
     if result.get("leftovers"):
         found.append(f"left behind: {result['leftovers']}")
     if not result.get("error") and not result.get("jobs_by_state", {}).get("succeeded"):
         found.append("no job succeeded: the drill proved nothing")  # a fleet that did nothing
     return found
+
+
+def _hostile_failures(result: dict) -> list[str]:
+    if "hostile" not in result:
+        return [] if result.get("error") else ["no hostile burst was sent"]
+    hostile = result["hostile"] or {}
+    found = []
+    accepted = [
+        label
+        for entry in hostile.values()
+        if isinstance(entry, dict)
+        for label in entry.get("accepted", ())
+    ]
+    if hostile.get("not_4xx") or accepted:
+        found.append(
+            f"the hostile burst got {hostile.get('not_4xx', len(accepted))} answers other than "
+            f"4xx: {accepted[:5]}"
+        )
+    if hostile.get("skipped"):
+        found.append(f"the hostile burst skipped probes: {hostile['skipped'][:5]}")
+    if not hostile.get("requests"):
+        found.append("the hostile burst sent nothing")
+    return found
+
+
+def judge_fault(fault: dict) -> dict:
+    """What a fault's record says of the product: `failed`, the reasons it broke a promise (an
+    agent never back, a second beat that led, a lock never released, leases never held
+    uncertain); `reached`, whether the fault hit the moment that makes it hurt (an agent
+    running jobs, a pass holding its lock), with `note` saying what it did instead. A fault
+    that missed its moment proves less but is no failure of the product."""
+    name, detail = fault.get("name"), fault.get("detail") or {}
+    if detail.get("error"):  # failures() reports it as it is
+        return {"failed": [], "reached": False, "note": "it could not be done"}
+    failed, reached, note = [], True, ""
+    agent = detail.get("agent", "the agent")
+    if name in ("agent_kill", "agent_freeze", "agent_partition"):
+        if not detail.get("running_jobs"):
+            reached, note = False, f"{agent} ran no job when it was hit"
+        if "back_after_s" in detail and detail["back_after_s"] is None:
+            failed.append(f"{agent}'s node was never ready and reachable again")
+    if name == "agent_freeze" and not detail.get("went_uncertain"):
+        # frozen with jobs, the control plane holds their leases uncertain; without, it marks
+        # the node unreachable (`went_uncertain` says whether the one expected came)
+        expected = detail.get("expected") or (
+            "uncertain" if detail.get("running_jobs") else "unreachable"
+        )
+        what = "its leases were never held uncertain"
+        if expected != "uncertain":
+            what = "its node never went unreachable"
+        failed.append(f"{agent} frozen {detail.get('frozen_s')} s: {what}")
+    if name == "agent_partition" and not detail.get("went_unreachable"):
+        if detail.get("unreachable_expected", True):
+            failed.append(
+                f"{agent} cut off {detail.get('seconds')} s: its node never went unreachable"
+            )
+        else:
+            reached = False
+            note = f"a cut of {detail.get('seconds')} s is too short to be noticed"
+    if name == "worker_kill_mid_pass":
+        if not detail.get("pass_caught"):
+            reached = False
+            note = f"no pass caught holding its lock: {detail.get('worker')} killed idle"
+        elif not detail.get("lock_released"):
+            failed.append(f"the pass lock of the killed {detail.get('worker')} was never released")
+    if name == "second_beat":
+        if detail.get("second_led"):
+            failed.append("the second beat led (sent tasks) beside the first one")
+        if detail.get("exited_by_itself") is not None:
+            failed.append(
+                f"the second beat exited by itself ({detail['exited_by_itself']}): a crash"
+            )
+        if not detail.get("second_led") and not detail.get("second_stood_by"):
+            reached = False
+            note = "the second beat never came to the leader lock"
+    return {"failed": failed, "reached": reached, "note": note}
 
 
 def verdict(result: dict) -> bool:

@@ -137,11 +137,231 @@ def _assert_cut(sock, reader) -> None:
 
 
 # --- the command's input -----------------------------------------------------------------------
-def test_drill_refuses_an_unknown_fault_naming_the_known_ones():
+@pytest.fixture
+def no_drill(monkeypatch):
+    """The command with its machine check and its drill stubbed: a refusal must come before
+    either (a drill that ran would fail the test, not start a fleet)."""
+    from config.management.commands import drill
+
+    def ran(**kwargs):
+        raise AssertionError(f"the drill ran with {kwargs}")
+
+    monkeypatch.setattr(drill, "run_drill", ran)
+    monkeypatch.setattr(drill.Command, "check_machine", staticmethod(lambda: None))
+
+
+def test_drill_refuses_an_unknown_fault_naming_the_known_ones(no_drill):
     with pytest.raises(CommandError) as refused:
         call_command("drill", "--faults", "agent_kill,meteor_strike")
     assert "meteor_strike" in str(refused.value)
     assert "postgres_restart" in str(refused.value)
+
+
+@pytest.mark.parametrize("faults", ["", ",", " , ,"])
+def test_drill_refuses_a_fault_list_that_names_none(no_drill, faults):
+    with pytest.raises(CommandError) as refused:
+        call_command("drill", "--faults", faults)
+    assert "names no fault" in str(refused.value)
+    assert "agent_kill" in str(refused.value) and "web_kill" in str(refused.value)
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "1e12", "0", "0.5", "-3", "3601"])
+def test_drill_refuses_seconds_that_are_not_a_finite_sane_length(no_drill, seconds):
+    with pytest.raises(CommandError) as refused:
+        call_command("drill", "--bounded", f"--seconds={seconds}")
+    assert "--seconds must be a number of seconds from 1 to 3600" in str(refused.value)
+
+
+def test_drill_takes_seconds_in_range_and_a_named_fault(monkeypatch):
+    from config.management.commands import drill
+
+    ran = {}
+    monkeypatch.setattr(drill.Command, "check_machine", staticmethod(lambda: None))
+    monkeypatch.setattr(drill, "run_drill", lambda **kwargs: ran.update(kwargs) or passing())
+    call_command("drill", "--json", "--faults", " web_kill ,", "--seconds", "90")
+    assert ran["faults"] == ["web_kill"] and ran["seconds"] == 90.0
+
+
+# --- the verdict (failures) ------------------------------------------------------------------
+def fault(name: str, **detail) -> dict:
+    return {"name": name, "started_at": 1.0, "ended_at": 2.0, "detail": detail}
+
+
+GOOD_FAULTS = {
+    "agent_kill": {"agent": "agent-0", "running_jobs": 3, "back_after_s": 1.2},
+    "agent_freeze": {
+        "agent": "agent-1",
+        "running_jobs": 2,
+        "committed_when_frozen": 2,
+        "expected": "uncertain",
+        "uncertain_leases": 2,
+        "went_uncertain": True,
+        "frozen_s": 9.0,
+        "back_after_s": 0.5,
+    },
+    "agent_partition": {
+        "agent": "agent-2",
+        "running_jobs": 4,
+        "seconds": 30,
+        "unreachable_expected": True,
+        "went_unreachable": True,
+        "back_after_s": 5.0,
+    },
+    "worker_kill_mid_pass": {
+        "worker": "worker-1",
+        "pass_caught": True,
+        "lock_released": True,
+        "lock_released_after_s": 0.1,
+    },
+    "beat_kill": {"down_s": 5},
+    "second_beat": {
+        "seconds": 20,
+        "exited_by_itself": None,
+        "second_led": False,
+        "second_stood_by": True,
+    },
+    "postgres_restart": {"took_s": 0.4},
+    "redis_restart": {"down_s": 1},
+    "redis_cut": {"seconds": 20},
+    "web_kill": {"down_s": 5, "back_after_s": 7.0},
+}
+
+
+def passing(**changes) -> dict:
+    """A drill result that passes: every fault ran and found what it should."""
+    from config.drill.run import ZEROS
+
+    names = list(GOOD_FAULTS)
+    result = dict.fromkeys(ZEROS, 0) | {
+        "profile": "full",
+        "faults_planned": names,
+        "faults": [fault(name, **GOOD_FAULTS[name]) for name in names],
+        "jobs_by_state": {"succeeded": 12, "cancelled": 1},
+        "hostile": {
+            "bad_shapes": {"outcomes": {"4xx:400": 12}, "accepted": []},
+            "requests": 31,
+            "not_4xx": 0,
+            "skipped": [],
+        },
+        "details": {"double_runs_engine": {"containers_started": 12, "watch_error": None}},
+        "unexpected_exits": [],
+        "leftovers": [],
+    }
+    return result | changes
+
+
+def with_fault(name: str, **detail) -> dict:
+    result = passing()
+    result["faults"] = [
+        fault(f["name"], **(f["detail"] | detail)) if f["name"] == name else f
+        for f in result["faults"]
+    ]
+    return result
+
+
+def test_a_drill_whose_jobs_never_succeeded_fails_even_with_its_zeros():
+    from config.drill.run import failures
+
+    assert failures(passing()) == []
+    assert failures(passing(jobs_by_state={"queued": 12})) == [
+        "no job succeeded: the drill proved nothing"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "detail", "why"),
+    [
+        ("agent_kill", {"back_after_s": None}, "never ready and reachable again"),
+        ("agent_freeze", {"went_uncertain": False}, "its leases were never held uncertain"),
+        (
+            "agent_freeze",
+            {"running_jobs": 0, "committed_when_frozen": 0, "expected": "unreachable"}
+            | {"went_uncertain": False},
+            "its node never went unreachable",
+        ),
+        ("agent_freeze", {"back_after_s": None}, "never ready and reachable again"),
+        ("agent_partition", {"went_unreachable": False}, "its node never went unreachable"),
+        ("agent_partition", {"back_after_s": None}, "never ready and reachable again"),
+        ("worker_kill_mid_pass", {"lock_released": False}, "pass lock"),
+        ("second_beat", {"second_led": True, "second_stood_by": False}, "the second beat led"),
+        ("second_beat", {"exited_by_itself": 1}, "exited by itself"),
+    ],
+)
+def test_a_fault_that_found_the_product_wrong_fails_the_drill(name, detail, why):
+    from config.drill.run import failures
+
+    (found,) = failures(with_fault(name, **detail))
+    assert found.startswith(f"fault {name}: ") and why in found
+
+
+@pytest.mark.parametrize(
+    ("name", "detail", "note"),
+    [
+        ("worker_kill_mid_pass", {"pass_caught": False, "lock_released": True}, "killed idle"),
+        ("agent_kill", {"running_jobs": 0}, "ran no job"),
+        (
+            "agent_partition",
+            {"seconds": 3, "unreachable_expected": False, "went_unreachable": False},
+            "too short",
+        ),
+        ("second_beat", {"second_stood_by": False}, "never came to the leader lock"),
+    ],
+)
+def test_a_fault_that_missed_its_moment_is_said_so_but_is_no_failure(name, detail, note):
+    from config.drill.run import failures, judge_fault
+
+    result = with_fault(name, **detail)
+    assert failures(result) == []
+    (judged,) = [judge_fault(f) for f in result["faults"] if f["name"] == name]
+    assert judged["reached"] is False and note in judged["note"] and judged["failed"] == []
+
+
+def test_every_planned_fault_must_have_its_record():
+    from config.drill.run import failures
+
+    result = passing()
+    result["faults"] = result["faults"][:-1]
+    (found,) = failures(result)
+    assert found.startswith("9 fault records for 10 faults planned")
+    assert failures(passing(faults_planned=[], faults=[])) == [
+        "no fault was planned: the drill broke nothing"
+    ]
+
+
+def test_a_hostile_answer_other_than_4xx_or_a_skipped_probe_fails_the_drill():
+    from config.drill.run import failures
+
+    hostile = passing()["hostile"]
+    accepted = {"outcomes": {"2xx": 1}, "accepted": ["GET /jobs/7: 2xx"]}
+    (found,) = failures(passing(hostile=hostile | {"other_tenants": accepted, "not_4xx": 1}))
+    assert "other than 4xx" in found and "GET /jobs/7: 2xx" in found
+    # `accepted` alone (a count that disagrees) is enough
+    assert failures(passing(hostile=hostile | {"other_tenants": accepted}))
+    skipped = ["other_tenants: GET job (their job was not made: 5xx)"]
+    (found,) = failures(passing(hostile=hostile | {"skipped": skipped}))
+    assert "skipped probes" in found and "their job was not made" in found
+    assert failures(passing(hostile=None)) == ["the hostile burst sent nothing"]
+    result = passing()
+    del result["hostile"]
+    assert failures(result) == ["no hostile burst was sent"]
+
+
+def test_a_process_that_exited_on_its_own_fails_the_drill():
+    from config.drill.run import failures
+
+    exits = [{"name": "worker-1", "at": 5.0, "returncode": 1}]
+    assert failures(passing(unexpected_exits=exits)) == [
+        "processes exited on their own: worker-1 (1)"
+    ]
+
+
+def test_an_engine_watch_that_broke_or_saw_no_run_fails_the_drill():
+    from config.drill.run import failures
+
+    broken = {"containers_started": 3, "watch_error": "ReadTimeout: gone"}
+    found = failures(passing(double_runs=None, details={"double_runs_engine": broken}))
+    assert found == ["double_runs = None", "the engine's event watch broke: ReadTimeout: gone"]
+    assert failures(passing(runs_unseen_by_engine=12)) == ["runs_unseen_by_engine = 12"]
 
 
 def test_the_pass_lock_is_seen_released_whenever_its_holder_goes_between_two_reads(monkeypatch):
@@ -178,18 +398,6 @@ def _nothing_left(cluster: Cluster) -> None:
     assert not cluster.dir.exists()
     with pytest.raises(OSError):  # its PostgreSQL no longer answers
         socket.create_connection(("127.0.0.1", cluster.pg_port), timeout=1).close()
-
-
-@pytest.mark.slow
-@pytest.mark.docker
-def test_a_drill_whose_jobs_never_succeeded_fails_even_with_its_zeros():
-    from config.drill.run import ZEROS, failures
-
-    idle = dict.fromkeys(ZEROS, 0) | {"faults": [], "leftovers": []}
-    assert failures(idle | {"jobs_by_state": {"succeeded": 12, "cancelled": 1}}) == []
-    assert failures(idle | {"jobs_by_state": {"queued": 12}}) == [
-        "no job succeeded: the drill proved nothing"
-    ]
 
 
 def test_the_fleet_starts_each_agent_in_its_namespace_over_tls_and_stops_leaving_nothing():

@@ -254,3 +254,43 @@ def test_over_tls_the_load_trusts_its_ca_whatever_the_environment_names(
     assert report["followers"]["vision"]["connects"] == 1, report["followers"]
     hostile = hostile_burst(url, ca_file, tokens, pool=pool.slug)
     assert hostile["not_4xx"] == 0, hostile
+
+
+class _Answer:
+    def __init__(self, status_code: int):
+        self.status_code = status_code
+
+    def json(self):
+        return {"id": 1}
+
+
+def test_a_hostile_probe_whose_setup_failed_is_counted_skipped_never_silently_left_out(
+    monkeypatch,
+):
+    """The other tenant's job and lease cannot be made (every setup request fails, retried
+    with its key), and no node is named: their probes are not sent, and each is listed in
+    `skipped` (which fails the drill's verdict), not just missing from the counts."""
+    from config.drill import load
+
+    calls = []
+
+    def call(self, method, path, kind, **kwargs):
+        calls.append((kind, method, path, kwargs.get("headers", {}).get("Idempotency-Key")))
+        if kind == "setup":
+            return None, "connection_error"
+        return _Answer(400), "4xx:400"
+
+    monkeypatch.setattr(load.Client, "call", call)
+    monkeypatch.setattr(load._SignedClient, "call", call)
+    monkeypatch.setattr(load, "SETUP_TRIES", 2)
+    tokens = {"vision": "a", "nlp": "b", "operator": "c"}
+    result = hostile_burst("https://127.0.0.1:1", None, tokens, node_id=None)
+    assert result["not_4xx"] == 0 and "other_tenants" not in result
+    skipped = result["skipped"]
+    assert len(skipped) == 3 + 5 + 5, skipped
+    assert sum("no node to name" in s for s in skipped) == 3
+    assert sum("their job was not made: connection_error" in s for s in skipped) == 5
+    assert sum("their lease was not made: connection_error" in s for s in skipped) == 5
+    setups = [c for c in calls if c[0] == "setup"]
+    assert len(setups) == 4  # each setup tried twice, with one key
+    assert setups[0][3] == setups[1][3] and setups[2][3] == setups[3][3]

@@ -5,14 +5,18 @@ config/drill/): its own PostgreSQL and Redis, two TLS web processes behind one b
 Celery workers, one beat and three agents in network namespaces, under a mixed load, through
 the faults one after another and a hostile burst; then ONE JSON object (requests by outcome,
 p99 latency over the run and during each fault, jobs and leases by final state, the counts that
-must be zero, each fault's time to recover). Exit status 1 when a count that must be zero is
-not, a fault could not be done, or the fleet left something behind. Needs root (namespaces,
-initdb as postgres), a Docker engine and the loopback registry with the test image.
+must be zero, each fault's time to recover). Exit status 1 when the verdict fails
+(config/drill/run.py `failures`): a count that must be zero is not, a fault could not be done
+or found the product wrong, a planned fault has no record, the hostile burst got anything but
+a 4xx or skipped a probe, a process exited on its own, the engine watch broke, no job
+succeeded, or the fleet left something behind. Needs root (namespaces, initdb as postgres), a
+Docker engine and the loopback registry with the test image.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -23,6 +27,9 @@ from config.builders import TEST_IMAGE_TAG
 from config.drill.faults import FAULTS
 from config.drill.run import PROFILES, failures, run_drill
 from config.management.commands.runstack import docker_answers, registry_answers
+
+# --seconds: a run of at least a second, at most an hour (the fleet's logs, the load's samples)
+SECONDS_MIN, SECONDS_MAX = 1.0, 3600.0
 
 
 def _interrupt(*_):
@@ -40,7 +47,9 @@ class Command(BaseCommand):
             help=f"the test suite's short drill (faults: {', '.join(PROFILES['bounded'].faults)})",
         )
         parser.add_argument(
-            "--seconds", type=float, help="spread the faults over a run this long (at least)"
+            "--seconds",
+            type=float,
+            help="spread the faults over a run this long (at least; 1 to 3600)",
         )
         parser.add_argument("--faults", help=f"comma-separated, in order, of: {', '.join(FAULTS)}")
         parser.add_argument(
@@ -51,13 +60,24 @@ class Command(BaseCommand):
         faults = None
         if opts["faults"] is not None:
             faults = [name.strip() for name in opts["faults"].split(",") if name.strip()]
+            if not faults:
+                raise CommandError(
+                    f"--faults names no fault (a drill that breaks nothing proves nothing); "
+                    f"known: {', '.join(FAULTS)}"
+                )
             unknown = [name for name in faults if name not in FAULTS]
             if unknown:
                 raise CommandError(
                     f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}"
                 )
-        if opts["seconds"] is not None and opts["seconds"] <= 0:
-            raise CommandError("--seconds must be above 0")
+        seconds = opts["seconds"]
+        if seconds is not None and not (
+            math.isfinite(seconds) and SECONDS_MIN <= seconds <= SECONDS_MAX
+        ):
+            raise CommandError(
+                f"--seconds must be a number of seconds from {SECONDS_MIN:g} to "
+                f"{SECONDS_MAX:g}, not {seconds!r}"
+            )
         self.check_machine()
         signal.signal(signal.SIGTERM, _interrupt)
         try:
