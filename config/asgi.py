@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from channels.auth import AuthMiddlewareStack
+from channels.auth import AuthMiddleware
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
+from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
@@ -24,6 +25,7 @@ from config.heap import freeze_startup_objects  # noqa: E402
 from config.routing import websocket_urlpatterns  # noqa: E402
 from config.timeouts import BodyTimeout  # noqa: E402
 from pools.authentication import ApiTokenAuthentication  # noqa: E402
+from pools.consumers import AWAY_ERRORS, close_away  # noqa: E402
 
 
 async def lifespan(scope, receive, send):
@@ -48,21 +50,49 @@ def _token_user(header: str) -> tuple:
     return found or (AnonymousUser(), None)
 
 
+def _is_bearer(header: bytes | None) -> bool:
+    """An `Authorization: Bearer …` value (the scheme in any case, as HTTP has it)."""
+    scheme, _, _ = (header or b"").strip().partition(b" ")
+    return scheme.lower() == b"bearer"
+
+
+class SessionAuth(AuthMiddleware):
+    """Channels' AuthMiddleware (the session's person into scope["user"]), whose reads of the
+    session and the user meeting a database that does not answer end the socket with 1011, the
+    close code the client reconnects on, instead of an exception (the server's HTTP 500)."""
+
+    async def __call__(self, scope, receive, send):
+        scope = dict(scope)
+        self.populate_scope(scope)
+        try:
+            await self.resolve_scope(scope)
+        except AWAY_ERRORS as error:
+            return await close_away(send, error)
+        return await self.inner(scope, receive, send)
+
+
 class BearerOrSession:
-    """A websocket handshake that carries an Authorization header signs in with that API token
-    (a CLI, a script, the drill's followers); the consumer checks the token's scopes. One
-    without signs in with the browser's session cookie, from an allowed origin only: a page of
-    another site cannot set a handshake's headers, only make the browser send its cookie."""
+    """A websocket handshake that carries `Authorization: Bearer <token>` signs in with that API
+    token (a CLI, a script, the drill's followers); the consumer checks the token's scopes. One
+    without (or with another scheme: nginx's auth_basic in front adds `Basic`) signs in with the
+    browser's session cookie, from an allowed origin only: a page of another site cannot set a
+    handshake's headers, only make the browser send its cookie. A database that does not answer
+    while signing in ends the socket with 1011 (docs/api.md "Live events")."""
 
     def __init__(self, inner):
         self.inner = inner
-        self.session = AllowedHostsOriginValidator(AuthMiddlewareStack(inner))
+        self.session = AllowedHostsOriginValidator(
+            CookieMiddleware(SessionMiddleware(SessionAuth(inner)))
+        )
 
     async def __call__(self, scope, receive, send):
         header = dict(scope.get("headers", ())).get(b"authorization")
-        if header is None:
+        if not _is_bearer(header):
             return await self.session(scope, receive, send)
-        user, token = await database_sync_to_async(_token_user)(header.decode("latin-1"))
+        try:
+            user, token = await database_sync_to_async(_token_user)(header.decode("latin-1"))
+        except AWAY_ERRORS as error:
+            return await close_away(send, error)
         return await self.inner(dict(scope, user=user, token=token), receive, send)
 
 

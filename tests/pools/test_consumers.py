@@ -18,6 +18,7 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from config.builders import SYSTEM, build_token, submit_job
@@ -25,8 +26,10 @@ from config.drill.proxy import Proxy
 from config.routing import websocket_urlpatterns
 from jobs.models import JobEvent
 from jobs.services import job_cancel
+from pools import consumers
 from pools.consumers import AWAY, BAD_CURSOR, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
 from pools.models import ApiToken, token_digest
+from pools.services import api_token_revoke
 from tests.live_events import own_channel_layer
 from tests.web_server import _test_database_url, web_server
 
@@ -163,6 +166,38 @@ def test_an_event_committed_late_with_a_lower_id_is_not_skipped(server, pool, te
     assert events[0]["cursor"] < events[1]["cursor"]
 
 
+HELD_S = 12  # longer than the 10 s after which the socket once gave up on a missing id
+
+
+def test_an_event_whose_transaction_stays_open_long_is_still_sent_in_order(
+    server, pool, tenant, member
+):
+    """A transaction holds an earlier id open for longer than any fixed wait while a later
+    event commits: the socket sends neither until it commits, then both, in id order."""
+    token = build_token(member)
+    held_job, other_job = submit_job(pool, tenant, "held"), submit_job(pool, tenant, "quick")
+    table = JobEvent._meta.db_table
+
+    async def scenario():
+        async with connect(server, token) as socket:
+            with psycopg.connect(_test_database_url()) as held:
+                held.execute(
+                    f"INSERT INTO {table} (at, actor_kind, actor_label, from_state, to_state, "
+                    "reason, message, data, job_id) VALUES (now(), 'system', 'system:test', "
+                    "'queued', 'cancelled', 'cancelled_by_user', 'held long', '{}', %s)",
+                    [held_job.pk],
+                )
+                await asyncio.to_thread(job_cancel, job=other_job, actor=SYSTEM)
+                with pytest.raises(TimeoutError):  # nothing past the open transaction's id
+                    await asyncio.wait_for(socket.recv(), HELD_S)
+            return await receive(socket, 2)
+
+    events = asyncio.run(scenario())
+    assert [e["job"] for e in events] == [held_job.pk, other_job.pk]
+    assert events[0]["message"] == "held long"
+    assert events[0]["cursor"] < events[1]["cursor"]
+
+
 def close_code(url: str, token: str, path: str) -> int:
     async def scenario():
         async with connect(url, token, path) as socket:
@@ -177,6 +212,12 @@ def test_a_bad_cursor_or_token_is_refused_with_a_clear_code(server, member, pool
     token = build_token(member)
     assert close_code(server, token, "/ws/jobs/?after=yesterday") == BAD_CURSOR
     assert close_code(server, token, "/ws/jobs/?after=-3") == BAD_CURSOR
+    assert close_code(server, token, "/ws/jobs/?after=%D9%A1") == BAD_CURSOR  # Arabic-Indic 1
+    assert close_code(server, token, "/ws/jobs/?after=%EF%BC%97") == BAD_CURSOR  # fullwidth 7
+    submit_job(pool, tenant, "newest")  # ids above the newest one given are no cursor yet
+    newest = JobEvent.objects.latest("id").pk
+    assert close_code(server, token, f"/ws/jobs/?after={newest + 1000}") == BAD_CURSOR
+    assert close_code(server, token, f"/ws/jobs/?after={10**17}") == BAD_CURSOR
     assert close_code(server, "cpu_not-a-token", "/ws/jobs/") == NOT_SIGNED_IN
     write_only = build_token(member, scopes=["write"])
     assert close_code(server, write_only, "/ws/jobs/") == NOTHING_TO_FOLLOW
@@ -185,6 +226,31 @@ def test_a_bad_cursor_or_token_is_refused_with_a_clear_code(server, member, pool
         expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert close_code(server, expired, "/ws/jobs/") == NOT_SIGNED_IN
+
+
+def test_an_open_socket_closes_once_its_token_is_revoked_or_its_person_deactivated(
+    server, member, tenant_admin
+):
+    """The sign-in is checked again at the consumer's periodic read (pools.consumers.POLL_S,
+    5 s): a token revoked, or its person deactivated, while the socket is open closes it with
+    4401 within about that, as the API would refuse its next request."""
+    revoked, deactivated = build_token(member), build_token(tenant_admin)
+
+    async def closed_with(socket) -> int:
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(socket.recv(), 7)
+        return closed.value.rcvd.code
+
+    async def scenario():
+        async with connect(server, revoked) as first, connect(server, deactivated) as second:
+            token = await asyncio.to_thread(ApiToken.objects.get, digest=token_digest(revoked))
+            await asyncio.to_thread(api_token_revoke, token=token)
+            await asyncio.to_thread(
+                type(tenant_admin).objects.filter(pk=tenant_admin.pk).update, is_active=False
+            )
+            return await asyncio.gather(closed_with(first), closed_with(second))
+
+    assert asyncio.run(scenario()) == [NOT_SIGNED_IN, NOT_SIGNED_IN]
 
 
 def test_a_session_still_needs_an_allowed_origin(server, member):
@@ -259,3 +325,56 @@ def test_redis_going_away_under_an_open_socket_closes_it_with_1011(pool, tenant,
     assert first["name"] == "seen"
     assert closed == {"type": "websocket.close", "code": AWAY}
     assert (later["job"], later["state"]) == (missed.pk, "queued")
+
+
+# --- the cost and reach of a replay -----------------------------------------------------------
+
+
+def _bulk_events(job, count: int) -> list[int]:
+    JobEvent.objects.bulk_create(
+        JobEvent.build(
+            job, actor=SYSTEM, from_state="queued", to_state="queued", reason="submitted"
+        )
+        for _ in range(count)
+    )
+    return list(JobEvent.objects.filter(job=job).order_by("id").values_list("id", flat=True))
+
+
+def test_a_cursor_older_than_the_replay_window_is_refused(member, pool, tenant, monkeypatch):
+    """A replay reaches back at most pools.consumers.REPLAY_WINDOW event ids: an older cursor is
+    refused with 4400 (docs/api.md), a client reads the history over the API instead."""
+    monkeypatch.setattr(consumers, "REPLAY_WINDOW", 50)
+    job = submit_job(pool, tenant, "history")
+    ids = _bulk_events(job, 60)
+
+    async def scenario(after: int):
+        socket = await _open(member, f"/ws/jobs/{job.pk}/?after={after}")
+        if await socket.receive_nothing(timeout=1):
+            await socket.disconnect()
+            return None
+        return (await socket.receive_output(timeout=5)).get("code")
+
+    with own_channel_layer():
+        assert async_to_sync(scenario)(ids[0]) == BAD_CURSOR
+        assert async_to_sync(scenario)(ids[-1]) is None  # within the window: it follows
+
+
+def test_a_replay_reads_only_what_the_socket_may_send(member, pool, tenant, other_tenant):
+    """`?after=` far behind on one job's socket, with thousands of other tenants' events in
+    between: the job's event comes in a few reads, not one read per 500 ids of the table."""
+    start = start_cursor(pool, tenant)
+    _bulk_events(submit_job(pool, other_tenant, "theirs"), 5000)
+    mine = submit_job(pool, tenant, "mine")
+
+    async def scenario():
+        socket = await _open(member, f"/ws/jobs/{mine.pk}/?after={start}")
+        event = await socket.receive_json_from(timeout=10)
+        await socket.disconnect()
+        return event
+
+    table = JobEvent._meta.db_table
+    with own_channel_layer(), CaptureQueriesContext(connection) as queries:
+        event = async_to_sync(scenario)()
+    assert (event["job"], event["state"]) == (mine.pk, "queued")
+    reads = [q["sql"] for q in queries.captured_queries if table in q["sql"]]
+    assert len(reads) <= 10, reads  # it was 22: one read of ids and one of rows per 500 ids
