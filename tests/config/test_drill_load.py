@@ -217,7 +217,11 @@ def test_a_submit_whose_answer_was_lost_is_retried_without_a_second_job(fleet, p
     job_id = load._submit(client, load._job("vision", "retried"), "plain")
     assert proxy.dropped == 1 and load.submit_retries == 1
     assert list(Job.objects.filter(name="retried").values_list("pk", flat=True)) == [job_id]
-    assert load.report()["requests"] == {"connection_error": 1, "2xx": 1}
+    # the lost answer: the connection closed, or (a server slower than the client's read
+    # timeout on a loaded machine) a timeout; either way one retry, one job
+    outcomes = load.report()["requests"]
+    assert outcomes.pop("2xx") == 1
+    assert list(outcomes.values()) == [1] and set(outcomes) <= {"connection_error", "timeout"}
 
 
 def test_a_hostile_burst_gets_only_4xx_answers(fleet, pool):

@@ -147,7 +147,8 @@ def test_two_deployments_on_one_redis_never_take_each_others_tasks(db, tmp_path)
     try:
 
         def send(prefix: str) -> None:
-            sender = Celery(broker=settings.REDIS_URL)
+            # not the current app: shared tasks of later tests would be sent through it
+            sender = Celery(broker=settings.REDIS_URL, set_as_current=False)
             sender.conf.broker_transport_options = {"global_keyprefix": f"{prefix}:"}
             sender.send_task("config.health_beat")
 
