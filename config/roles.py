@@ -42,6 +42,7 @@ ALTERNATIVES = {
     "MEDIA_ROOT": "OUTPUTS_TO_OBJECT_STORE",
 }
 TRUE = set(Env.BOOLEAN_TRUE_STRINGS)  # as the settings read OUTPUTS_TO_OBJECT_STORE
+MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 # beat's last run times when no --schedule is given (runstack keeps its own there too)
 DEFAULT_BEAT_SCHEDULE = Path(__file__).resolve().parent.parent / "var" / "beat-schedule"
 
@@ -91,6 +92,12 @@ def beat_lock_timeout(environ: Mapping[str, str] = os.environ) -> float:
     if not 3 <= value <= 3600:
         raise ValueError(f"BEAT_LOCK_TIMEOUT_S={raw!r}: expected seconds between 3 and 3600")
     return value
+
+
+def role_command(role: str, *args: str) -> list[str]:
+    """`manage.py role ROLE ARGS…`, as a supervisor runs it (deploy/): it checks the role's
+    settings, then execs the server command built below in its own place."""
+    return [sys.executable, str(MANAGE), "role", role, *args]
 
 
 def bind_address(host: str, port: int) -> str:

@@ -42,7 +42,7 @@ import psycopg
 from config.drill.tls import make_certificates
 
 # the role entry points' command lines: the same code a real fleet runs
-from config.roles import agent_command, beat_command, web_command, worker_command
+from config.roles import agent_command, role_command
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 PROXY_SCRIPT = Path(__file__).with_name("proxy.py")
@@ -338,7 +338,7 @@ class Cluster:
             "REDIS_URL": f"redis://127.0.0.1:{self.redis_proxy_port}/0",
             "CELERY_BROKER_URL": "",
             "CELERY_RESULT_BACKEND": "",
-            "CHANNEL_LAYER_PREFIX": f"drill-{self.tag}",
+            "DEPLOYMENT_PREFIX": f"drill-{self.tag}",
             "SECRET_KEY": secrets.token_urlsafe(40),
             "ENCRYPTION_KEYS": f"drill={key}",
             "ALLOWED_HOSTS": ",".join(hosts),
@@ -395,9 +395,10 @@ class Cluster:
         for i in range(self.webs):
             port = self.web_ports[f"web-{i}"] = free_port("127.0.0.1")
             backends.append(f"127.0.0.1:{port}")
-            command = web_command(
-                f"127.0.0.1:{port}", certfile=tls / "server.pem", keyfile=tls / "server.key"
-            )
+            command = role_command(
+                "web", "--bind", f"127.0.0.1:{port}",
+                "--certfile", str(tls / "server.pem"), "--keyfile", str(tls / "server.key"),
+            )  # fmt: skip
             self.commands[f"web-{i}"] = (command, self.role_env(f"web-{i}"))
             self.spawn(f"web-{i}")
         self.api_port = free_port()
@@ -409,13 +410,14 @@ class Cluster:
         self.commands["balancer"] = (balancer, dict(os.environ))
         self.spawn("balancer")
         for i in range(self.workers):
-            command = worker_command(
-                concurrency=self.worker_concurrency, hostname=f"worker-{i}@drill-{self.tag}"
-            )
+            command = role_command(
+                "worker", "--concurrency", str(self.worker_concurrency),
+                "--hostname", f"worker-{i}@drill-{self.tag}",
+            )  # fmt: skip
             self.commands[f"worker-{i}"] = (command, self.role_env(f"worker-{i}"))
             self.spawn(f"worker-{i}")
         self.commands["beat"] = (
-            beat_command(schedule=self.dir / "beat-schedule"),
+            role_command("beat", "--schedule", str(self.dir / "beat-schedule")),
             self.role_env("beat"),
         )
         self.spawn("beat")

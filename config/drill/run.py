@@ -88,8 +88,10 @@ def run_drill(
     keep: bool = False,
     workdir: Path | None = None,
     say=_say,
+    on_started=None,
 ) -> dict:
-    """The drill, start to end; the cluster is stopped whatever happens."""
+    """The drill, start to end; the cluster is stopped whatever happens. `on_started(cluster)`
+    runs once the fleet is ready, before the load (the suite looks at the fleet there)."""
     # imported here: helper C's modules (the load, the audit) are their own
     from config.drill.audit import EngineEvents, audit, recovery
     from config.drill.load import Load, hostile_burst
@@ -110,6 +112,8 @@ def run_drill(
         say(f"starting the fleet in {cluster.dir}")
         cluster.start()
         result["fleet_started_s"] = round(time.time() - started, 1)
+        if on_started is not None:
+            on_started(cluster)
         say(f"fleet ready in {result['fleet_started_s']} s at {cluster.api_url}; load starts")
         engine = EngineEvents(cluster.control_plane_labels)  # before the first job starts
         load_started = time.time()

@@ -16,6 +16,7 @@ import time
 import types
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -23,6 +24,7 @@ from django.core.management import CommandError, call_command
 from config.drill.cluster import Cluster, ClusterError, containers_of, run
 from config.drill.proxy import __file__ as PROXY_FILE
 from config.management.commands.runstack import docker_answers, registry_answers
+from config.roles import MANAGE
 from tests.conftest import require_service
 
 
@@ -400,38 +402,31 @@ def _nothing_left(cluster: Cluster) -> None:
         socket.create_connection(("127.0.0.1", cluster.pg_port), timeout=1).close()
 
 
-def test_the_fleet_starts_each_agent_in_its_namespace_over_tls_and_stops_leaving_nothing():
-    _require_fleet_services()
-    cluster = Cluster(agents_count=3)
-    try:
-        cluster.start()
-        # every agent's node is ready, each agent in a namespace of its own
-        states = cluster.node_states()
-        assert len(states) == 3
-        assert {state[:2] for state in states.values()} == {("ready", "reachable")}
-        namespaces = {
-            run(["ip", "netns", "identify", str(a.process.pid)]).stdout.strip()
-            for a in cluster.agents
-        }
-        assert namespaces == {a.netns for a in cluster.agents}
-        # the API answers through the balancer over TLS that only the drill's CA verifies
-        assert cluster.api_answers()
-        with pytest.raises(urllib.error.URLError) as untrusted:
-            urllib.request.urlopen(f"{cluster.api_url}/healthz", timeout=5)
-        assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError)
-        # a member's token works through it
-        request = urllib.request.Request(
-            f"{cluster.api_url}/api/v1/pools",
-            headers={"Authorization": f"Bearer {cluster.tokens['vision']}"},
-        )
-        with urllib.request.urlopen(request, context=cluster.ssl_context(), timeout=10) as r:
-            assert "drill" in {pool["slug"] for pool in json.load(r)["results"]}
-    finally:
-        problems = cluster.stop()
-    assert problems == []
-    assert cluster.leftovers() == []
-    _nothing_left(cluster)
-    assert cluster.stop() == []  # twice is fine
+def _a_fleet_as_deployed(cluster: Cluster) -> None:
+    """Each agent in a namespace of its own, its node ready; the API over TLS that only the
+    drill's CA verifies; the control plane's processes started by their role entry points."""
+    states = cluster.node_states()
+    assert len(states) == 3
+    assert {state[:2] for state in states.values()} == {("ready", "reachable")}
+    namespaces = {
+        run(["ip", "netns", "identify", str(a.process.pid)]).stdout.strip() for a in cluster.agents
+    }
+    assert namespaces == {a.netns for a in cluster.agents}
+    assert cluster.api_answers()
+    with pytest.raises(urllib.error.URLError) as untrusted:
+        urllib.request.urlopen(f"{cluster.api_url}/healthz", timeout=5)
+    assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError)
+    request = urllib.request.Request(  # a member's token works through it
+        f"{cluster.api_url}/api/v1/pools",
+        headers={"Authorization": f"Bearer {cluster.tokens['vision']}"},
+    )
+    with urllib.request.urlopen(request, context=cluster.ssl_context(), timeout=10) as r:
+        assert "drill" in {pool["slug"] for pool in json.load(r)["results"]}
+    for name in ("web-0", "web-1", "worker-0", "worker-1", "beat"):
+        command, _env = cluster.commands[name]
+        assert command[1:4] == [str(MANAGE), "role", name.partition("-")[0]], command
+        server = Path(f"/proc/{cluster.processes[name].pid}/cmdline").read_bytes()
+        assert b"hypercorn" in server or b"celery" in server  # exec'd: the server itself
 
 
 @pytest.mark.slow
@@ -455,12 +450,19 @@ def test_the_bounded_drill_ends_with_every_count_that_must_be_zero_at_zero():
     pytest.importorskip("config.drill.audit")
     from config.drill.run import ZEROS, failures, run_drill
 
-    started = time.monotonic()
-    result = run_drill(profile="bounded", say=lambda message: None)
+    started, fleets = time.monotonic(), []
+
+    def look(cluster):
+        fleets.append(cluster)
+        _a_fleet_as_deployed(cluster)
+
+    result = run_drill(profile="bounded", say=lambda message: None, on_started=look)
+    assert len(fleets) == 1, json.dumps(result)[-3000:]  # it started, and was as deployed
     assert failures(result) == [], json.dumps(result)[-3000:]
     for name in ZEROS:
         assert result[name] == 0
     assert [f["name"] for f in result["faults"]] == list(result["faults_planned"])
     assert all("error" not in f["detail"] for f in result["faults"])
     assert result["leftovers"] == []
+    _nothing_left(fleets[0])
     assert time.monotonic() - started < 240

@@ -163,7 +163,7 @@ class Stack:
         env = stack_environment(self.redis_url, self.dir / "metrics") | {
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DATABASE_URL": database_url(settings.DATABASES["default"]),
-            "CHANNEL_LAYER_PREFIX": f"bench-latency-{self.tag}",
+            "DEPLOYMENT_PREFIX": f"bench-latency-{self.tag}",
             "CELERY_BROKER_URL": "",  # REDIS_URL's, the database claimed
             "CELERY_RESULT_BACKEND": "",
             "MEDIA_ROOT": str(self.dir / "media"),
