@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 BAD_CURSOR = 4400  # `after` is not an event id, is above the newest, or is past REPLAY_WINDOW
 NOT_SIGNED_IN = 4401  # no session, or a bearer token that is unknown, expired or revoked
 NOTHING_TO_FOLLOW = 4403  # not found and not yours look the same; a token without `read` too
+FOLLOWING_CHANGED = 4409  # memberships or roles changed while open: reconnect to follow anew
 AWAY = 1011  # Redis (the channel layer) or the database away: reconnect with the last cursor
 # What a store that is away raises: redis-py's errors, a socket's, the database driver's.
 AWAY_ERRORS = (RedisError, OSError, DatabaseError, InterfaceError)
@@ -211,8 +212,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         try:
             while True:
                 self.wake.clear()
-                if why := await self._signed_out():
-                    await self.close(code=NOT_SIGNED_IN, reason=why)
+                if ended := await self._no_longer_holds():
+                    await self.close(code=ended[0], reason=ended[1])
                     return
                 events, more = await database_sync_to_async(self._read)()
                 for event in events:
@@ -240,15 +241,38 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
 
     # --- the sign-in, checked again -----------------------------------------------------------
 
+    async def _no_longer_holds(self) -> tuple[int, str] | None:
+        """(close code, why) once the socket's sign-in or what it follows no longer holds; read
+        again every POLL_S: signed out (4401), or the person's memberships or roles changed, so
+        that the groups it joined are no longer what it may follow (4409: reconnect, and follow
+        what it may now; 4403 when that is nothing)."""
+        if why := await self._signed_out():
+            return NOT_SIGNED_IN, why
+        if not self.checking_now:
+            return None
+        now_follows = await database_sync_to_async(self._may_follow_now)()
+        if now_follows == self.groups_joined:
+            return None
+        if not now_follows:
+            return NOTHING_TO_FOLLOW, "nothing to follow here any more"
+        return FOLLOWING_CHANGED, "what you may follow changed: reconnect"
+
+    def _may_follow_now(self) -> list[str]:
+        """The groups the person may follow, their memberships and roles read afresh."""
+        user = get_user_model().objects.get(pk=self.actor.user.pk)
+        return subscriptions(self.stream, self.model, Actor.for_user(user), self.pk)
+
     async def _signed_out(self) -> str:
         """Why the socket's sign-in no longer holds ("" while it does): its token expired (at
         once), or, read again every POLL_S, its token was revoked, its person deactivated, or
         its session ended (signed out, the password changed)."""
+        self.checking_now = False
         if self.token is not None and self.token.expires_at <= timezone.now():
             return "the token expired"
         if time.monotonic() < self.next_sign_in_check:
             return ""
         self.next_sign_in_check = time.monotonic() + POLL_S
+        self.checking_now = True
         if self.token is not None:
             valid = await database_sync_to_async(self._token_still_valid)()
             return "" if valid else "the token was revoked, or its person deactivated"

@@ -27,9 +27,10 @@ from config.routing import websocket_urlpatterns
 from jobs.models import JobEvent
 from jobs.services import job_cancel
 from pools import consumers
-from pools.consumers import AWAY, BAD_CURSOR, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
-from pools.models import ApiToken, token_digest
-from pools.services import api_token_revoke
+from pools.choices import PlatformRole
+from pools.consumers import AWAY, BAD_CURSOR, FOLLOWING_CHANGED, NOT_SIGNED_IN, NOTHING_TO_FOLLOW
+from pools.models import ApiToken, Membership, token_digest
+from pools.services import api_token_revoke, member_remove, platform_role_grant
 from tests.live_events import own_channel_layer
 from tests.web_server import _test_database_url, web_server
 
@@ -251,6 +252,29 @@ def test_an_open_socket_closes_once_its_token_is_revoked_or_its_person_deactivat
             return await asyncio.gather(closed_with(first), closed_with(second))
 
     assert asyncio.run(scenario()) == [NOT_SIGNED_IN, NOT_SIGNED_IN]
+
+
+def test_an_open_socket_follows_what_its_person_may_follow_now(server, member, tenant_admin):
+    """Memberships and roles are read again at the same periodic check: a member removed from
+    the tenant is closed with 4403 (nothing to follow any more); a member made an operator with
+    4409, to reconnect and follow the stream whole."""
+    removed, promoted = build_token(member), build_token(tenant_admin)
+
+    async def closed_with(socket) -> int:
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(socket.recv(), 7)
+        return closed.value.rcvd.code
+
+    def change():
+        member_remove(membership=Membership.objects.get(user=member), actor=SYSTEM)
+        platform_role_grant(user=tenant_admin, role=PlatformRole.OPERATOR)
+
+    async def scenario():
+        async with connect(server, removed) as first, connect(server, promoted) as second:
+            await asyncio.to_thread(change)
+            return await asyncio.gather(closed_with(first), closed_with(second))
+
+    assert asyncio.run(scenario()) == [NOTHING_TO_FOLLOW, FOLLOWING_CHANGED]
 
 
 def test_a_session_still_needs_an_allowed_origin(server, member):
