@@ -161,7 +161,7 @@ def test_every_periodic_task_runs_on_sqlite_beside_the_pass(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # a hang guard: under a loaded suite its migrations alone take a minute
     )
     assert out.returncode == 0, out.stderr[-4000:]
     errors, placed, queued, forecast, runs = json.loads(out.stdout.strip().splitlines()[-1])
