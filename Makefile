@@ -60,12 +60,12 @@ format: $(VENV)/.test-deps
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## test: lint, then the whole suite against the real services. Four workers on two cores: about
-## half the suite waits on servers, agents and containers it started (13 min with four, 17 with
-## two, on a 2-core machine)
+## test: lint, then the whole suite against the real services. Three workers on two cores: about
+## half the suite waits on servers, agents and containers it started (on a 2-core machine: 17 min
+## with two; 13 with four, where the timing-bound tests began to feel the contention)
 test: $(VENV)/.test-deps services lint
 	$(BIN)/python manage.py makemigrations --check --dry-run --settings=config.settings_test
-	$(BIN)/pytest -n 4 -q
+	$(BIN)/pytest -n 3 -q
 
 ## bench: benchmarks (apart from tests), JSON on stdout. The last, submit → running through a
 ## whole throwaway stack (issue 20), sends 240 jobs at 120/min: it adds about 2.5 minutes

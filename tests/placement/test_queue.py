@@ -149,10 +149,10 @@ def test_twenty_thousand_jobs_are_ordered_well_under_half_a_second():
     ]  # fmt: skip
     standings = {t: TenantStanding(t, 1 + t % 3, (1000.0 * t, 0, t % 4)) for t in range(50)}
     best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
+    for _ in range(3):  # this process's CPU time: the suite's other workers share the cores
+        start = time.process_time()
         ordered = order(jobs, standings, (1e6, 4e6, 128), QueuePolicy())
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     print(f"\norder: 20,000 jobs of 50 tenants in {best * 1000:.0f} ms")
     assert len(ordered) == 20_000 and best < 0.5
 

@@ -39,9 +39,20 @@ def traces(stack, job_id: int) -> dict:  # noqa: F811
     root = work_root(stack)
     return {
         "mounts": [str(p) for p in disks.mounted_below(root)],
-        "images": [str(p) for p in root.rglob("*.img")],
+        "images": _below(root, lambda name: name.endswith(".img")),
         "attempts": [str(p) for p in (root / "attempts").glob(f"job{job_id}-a*")],
     }
+
+
+def _below(root, match) -> list[str]:
+    """Paths below `root` whose name matches, read while the agent may be removing them:
+    os.walk skips a directory gone mid-walk (Path.rglob raised FileNotFoundError)."""
+    return [
+        os.path.join(folder, name)
+        for folder, dirs, files in os.walk(root)
+        for name in dirs + files
+        if match(name)
+    ]
 
 
 def scratch_left(stack, job_id: int) -> list[str]:  # noqa: F811
@@ -51,7 +62,7 @@ def scratch_left(stack, job_id: int) -> list[str]:  # noqa: F811
     left = traces(stack, job_id)
     found = left["mounts"] + left["images"]
     for attempt in left["attempts"]:
-        found += [str(p) for p in Path(attempt).rglob("*") if "scratch" in p.name]
+        found += _below(attempt, lambda name: "scratch" in name)
     return found
 
 
