@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 
 from config.management.commands.runstack import web_command
+from tests.process_output import read_output
 
 
 def _free_port() -> int:
@@ -68,6 +69,5 @@ def _wait_until_it_answers(url: str, process: subprocess.Popen, log) -> None:
             return  # it answers
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the web server did not start: {log.read()[-2000:]!r}")
+                pytest.fail(f"the web server did not start: {read_output(log)[-2000:]!r}")
             time.sleep(0.3)

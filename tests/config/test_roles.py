@@ -30,6 +30,7 @@ from config.drill.tls import make_certificates
 from config.management.commands import runstack
 from config.roles import REQUIRED_SETTINGS
 from nodes.models import Node
+from tests.process_output import read_output
 
 MANAGE = str(settings.BASE_DIR / "manage.py")
 KEYS = "test-1=dGVzdC1rZXktb25lLXRlc3Qta2V5LW9uZS10ZXN0LWs="
@@ -98,8 +99,7 @@ class Process:
         self.popen = subprocess.Popen(command, env=env, stdout=self.log, stderr=self.log)
 
     def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
+        return read_output(self.log)
 
     def wait_for(self, text: str, timeout: float = 60, count: int = 1) -> None:
         """Until `text` appeared `count` times in its output."""

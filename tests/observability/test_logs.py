@@ -35,6 +35,7 @@ from config.management.commands.runstack import web_command
 from config.tasks import health_beat
 from pools import logcontext
 from tests.conftest import require_service
+from tests.process_output import read_output
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -362,8 +363,7 @@ def test_the_asgi_server_s_lines_are_json_with_the_request_id():
         process = subprocess.Popen(web_command("127.0.0.1", port), env=env, stdout=out, stderr=out)
 
         def read() -> str:
-            out.seek(0)
-            return out.read().decode(errors="replace")
+            return read_output(out)
 
         try:
             url = f"http://127.0.0.1:{port}/api/v1/no-such-thing"
