@@ -46,6 +46,10 @@ class Reason(models.TextChoices):
     UNCERTAIN_DEADLINE = "uncertain_deadline", "Uncertain past its deadline"
     RESERVATION_UNCLAIMED = "reservation_unclaimed", "Reservation not claimed within tolerance"
     BACKFILL_WINDOW_CLOSED = "backfill_window_closed", "Backfill ended: the reservation was claimed"
+    BACKFILL_ADOPTED = (
+        "backfill_adopted",
+        "Its reservation ended first: the backfill holds its own capacity on the node now",
+    )
     LEASE_ENDED = "lease_ended", "Its lease has ended: the node's callbacks for it are refused"
     STOP_REQUESTED = "stop_requested", "Its job was cancelled; held until its container stops"
     STOP_CONFIRMED = "stop_confirmed", "The node's agent confirmed its container stopped"
@@ -185,6 +189,10 @@ class Reason(models.TextChoices):
     RESERVATION_WINDOW_NOT_OPEN = (
         "reservation_window_not_open",
         "It waits for the window of the reservation it names",
+    )
+    RESERVATION_BACKFILLS_STOPPING = (
+        "reservation_backfills_stopping",
+        "Its reservation's window is open, but a backfilled job's container may still run in it",
     )
     GANG_INCOMPLETE = "gang_incomplete", "Fewer members of its gang are queued than its size"
     GANG_MISMATCH = "gang_mismatch", "The members of its gang ask for different things"

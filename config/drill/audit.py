@@ -38,6 +38,7 @@ from leases.choices import HOLDING, LeaseState
 from leases.models import Lease, LeaseEvent
 from nodes.models import GpuDevice, Node
 from pools.models import Tenant
+from pools.reasons import Reason
 from scheduling.bench.scheduler import overcommitted
 
 LABEL = "computepool"
@@ -137,7 +138,8 @@ def overcommitted_history(db) -> set[int]:
     `committed`) or ends, the product expires its backfills in the same transaction
     (leases.services.lifecycle._close_backfills, the same `at`); a backfill that still holds
     after that moment holds capacity nothing else counts (the reservation's job runs on it),
-    and counts on its own from then."""
+    and counts on its own from then — as one its reservation's early end left running does
+    (leases.services.lifecycle._adopt_backfills: the ledger moves its part onto it)."""
     leases = {
         row[0]: row[1:]
         for row in _rows(
@@ -146,6 +148,12 @@ def overcommitted_history(db) -> set[int]:
             f"backfill_of_id FROM {_t(Lease)} WHERE node_id IS NOT NULL",
         )
     }
+    # a backfill left running when its reservation ended has no `backfill_of` any more: its
+    # `backfill_adopted` event names the reservation it ran inside until then
+    adopted = f"SELECT lease_id, data->>'backfill_of' FROM {_t(LeaseEvent)} WHERE reason = %s"
+    for lease_id, parent in _rows(db, adopted, (Reason.BACKFILL_ADOPTED.value,)):
+        if lease_id in leases:
+            leases[lease_id] = (*leases[lease_id][:5], int(parent))
     parents = {row[5] for row in leases.values() if row[5] is not None}
     holds: dict[int, list] = {}  # lease → [start id, end id or None, end at or None]
     claimed: dict[int, tuple] = {}  # reservation → (id, at) of its event out of `reserved`

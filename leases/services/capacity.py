@@ -14,7 +14,8 @@ pass of 20,000 jobs is one text:
 
 `take_nodes` is the one function that issues the guarded node UPDATE (optionally in one
 statement with the inserts of the leases whose node took, `lease_rows.fused_insert`),
-`take_gpus` the GPU one; `return_capacity` the guarded decrements.
+`take_gpus` the GPU one; `return_capacity` the guarded decrements; `adopt_capacity` moves a
+backfill's part of a reservation that has just returned its capacity onto the backfill.
 """
 
 from __future__ import annotations
@@ -372,3 +373,28 @@ def return_capacity(lease) -> None:
         if not updated:
             raise RuntimeError(f"ledger of GPU {alloc['gpu']} is below lease {lease.pk}")
     capacity_returned.send(sender=type(lease), lease=lease)
+
+
+def adopt_capacity(lease) -> None:
+    """The backfill `lease` holds its own capacity from now: called in the transaction in which
+    its reservation returned what it held (return_capacity, the rows still locked), of which
+    the backfill's part is a share — backfills are admitted only within what their
+    reservation holds (leases/services/backfill.py, under the reservation's row lock) — so the
+    increments move capacity the ledger has just given back, and are not guarded again (the
+    node may be draining or silent by now: the container runs all the same)."""
+    Node.objects.filter(pk=lease.node_id).update(
+        cpu_millicores_reserved=F("cpu_millicores_reserved") + lease.cpu_millicores,
+        memory_mib_reserved=F("memory_mib_reserved") + lease.memory_mib,
+        scratch_mib_reserved=F("scratch_mib_reserved") + lease.scratch_mib,
+    )
+    mixing = lease.pool.allow_tenant_mixing_on_shared_gpus
+    for alloc in sorted(lease.gpu_allocations, key=lambda a: a["gpu"]):
+        gpus = GpuDevice.objects.filter(pk=alloc["gpu"])
+        if alloc["mig_slots"]:
+            gpus.update(mig_slots_used=F("mig_slots_used").bitor(alloc["mig_slots"]))
+            continue
+        sharer = None if mixing or alloc["milli"] >= 1000 else lease.tenant_id
+        gpus.update(
+            milli_reserved=F("milli_reserved") + alloc["milli"],
+            share_tenant=Coalesce(F("share_tenant"), Value(sharer, output_field=BigIntegerField())),
+        )

@@ -21,7 +21,7 @@ from pools.actors import Actor
 from pools.reasons import Reason
 from pools.statemachine import TransitionRefused, transition
 
-from .capacity import return_capacity
+from .capacity import adopt_capacity, return_capacity
 
 S = LeaseState
 
@@ -89,6 +89,12 @@ def lease_commit(*, lease: Lease, fencing_token, actor: Actor, now=None) -> Leas
                 Reason.RESERVATION_WINDOW_NOT_OPEN,
                 f"The reservation's window opens at {obj.window_start}.",
             )
+        if obj.window_start is not None and (running := running_backfills(obj)):
+            raise TransitionRefused(
+                Reason.RESERVATION_BACKFILLS_STOPPING,
+                f"Backfilled jobs may still run in this reservation (leases {running}): its"
+                " claim waits until their node confirms their containers stopped.",
+            )
 
     with transaction.atomic():
         lease = lease_transition(
@@ -108,7 +114,18 @@ def lease_commit(*, lease: Lease, fencing_token, actor: Actor, now=None) -> Leas
     return lease
 
 
+def running_backfills(reservation: Lease) -> list[int]:
+    """The backfilled jobs' leases of `reservation` whose containers may run (started, silent
+    or stopping): its claim waits for them, since its job would run beside them on the same
+    capacity (lease_commit refuses it, the scheduling pass does not hand it over)."""
+    live = (S.COMMITTED, S.UNCERTAIN, S.STOPPING)
+    backfills = reservation.backfills.filter(state__in=live, job__isnull=False).order_by("id")
+    return list(backfills.values_list("pk", flat=True))
+
+
 def _close_backfills(parent: Lease, actor: Actor, now) -> None:
+    """At the claim: what is left inside the reservation never ran (reserved) or is a lease of
+    the lease API whose expiry was at most the window start: it ends."""
     for child in parent.backfills.filter(state__in=HOLDING).order_by("id"):
         lease_transition(
             lease=child,
@@ -192,8 +209,32 @@ def end_lease(lease: Lease, *, to: str, actor: Actor, reason: str, message: str,
         )
         return_capacity(lease)
         if lease.window_start is not None:
-            _close_backfills(lease, actor, now)
+            _adopt_backfills(lease, actor, now)
     return lease
+
+
+def _adopt_backfills(reservation: Lease, actor: Actor, now) -> None:
+    """A reservation that ends before it is claimed (released, expired, its node lost) leaves
+    its backfills as they are: each holds its own part of the capacity the reservation has
+    just returned, and is a plain lease from now (no reclaim, no cap at the old window). Ending
+    them instead would free capacity their containers still run on. (A claimed reservation has
+    none left: its claim closed them.)"""
+    for child in reservation.backfills.filter(state__in=HOLDING).select_related("pool"):
+        adopt_capacity(child)
+        child.backfill_of = None
+        child.save(update_fields=["backfill_of"])
+        LeaseEvent.record(
+            child,
+            actor=actor,
+            from_state=child.state,
+            to_state=child.state,
+            reason=Reason.BACKFILL_ADOPTED,
+            message=f"reservation {reservation.pk} ended before its window: this lease holds"
+            " its own capacity now",
+            at=now,
+            data={"backfill_of": reservation.pk},
+        )
+        transaction.on_commit(lambda lease=child: publish_lease_event(lease))
 
 
 def lease_release(*, lease: Lease, actor: Actor, reason: str, message: str = "", now=None):

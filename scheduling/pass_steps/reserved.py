@@ -13,6 +13,7 @@ from jobs.models import Job
 from jobs.services import job_note_pending, job_transition
 from leases.choices import LeaseState
 from leases.models import Lease
+from leases.services.lifecycle import running_backfills
 from leases.services.reservations import reservation_take
 from pools.reasons import Reason
 
@@ -66,6 +67,17 @@ def _place(job_id: int, now) -> bool | str | None:
                 f"opens at {reservation.window_start:%Y-%m-%d %H:%M:%S %Z}",
                 "reservation": reservation.pk,
                 "window_start": reservation.window_start.isoformat(),
+            }
+            job_note_pending(job=job, explanation=explanation, now=now)
+            return explanation["code"]
+        if running := running_backfills(reservation):
+            explanation = {
+                "code": Reason.RESERVATION_BACKFILLS_STOPPING.value,
+                "message": f"its reservation {reservation.pk}'s window is open; waits until the"
+                f" node confirms that the backfilled jobs' containers in it stopped (leases "
+                f"{', '.join(map(str, running))})",
+                "reservation": reservation.pk,
+                "backfills": running,
             }
             job_note_pending(job=job, explanation=explanation, now=now)
             return explanation["code"]

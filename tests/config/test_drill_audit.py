@@ -409,6 +409,34 @@ def test_a_backfill_holding_past_its_reservation_claim_is_an_overcommit(reservat
     assert result["details"]["overcommitted"] == [r.node.pk]
 
 
+def test_a_backfill_its_reservation_left_running_holds_its_own_part_from_then(
+    reservation, pool, tenant
+):
+    """The reservation ends before its window (its owner released it): the backfill inside it
+    holds its own part from then (`backfill_adopted`, its `backfill_of` cleared): counted once
+    before and once after, never beside the reservation — no overcommit; and a lease placed
+    onto the returned capacity beside it is one."""
+    r = reservation
+    child = lease_row(pool, tenant, r.node, r.half)  # backfill_of cleared by the adoption
+    lease_event(child, "", "reserved", Reason.RESERVED, r.now)
+    lease_event(child, "reserved", "committed", Reason.COMMITTED, r.now)
+    ended = r.now + timedelta(seconds=5)
+    lease_event(r.parent, "reserved", "released", Reason.RELEASED_BY_CLIENT, ended)
+    LeaseEvent.record(
+        child,
+        actor=SYSTEM,
+        from_state="committed",
+        to_state="committed",
+        reason=Reason.BACKFILL_ADOPTED,
+        at=ended,
+        data={"backfill_of": r.parent.pk},
+    )
+    assert audited(tenant, seen=[])["overcommitted_nodes"] == 0
+    beside = lease_row(pool, tenant, r.node, r.half)
+    lease_event(beside, "", "reserved", Reason.RESERVED, ended + timedelta(seconds=1))
+    assert audited(tenant, seen=[])["overcommitted_nodes"] == 1
+
+
 def test_backfills_lent_beyond_their_reservation_are_an_overcommit(reservation, pool, tenant):
     r = reservation
     for _ in range(2):  # 2 × 3/4 of the reservation inside it

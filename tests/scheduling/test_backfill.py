@@ -13,9 +13,10 @@ from jobs.models import Job
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.selectors import ledger_problems
-from leases.services import Window, lease_reserve
+from leases.services import Window, lease_commit, lease_release, lease_renew, lease_reserve
 from leases.services.backfill import reclaim_lead
 from pools.reasons import Reason
+from pools.statemachine import TransitionRefused
 from scheduling.backfill import reclaim_backfills
 from scheduling.passes import scheduling_pass
 from tests.clients import client_for
@@ -132,3 +133,72 @@ def test_the_reservation_owner_is_never_charged_for_the_backfill(pool, tenant, o
     owner = tenant_accounting(other_tenant, pool)["held"]
     assert mine["leases"] == 1 and mine["cpu_millicores"] == 1000
     assert owner["leases"] == 1 and owner["cpu_millicores"] == held.cpu_millicores
+
+
+def test_the_reservation_s_job_waits_until_its_backfill_s_container_has_stopped(
+    pool, tenant, other_tenant, held
+):
+    """The window opens while a backfill is still stopping (its agent has not confirmed): the
+    reservation's job is not handed the reservation — it would start beside the container —
+    and its start could not claim it either; once the stop is confirmed it runs."""
+    job, lease = backfilled(pool, tenant)
+    run(job, lease)
+    assert reclaim_backfills(now=reclaim_time(held)) == [job.pk]
+    owner_job = submit_job(pool, other_tenant, cpu=1000, max_runtime_s=600, reservation=held.pk)
+    opened = held.window_start + timedelta(seconds=1)
+    assert owner_job.pk not in scheduling_pass(now=opened).placed
+    owner_job.refresh_from_db()
+    assert owner_job.pending_reason["code"] == Reason.RESERVATION_BACKFILLS_STOPPING
+    assert str(lease.pk) in owner_job.pending_reason["message"]
+    # and the claim itself refuses while the container may run
+    with pytest.raises(TransitionRefused) as refused:
+        lease_commit(lease=held, fencing_token=held.fencing_token, actor=SYSTEM, now=opened)
+    assert refused.value.code == Reason.RESERVATION_BACKFILLS_STOPPING
+    report(job, lease, "stopped")
+    assert scheduling_pass(now=opened).placed == [owner_job.pk]
+    held.refresh_from_db()
+    assert held.job_id == owner_job.pk
+    assert ledger_problems(pool) == []
+
+
+def test_a_reservation_ended_before_its_window_leaves_its_backfills_running_on_their_own(
+    pool, tenant, other_tenant, held
+):
+    """Its owner releases the reservation while a backfilled job runs inside it: the job is not
+    stopped; its lease holds its own capacity on the node from then (the ledger counts it, so
+    nothing else is placed onto it) and is renewed past the old window like any lease."""
+    job, lease = backfilled(pool, tenant, cpu=2000)
+    run(job, lease)
+    lease_release(lease=held, actor=SYSTEM, reason=Reason.RELEASED_BY_CLIENT)
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.COMMITTED and lease.backfill_of_id is None
+    adopted = lease.events.last()
+    assert adopted.reason == Reason.BACKFILL_ADOPTED and adopted.data["backfill_of"] == held.pk
+    node = lease.node
+    node.refresh_from_db()
+    assert node.cpu_millicores_reserved == 2000
+    assert ledger_problems(pool) == []
+    # a job that would need the backfill's cores waits; one that fits the rest is placed
+    small = submit_job(pool, other_tenant, cpu=1000)
+    assert scheduling_pass().placed == [small.pk], Job.objects.get(pk=small.pk).pending_reason
+    big = submit_job(pool, other_tenant, cpu=1000)
+    assert scheduling_pass().placed == []
+    big.refresh_from_db()
+    assert big.pending_reason["code"] == Reason.NO_CAPACITY
+    node.refresh_from_db()
+    assert node.cpu_millicores_reserved == 3000 < node.cpu_millicores_allocatable
+    assert ledger_problems(pool) == []
+    # the heartbeat renews it past the window start it was capped at
+    renewed = lease_renew(
+        lease=lease,
+        fencing_token=lease.fencing_token,
+        actor=SYSTEM,
+        duration=2 * HOUR,
+        now=timezone.now(),
+    )
+    assert renewed.expires_at > held.window_start
+    report(job, lease, "succeeded")
+    lease.refresh_from_db()
+    node.refresh_from_db()
+    assert lease.state == LeaseState.RELEASED and node.cpu_millicores_reserved == 1000
+    assert ledger_problems(pool) == []
