@@ -46,6 +46,11 @@ class AgentError(Exception):
     """The agent cannot go on (no credential and no enrollment token, credential refused)."""
 
 
+class EngineUnavailable(AgentError):
+    """`--runtime docker` and no engine answers yet: a passing state (dockerd restarting, slow
+    after boot), not a configuration error — the agent exits 1, which its unit restarts."""
+
+
 @dataclass
 class Config:
     api: str
@@ -110,7 +115,7 @@ def make_runtimes(
             else:
                 log.info("gvisor not offered: dockerd has no runsc-none and runsc-netns runtimes")
         elif choice == "docker":
-            raise AgentError("--runtime docker, but no Docker engine answers")
+            raise EngineUnavailable("--runtime docker, but no Docker engine answers (yet)")
         else:
             log.warning("no Docker engine answers: only the local process runtime (NOT isolating)")
     runtimes["process"] = ProcessRuntime(work_dir=work.dir)

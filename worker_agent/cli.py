@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from worker_agent import __version__, logs
-from worker_agent.agent import Agent, AgentError, Config
+from worker_agent.agent import Agent, AgentError, Config, EngineUnavailable
 from worker_agent.client import ApiError, ApiUnreachable
 from worker_agent.schema import InventoryInvalid
 from worker_agent.state import AgentState, StateInUse
@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         held.hold()  # until this process exits: before anything else touches the dir
         agent = Agent(config)
+    except EngineUnavailable as exc:  # exit 1: its unit starts it again (2 it would not)
+        logging.getLogger("worker_agent").error("%s: exiting to be restarted", exc)
+        return 1
     except (AgentError, StateInUse) as exc:
         logging.getLogger("worker_agent").error("%s", exc)
         return 2

@@ -104,3 +104,29 @@ def test_an_agent_with_docker_and_no_pause_image_exits_naming_what_to_set(
     finally:
         agent.kill()
         agent.stderr.close()
+
+
+def test_an_agent_whose_docker_engine_does_not_answer_yet_exits_to_be_restarted(
+    tmp_path, control_plane
+):
+    """`--runtime docker` and no engine behind DOCKER_HOST (dockerd still starting after boot,
+    or restarting): exit 1, which the unit restarts (Restart=always), not the configuration
+    error's 2 that it would leave down; nothing is enrolled."""
+    agent = agent_process(
+        control_plane,
+        tmp_path / "state",
+        env={
+            "WORKER_AGENT_RUNTIME": "docker",
+            "WORKER_AGENT_ENROLL_TOKEN": "cpe_x",
+            "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock",
+        },
+    )
+    try:
+        assert agent.wait(30) == 1
+        assert "no Docker engine answers" in agent.stderr.read()
+        assert control_plane.sent("enroll/") == []
+    finally:
+        agent.kill()
+        agent.stderr.close()
+    unit = (ROOT / "deploy/systemd/computepool-agent.service").read_text()
+    assert "Restart=always" in unit and "RestartPreventExitStatus=2" in unit
