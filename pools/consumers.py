@@ -33,6 +33,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, InterfaceError, connection
+from django.db.models import Q
 from django.urls import path
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -175,9 +176,15 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined = groups
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
-        self.after = after if after is not None else await database_sync_to_async(self._newest)()
         self.barrier: Barrier | None = None  # ids past `after` not known final yet
+        # without `after`: the ids at or below the first number still missing then, and which
+        # of them are to be sent (set by _start_now)
+        self.missing_upto, self.missing = 0, frozenset()
+        if after is not None:
+            self.after = after
+        else:  # before the accept: what commits once the client is connected is sent
+            await database_sync_to_async(self._start_now)()
+        await self.accept()
         self.next_sign_in_check = time.monotonic() + POLL_S
         self.wake = asyncio.Event()
         self.sender = asyncio.create_task(self._send_events())
@@ -319,6 +326,29 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
                 drawn = 0
         return max(drawn, self._newest())
 
+    def _start_now(self) -> None:
+        """Where a socket without `after` starts: past the newest event committed when it
+        connects — and the ids missing below it then, among the BATCH before it, whose
+        transactions may still commit them (from the socket's point of view, events that
+        happen after it connected): it starts before the first of them and, up to the newest,
+        sends only those (in cursor order, with the usual wait until they are final)."""
+        if connection.vendor != "postgresql":  # one writer at a time: nothing is in flight
+            self.after = self._newest()
+            return
+        table = connection.ops.quote_name(self.event_model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(  # one statement, one snapshot
+                f"WITH newest AS (SELECT coalesce(max(id), 0) AS n FROM {table}) "
+                "SELECT n, (SELECT coalesce(array_agg(id), '{}') FROM "
+                f"{table} WHERE id > n - %s AND id <= n) FROM newest",
+                [BATCH],
+            )
+            newest, committed = cursor.fetchone()
+        missing = set(range(max(newest - BATCH, 0) + 1, newest + 1)).difference(committed)
+        self.after = min(missing, default=newest + 1) - 1
+        if missing:
+            self.missing_upto, self.missing = newest, frozenset(missing)
+
     def _read(self) -> tuple[list[dict], str]:
         """The events this person may see past `self.after`, up to the last id known final (at
         most BATCH of them), and whether to read again "now" (a full batch), "soon" (ids not
@@ -329,6 +359,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         )
         if self.pk is not None:
             rows = rows.filter(**{f"{self.event_model.subject_field}_id": self.pk})
+        if self.after < self.missing_upto:  # not those committed before it connected
+            rows = rows.filter(Q(id__gt=self.missing_upto) | Q(id__in=self.missing))
         subject = self.event_model.subject_field
         rows = list(rows.select_related(subject).order_by("id")[:BATCH])
         events = [self._payload(row) for row in rows]

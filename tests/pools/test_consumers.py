@@ -167,6 +167,44 @@ def test_an_event_committed_late_with_a_lower_id_is_not_skipped(server, pool, te
     assert events[0]["cursor"] < events[1]["cursor"]
 
 
+def test_a_socket_without_cursor_gets_an_event_committing_as_it_connects_and_nothing_older(
+    server, pool, tenant, member
+):
+    """Without `after` a socket starts past the newest committed event; an event whose
+    transaction was still open then (its id lower) commits after the socket connected: it is
+    sent, in cursor order before the next live one, and the events committed before the
+    socket connected are not."""
+    token = build_token(member)
+    held_job, quick_job = submit_job(pool, tenant, "held"), submit_job(pool, tenant, "quick")
+    later_job = submit_job(pool, tenant, "later")
+    table = JobEvent._meta.db_table
+
+    async def scenario():
+        with psycopg.connect(_test_database_url()) as held:  # a transaction left open
+            held.execute(
+                f"INSERT INTO {table} (at, actor_kind, actor_label, from_state, to_state, "
+                "reason, message, data, job_id) VALUES (now(), 'system', 'system:test', "
+                "'queued', 'cancelled', 'cancelled_by_user', 'in flight', '{}', %s)",
+                [held_job.pk],
+            )
+            await asyncio.to_thread(job_cancel, job=quick_job, actor=SYSTEM)  # a later id
+            socket = await connect(server, token)  # no cursor: from now on
+        # the held transaction has committed on leaving the block, after the connect
+        async with socket:
+            await asyncio.to_thread(job_cancel, job=later_job, actor=SYSTEM)
+            events = await receive(socket, 2)
+            with pytest.raises(TimeoutError):  # not the quick job's: it came before
+                await asyncio.wait_for(socket.recv(), 1.5)
+        return events
+
+    events = asyncio.run(scenario())
+    assert [(e["job"], e["message"]) for e in events] == [
+        (held_job.pk, "in flight"),
+        (later_job.pk, "cancelled"),
+    ]
+    assert events[0]["cursor"] < events[1]["cursor"]
+
+
 HELD_S = 12  # longer than the 10 s after which the socket once gave up on a missing id
 
 
