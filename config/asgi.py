@@ -5,15 +5,19 @@ from types import SimpleNamespace
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+import django
 from channels.auth import AuthMiddleware
 from channels.routing import ProtocolTypeRouter, URLRouter
 from channels.security.websocket import AllowedHostsOriginValidator
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
 
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # what get_asgi_application() does before its handler
+
+from config.asgi_handler import OneHopASGIHandler  # noqa: E402
+
+django_asgi_app = OneHopASGIHandler()
 if settings.DEBUG:  # `make run` serves the console's static files itself
     django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
 

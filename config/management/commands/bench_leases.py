@@ -83,9 +83,10 @@ class Command(BaseCommand):
         parser.add_argument("--warmup", type=float, default=1.0)
         parser.add_argument(
             "--server",
-            choices=["gunicorn", "uvicorn", "daphne"],
+            choices=["gunicorn", "uvicorn", "daphne", "hypercorn"],
             default=None,
-            help="Default: gunicorn (WSGI, gthread) when installed, else uvicorn, else daphne",
+            help="Default: gunicorn (WSGI, gthread) when installed, else uvicorn, else daphne;"
+            " hypercorn: what the web role serves with (config/roles.py)",
         )
         parser.add_argument("--threads", type=int, default=32, help="Threads per gunicorn worker")
         parser.add_argument(
