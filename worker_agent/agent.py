@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 PROBE_KINDS = ("validation", "recovery")  # what the agent answers (docs/nodes.md)
 PUSH_WAIT_S = 25.0  # one long poll for a push; the control plane allows 1–30 s
 PUSH_BACKOFF_S, PUSH_BACKOFF_MAX_S = 0.5, 15.0  # after a failed or too quick wait
+# How often the loop looks for runs on this host that no runner follows (Agent.follow_strays)
+STRAY_LOOK_S = 60.0
+STRAY_GRACE_S = 10  # the stop grace of a run no longer assigned (as at start)
 
 
 class AgentError(Exception):
@@ -177,6 +180,8 @@ class Agent:
         self.heartbeat_interval = config.heartbeat_interval_s
         self.runners: dict[tuple[int, int], Runner] = {}
         self.finished: set[tuple[int, int]] = set()  # ended here; never started again
+        self.next_stray_look = time.monotonic() + STRAY_LOOK_S
+        self.stray_remover: threading.Thread | None = None
         self.rotate_requested = False
         self.probes_started: set[int] = set()  # probes run (or running) by this agent
         self.mig_layouts_tried: set[tuple[str, str]] = set()  # (GPU, layout) asked and tried
@@ -493,7 +498,56 @@ class Agent:
         for key, assignment in current.items():
             if key not in self.runners and key not in self.finished:
                 self._start_runner(assignment)
+        if time.monotonic() >= self.next_stray_look:
+            self.next_stray_look = time.monotonic() + STRAY_LOOK_S
+            self.follow_strays(current)
         self.keep_mps()
+
+    def follow_strays(self, current: dict[tuple[int, int], Assignment]) -> None:
+        """Runs on this host that no runner follows. A runner that ended while the engine
+        refused to stop or remove its container, or that lost the control plane in the middle
+        of a restore, leaves its run behind (before, until the agent's next restart). One of a
+        current assignment is followed again, as reconciliation adopts it (worker_agent/runner.py
+        decides: reported, launched afresh, or stopped and removed); any other is stopped and
+        removed, in a thread of its own (its stop grace)."""
+        strays = []
+        for runtime in self.runtimes.values():
+            try:
+                found = runtime.find(tidy=False)
+            except Exception:  # the engine away: looked for again next time
+                log.exception("runtime %s: its runs could not be listed", runtime.name)
+                continue
+            for run in found:
+                key = (run.job, run.lease)
+                if key in self.runners:
+                    continue
+                assignment = current.get(key)
+                if assignment is not None and assignment.runtime == runtime.name:
+                    log.warning("job %s: its run is here and nothing follows it: adopted", run.job)
+                    self.finished.discard(key)
+                    self._start_runner(assignment, found=run)
+                else:
+                    strays.append((runtime, run))
+        if strays and not (self.stray_remover and self.stray_remover.is_alive()):
+            self.stray_remover = threading.Thread(
+                target=self._remove_strays, args=(strays,), daemon=True, name="strays"
+            )
+            self.stray_remover.start()
+
+    def _remove_strays(self, strays: list) -> None:
+        for runtime, run in strays:
+            log.warning(
+                "job %s (lease %s): its run is still here, no longer assigned: removing",
+                run.job,
+                run.lease,
+            )
+            try:
+                if run.running:
+                    runtime.stop(run.handle, STRAY_GRACE_S)
+                runtime.remove(run.handle)
+                self.work.remove_attempt(run.job, run.attempt)
+            except Exception:  # one refused removal never stops the others
+                log.exception("job %s: its run could not be removed (tried again)", run.job)
 
     def keep_mps(self, only=None, supervise: bool = True) -> None:
         """The MPS daemons of the GPUs that this node's MPS runs use kept (one that died
@@ -537,7 +591,7 @@ class Agent:
                         "job %s (lease %s) no longer assigned: removing", found.job, found.lease
                     )
                     if found.running:
-                        runtime.stop(found.handle, 10)
+                        runtime.stop(found.handle, STRAY_GRACE_S)
                     runtime.remove(found.handle)
                     continue
                 adopted.append((assignment, found))

@@ -63,12 +63,17 @@ class WorkRoot:
             for path in sorted(folder.iterdir()) if folder.is_dir() else ():
                 if path in keep or not path.is_dir() or path.is_symlink():
                     continue
-                disks.release(path)
-                shutil.rmtree(path, ignore_errors=True)
+                _delete(path)
                 removed.append(path)
         if removed:
             log.info("removed %d leftover attempt directories", len(removed))
         return removed
+
+    def remove_attempt(self, job: int, attempt: int) -> None:
+        """One attempt's directory deleted (its run removed by the agent's loop)."""
+        path = self.attempt_path(job, attempt)
+        if path.is_dir() and not path.is_symlink():
+            _delete(path)
 
     def probe_dir(self, probe: int) -> Path:
         return self.dir / "probes" / str(int(probe))
@@ -76,3 +81,8 @@ class WorkRoot:
     @property
     def attempts(self) -> Path:
         return self.dir / "attempts"
+
+
+def _delete(path: Path) -> None:
+    disks.release(path)  # its filesystems first: never delete through a mount
+    shutil.rmtree(path, ignore_errors=True)

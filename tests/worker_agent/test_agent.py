@@ -15,6 +15,7 @@ import pytest
 from worker_agent import cli
 from worker_agent.agent import Agent, AgentError, Config, make_runtimes
 from worker_agent.host import cpu_features
+from worker_agent.runtime.base import Assignment
 from worker_agent.runtime.docker import GVisorRuntime
 from worker_agent.runtime.process import ProcessRuntime
 from worker_agent.schema import inventory_errors
@@ -197,6 +198,53 @@ def test_a_stopping_assignment_is_stopped_then_the_stop_confirmed(agent, control
     agent.sync()  # still listed until the control plane has taken the stop: not run again
     time.sleep(0.3)
     assert len(control_plane.reports(15)) == 5
+
+
+def leave_a_run(agent, job: int):
+    """A run on the host that no runner follows, as a runner leaves one when the engine refused
+    to stop or remove it (or the control plane was away in the middle of a restore)."""
+    runtime = agent.runtimes["process"]
+    run = Assignment.parse(assignment(job, ["sleep", "60"]))
+    handle = runtime.create(run, agent.work.attempt_dir(job, 1))
+    runtime.start(handle)
+    return handle.popen
+
+
+def ended(popen) -> bool:
+    return popen.poll() is not None  # reaped here: this test started it
+
+
+def test_a_run_no_runner_follows_and_no_longer_assigned_is_removed_by_the_loop(
+    agent, control_plane
+):
+    agent.start()
+    run = leave_a_run(agent, 23)
+    agent.sync()  # the loop looks once a minute: not yet
+    time.sleep(0.3)
+    assert not ended(run)
+    agent.next_stray_look = 0
+    agent.sync()
+    wait_for(lambda: ended(run) and not agent.work.attempt_path(23, 1).exists())
+    assert control_plane.steps(23) == []  # nothing to say of it: it is no one's job now
+
+
+def test_a_run_no_runner_follows_of_a_current_assignment_is_adopted_again(agent, control_plane):
+    """Its runner ended without a report (the run left as it was): the loop adopts the run as
+    reconciliation would, reports it running and follows it; cancelled, it is stopped."""
+    agent.start()
+    run = leave_a_run(agent, 25)
+    control_plane.assignments = [assignment(25, ["sleep", "60"], state="starting")]
+    agent.finished.add((25, 250))  # its runner has ended: not started afresh
+    agent.next_stray_look = 0
+    agent.sync()
+    runner = agent.runners[(25, 250)]
+    wait_for(lambda: runner.phase == "running")
+    assert control_plane.steps(25) == [("running", "")]
+    control_plane.assignments = []
+    agent.sync()
+    runner.join(15)
+    wait_for(lambda: ended(run))
+    assert control_plane.steps(25)[-1] == ("stopped", "")
 
 
 def test_a_restarted_agent_confirms_the_stop_of_what_it_finds_nothing_of(agent, control_plane):

@@ -415,16 +415,17 @@ class DockerRuntime:
         engine_io.write_archive(container, path, chunks)
 
     # ------------------------------------------------------------------ reconciliation
-    def find(self) -> list[Found]:
+    def find(self, *, tidy: bool = True) -> list[Found]:
         """This node's job containers (by its owner labels), running or ended, for
-        reconciliation; its network owners whose job container is gone are removed. One
-        created and never started (the agent died in between) is found neither running nor
-        ended (`running` False, `ended` None): the runner starts its attempt afresh."""
+        reconciliation; with `tidy`, its network owners whose job container is gone are
+        removed, and secret mounts a dead agent left. One created and never started (the agent
+        died in between) is found neither running nor ended (`running` False, `ended` None):
+        the runner starts its attempt afresh."""
         found = []
         if self.owner is None:
             return found
         # secret mounts a dead agent left (the containers that started hold their own)
-        for name in self._secret_mounts().sweep():
+        for name in self._secret_mounts().sweep() if tidy else ():
             log.info("unmounted the secrets a previous agent left for %s", name)
         filters = {"label": [f"{LABEL}.job", *self.owner.label_filters()]}
         # listed sparse, then inspected one by one: one removed in between is skipped (a full
@@ -439,7 +440,7 @@ class DockerRuntime:
         for container in containers:
             labels = container.labels
             if is_network_owner(container):
-                if self.networks.is_orphan(container, names):
+                if tidy and self.networks.is_orphan(container, names):
                     log.info("removing orphaned network owner %s", container.name)
                     remove_container(container)
                 continue

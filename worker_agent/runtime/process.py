@@ -344,8 +344,9 @@ class ProcessRuntime:
             return {}
         return {"cpu_millicores": int(cpu * 10), "memory_mib": rss // (1024 * 1024)}
 
-    def find(self) -> list[Found]:
-        """The processes this node started (their pid files name its owner labels)."""
+    def find(self, *, tidy: bool = True) -> list[Found]:
+        """The processes this node started (their pid files name its owner labels); nothing
+        to tidy beside them."""
         found = []
         if self.owner is None:
             return found

@@ -7,7 +7,8 @@ Shaped after Nomad's DriverPlugin (`RecoverTask`, `StartTask`, `WaitTask`, `Stop
 
 - `find` is RecoverTask for every run of this node at once: at start the agent reconciles what
   a previous agent left, so a found run carries how long it has run (`Found.elapsed_s`, for the
-  maximum runtime) and how it ended, if it did.
+  maximum runtime) and how it ended, if it did; the agent's loop looks again every minute for
+  runs no runner follows (a removal the engine refused).
 - starting is three calls, not one: `pull` (its seconds are reported), `create` (limits,
   filesystems, the network and its rules, the inputs fetched in it; nothing runs yet: a
   checkpoint is unpacked into the created run with `unpack`) and `start`.
@@ -57,8 +58,10 @@ class Runtime(Protocol):
     def images(self) -> list[str]:
         """The image digests in the local cache (`sha256:…`), for the heartbeat."""
 
-    def find(self) -> list[Found]:
-        """This node's runs on this host, running or ended (reconciliation at agent start)."""
+    def find(self, *, tidy: bool = True) -> list[Found]:
+        """This node's runs on this host, running or ended (reconciliation at agent start).
+        `tidy`: also remove what a dead agent left beside them (at start only: while runners
+        run, their half-made parts would look the same)."""
 
     def pull(self, assignment: Assignment) -> float:
         """The image made present locally; the seconds the pull took (0: cached)."""
