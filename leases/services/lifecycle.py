@@ -48,6 +48,22 @@ def lease_transition(*, lease: Lease, to: str, actor: Actor, reason: str, **deta
     )
 
 
+def lease_note(lease: Lease, *, fields, actor: Actor, reason: str, message: str, now, data=None):
+    """A change within the lease's state (`fields` saved: its expiry, its job, its reservation,
+    its silence), with its event."""
+    lease.save(update_fields=fields)
+    return LeaseEvent.record(
+        lease,
+        actor=actor,
+        from_state=lease.state,
+        to_state=lease.state,
+        reason=reason,
+        message=message,
+        at=now,
+        data=data,
+    )
+
+
 def _authorize(lease: Lease, actor: Actor) -> None:
     """A node's credential acts only on leases of that node."""
     if actor.kind == "node" and getattr(actor.node, "pk", None) != lease.node_id:
@@ -180,15 +196,13 @@ def lease_renew(*, lease: Lease, fencing_token, actor: Actor, duration, now=None
             )
         previous = obj.expires_at
         obj.expires_at = max(new_expiry, obj.expires_at)
-        obj.save(update_fields=["expires_at"])
-        LeaseEvent.record(
+        lease_note(
             obj,
+            fields=["expires_at"],
             actor=actor,
-            from_state=obj.state,
-            to_state=obj.state,
             reason=Reason.RENEWED,
             message=f"expires at {obj.expires_at:%Y-%m-%d %H:%M:%S}",
-            at=now,
+            now=now,
             data={"previous_expires_at": previous.isoformat()},
         )
     return obj
@@ -222,16 +236,14 @@ def _adopt_backfills(reservation: Lease, actor: Actor, now) -> None:
     for child in reservation.backfills.filter(state__in=HOLDING).select_related("pool"):
         adopt_capacity(child)
         child.backfill_of = None
-        child.save(update_fields=["backfill_of"])
-        LeaseEvent.record(
+        lease_note(
             child,
+            fields=["backfill_of"],
             actor=actor,
-            from_state=child.state,
-            to_state=child.state,
             reason=Reason.BACKFILL_ADOPTED,
             message=f"reservation {reservation.pk} ended before its window: this lease holds"
             " its own capacity now",
-            at=now,
+            now=now,
             data={"backfill_of": reservation.pk},
         )
         transaction.on_commit(lambda lease=child: publish_lease_event(lease))
@@ -313,15 +325,8 @@ def _stopping_silent_since(lease, *, since, actor, reason, message, now) -> Leas
         if obj.state != S.STOPPING or (obj.uncertain_since is None) == (since is None):
             return obj
         obj.uncertain_since = since
-        obj.save(update_fields=["uncertain_since"])
-        LeaseEvent.record(
-            obj,
-            actor=actor,
-            from_state=obj.state,
-            to_state=obj.state,
-            reason=reason,
-            message=message,
-            at=now,
+        lease_note(
+            obj, fields=["uncertain_since"], actor=actor, reason=reason, message=message, now=now
         )
     return obj
 

@@ -13,12 +13,14 @@ from django.db import transaction
 
 from leases import snapshot as snap
 from leases.choices import LeaseState
-from leases.models import Lease, LeaseEvent
+from leases.models import Lease
 from nodes.push import push_assignments
 from placement import place
 from placement import types as core
 from pools.actors import Actor
 from pools.reasons import Reason
+
+from .lifecycle import lease_note
 
 
 def reservation_for_job(
@@ -71,15 +73,13 @@ def reservation_take(*, lease: Lease, job, actor: Actor, now) -> Lease | None:
         ):
             return None
         locked.job = job
-        locked.save(update_fields=["job"])
-        LeaseEvent.record(
+        lease_note(
             locked,
+            fields=["job"],
             actor=actor,
-            from_state=locked.state,
-            to_state=locked.state,
             reason=Reason.PLACED,
             message=f"job {job.pk} placed into this reservation; its start claims it",
-            at=now,
+            now=now,
             data={"job": job.pk},
         )
         push_assignments([locked.node_id])  # the job is the node's work now
