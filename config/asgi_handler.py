@@ -26,6 +26,8 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.urls import Resolver404, get_resolver, get_urlconf
 
+CACHED_PATH_MAX = 200  # the longest path whose view's kind is kept (below)
+
 
 class _SyncChain(BaseHandler):
     def __init__(self):
@@ -47,15 +49,20 @@ class OneHopASGIHandler(ASGIHandler):
 def _view_is_async(request) -> bool:
     """Whether the view the request's path resolves to is a coroutine function (Django marks
     an async class-based view's as_view so); a path of no view is answered by the sync chain."""
-    return _resolves_to_async(get_urlconf() or settings.ROOT_URLCONF, request.path_info)
+    urlconf, path = get_urlconf() or settings.ROOT_URLCONF, request.path_info
+    if len(path) > CACHED_PATH_MAX:  # resolved each time: 4,096 long ones kept would be MBs
+        return _resolve_to_async(urlconf, path)
+    return _cached_resolve_to_async(urlconf, path)
 
 
-@functools.lru_cache(maxsize=4096)
-def _resolves_to_async(urlconf: str, path: str) -> bool:
-    # by path: the fleet's requests are few paths (every agent polls the same one), and a
-    # resolve was 7 % of a grant's CPU
+def _resolve_to_async(urlconf: str, path: str) -> bool:
     try:
         match = get_resolver(urlconf).resolve(path)
     except Resolver404:
         return False
     return iscoroutinefunction(match.func)
+
+
+# by path: the fleet's requests are few paths (every agent polls the same one), and a resolve
+# was 7 % of a grant's CPU
+_cached_resolve_to_async = functools.lru_cache(maxsize=4096)(_resolve_to_async)

@@ -76,8 +76,10 @@ def test_only_the_long_poll_takes_the_async_chain():
             self.path_info = path
 
     assert _view_is_async(Request("/api/v1/agent/assignments/wait"))
+    long_path = "/api/v1/jobs/1/outputs/" + "x" * 300  # resolved, not kept
     for path in ("/api/v1/jobs/", "/api/v1/agent/assignments", "/accounts/login/", "/nope/"):
         assert not _view_is_async(Request(path)), path
+    assert not _view_is_async(Request(long_path))
 
 
 def hops(app, token: str) -> int:
