@@ -15,7 +15,10 @@ egress allows only the inputs' hosts (worker_agent/inputs.py), removed once they
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -107,19 +110,26 @@ class NetworkOwners:
 
     def pool_network(self) -> str:
         """The id of the bridge network every owner joins (inter-container traffic off), made
-        once. Docker does not refuse a second network of one name, so two agents on one engine
-        starting together may make two (and the name then resolves to neither): each keeps the
-        oldest, removes the others it can, and joins by id."""
+        once. Docker does not reliably refuse a second network of one name, so two agents on one
+        engine starting together made two (and the name then resolves to neither): the agents of
+        one host make it under a lock of the host's (`_host_lock`), and whatever duplicates are
+        there anyway (an older agent's, another host's on a shared engine) are folded: each
+        keeps the oldest, removes the others it can, and joins by id. (The fold alone was not
+        enough: a network can be listed after one made later, so two agents kept different
+        ones.)"""
         client = self.engine.client
         found = self._pool_networks()
         if not found:
-            client.networks.create(
-                POOL_NETWORK,
-                driver="bridge",
-                options={"com.docker.network.bridge.enable_icc": "false"},
-                labels={f"{LABEL}.network": "pool"},
-            )
-            found = self._pool_networks()
+            with _host_lock(f"computepool-network-{POOL_NETWORK}.lock"):
+                found = self._pool_networks()  # another agent of this host made it meanwhile
+                if not found:
+                    client.networks.create(
+                        POOL_NETWORK,
+                        driver="bridge",
+                        options={"com.docker.network.bridge.enable_icc": "false"},
+                        labels={f"{LABEL}.network": "pool"},
+                    )
+                    found = self._pool_networks()
         kept, *extra = found
         for network in extra:  # one another agent joined stays (in use): nobody joins it again
             with contextlib.suppress(NotFound, APIError):
@@ -209,3 +219,28 @@ class NetworkOwners:
         throwaway inputs namespace never outlives the create that made it."""
         job_name = owner.name.removesuffix(OWNER_SUFFIX)
         return owner.name.endswith(INPUTS_SUFFIX) or job_name not in job_names
+
+
+# where the agents of one host find each other's lock (the unit's /tmp is not private, but
+# /run/lock is the place for it)
+LOCK_DIRS = ("/run/lock", tempfile.gettempdir())
+
+
+@contextlib.contextmanager
+def _host_lock(name: str):
+    """An exclusive lock among this host's agents: flock on a file each opens for itself."""
+    for folder in LOCK_DIRS:
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
+            break
+        except OSError:
+            continue
+    else:  # nowhere to lock: the fold of duplicates above still applies
+        log.warning("no lock file possible in %s: the pool network is made unlocked", LOCK_DIRS)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
