@@ -78,6 +78,7 @@ bench: $(VENV)/.test-deps services
 		$(BIN)/python manage.py bench_leases --clients $$clients --seconds 10 --json || exit 1; \
 	done
 	$(BIN)/python manage.py bench_scheduler --nodes 5000 --jobs 20000 --json
+	$(BIN)/python manage.py bench_sweeps --nodes 10000 --jobs 7000 --json
 	$(BIN)/python manage.py bench_latency --rate $${LATENCY_RATE:-120} --jobs $${LATENCY_JOBS:-240} --json
 
 ## drill: the product as a fleet on this machine — its own PostgreSQL and Redis, two TLS web
