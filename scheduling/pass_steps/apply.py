@@ -16,12 +16,9 @@ Gangs stay whole throughout: a member dropped at any step holds the others back.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import defaultdict
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -31,13 +28,11 @@ from jobs.models import Job
 from jobs.services import jobs_placed_many
 from leases.services import SCHEDULER_KEY_PREFIX, ledger, quota
 from leases.window import request_digest
-from pools.events import MESSAGE_TYPE, groups_of
+from pools.events import groups_of, publish_event
 from pools.reasons import Reason
 
 from .outcomes import SCHEDULER, PassResult, placement_note
 from .plan import Planned
-
-logger = logging.getLogger(__name__)
 
 
 def apply_plan(pool, plan: list[Planned], view, now, result: PassResult) -> None:
@@ -180,23 +175,12 @@ def _note_pending(waiting: list[Planned], now) -> None:
 
 
 def _publish_later(placed: list) -> None:
-    """The placed jobs' sockets woken after commit, on a thread of its own with one event loop:
-    each group once (the tenants' and the operators' groups are shared by many jobs), and each
-    wake-up a Redis round trip that must not hold up the pass. A lost one is made good by the
-    consumers' 5 s re-read: the database is the source of truth."""
-    layer = get_channel_layer()
-    if layer is None or not placed:
-        return
-    groups = dict.fromkeys(g for job in placed for g in groups_of(JOB_STREAM, job, model=Job))
-
-    async def send_all():
-        for group in groups:
-            await layer.group_send(group, {"type": MESSAGE_TYPE})
-
-    def publish():
-        try:
-            async_to_sync(send_all)()
-        except Exception:
-            logger.warning("could not publish %d placements", len(placed), exc_info=True)
-
-    threading.Thread(target=publish, name="pass-publish", daemon=True).start()
+    """The placed jobs' sockets woken after commit, on a thread of its own: each group once (the
+    tenants' and the operators' groups are shared by many jobs), and each wake-up a Redis round
+    trip that must not hold up the pass. A lost one is made good by the consumers' 5 s re-read:
+    the database is the source of truth."""
+    groups = list(dict.fromkeys(g for job in placed for g in groups_of(JOB_STREAM, job, model=Job)))
+    if groups:
+        threading.Thread(
+            target=publish_event, args=(groups,), name="pass-publish", daemon=True
+        ).start()

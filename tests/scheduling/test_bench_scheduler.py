@@ -14,9 +14,9 @@ import pytest
 from django.conf import settings
 
 from config.builders import build_fleet, build_node, build_tenant, submit_job, submit_jobs
-from config.management.commands.bench_scheduler import DEFAULT_URL
 from jobs.models import Job
 from nodes.models import GpuDevice, Node, NodeEvent
+from scheduling.bench.database import DEFAULT_URL
 from scheduling.bench.scheduler import fleet_specs, job_specs, measure, write_floor
 
 NODE_FIELDS = (

@@ -15,18 +15,14 @@ waits sampled meanwhile.
 """
 
 import json
-import os
-import secrets
-import subprocess
-import sys
 import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import connection
 
 from config.builders import build_fleet, build_pool, build_tenant, submit_jobs
 from pools.models import PriorityClass
+from scheduling.bench.database import rerun_on_postgresql, throwaway_database
 from scheduling.bench.parallel import run_passes
 from scheduling.bench.scheduler import (
     fleet_specs,
@@ -35,8 +31,6 @@ from scheduling.bench.scheduler import (
     measure,
     overcommitted_nodes,
 )
-
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/computepool"
 
 
 class Command(BaseCommand):
@@ -51,20 +45,11 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
-        if connection.vendor != "postgresql":
-            url = os.environ.get("DATABASE_URL") or ""
-            env = {**os.environ, "DATABASE_URL": url if "postgres" in url else DEFAULT_URL}
-            sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
-        database = settings.DATABASES["default"]
-        original = database["NAME"]
-        database.setdefault("TEST", {})["NAME"] = f"bench_scheduler_{secrets.token_hex(4)}"
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        rerun_on_postgresql()
         # the measured pass is the only one: the submits ask no worker for another
         settings.SCHEDULER_EVENT_PASSES = False
-        try:
+        with throwaway_database("bench_scheduler"):
             result = self.run_pools(opts) if opts["pools"] > 1 else self.run_once(opts)
-        finally:
-            connection.creation.destroy_test_db(original, verbosity=0)
         if opts["json"]:
             self.stdout.write(json.dumps(result))
         else:

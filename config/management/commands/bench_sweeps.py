@@ -11,16 +11,11 @@ one worker process it takes at its period (wall / period); and their sum.
 
 import json
 import logging
-import os
-import secrets
 import statistics
-import subprocess
-import sys
 import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import connection
 from django.utils import timezone
 
 from config.builders import build_fleet, build_pool, build_tenant, submit_jobs
@@ -30,10 +25,9 @@ from jobs.models import Job
 from leases.choices import LeaseState
 from leases.models import Lease
 from nodes.models import Node
+from scheduling.bench.database import rerun_on_postgresql, throwaway_database
 from scheduling.bench.scheduler import fleet_specs, job_specs
 from scheduling.passes import scheduling_pass
-
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/computepool"
 
 
 class Command(BaseCommand):
@@ -47,23 +41,15 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **opts):
-        if connection.vendor != "postgresql":
-            url = os.environ.get("DATABASE_URL") or ""
-            env = {**os.environ, "DATABASE_URL": url if "postgres" in url else DEFAULT_URL}
-            sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
-        database = settings.DATABASES["default"]
-        original = database["NAME"]
-        database.setdefault("TEST", {})["NAME"] = f"bench_sweeps_{secrets.token_hex(4)}"
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        rerun_on_postgresql()
         settings.SCHEDULER_EVENT_PASSES = False  # what is measured is beat's, nothing else
         eager = app.conf.task_always_eager
         app.conf.task_always_eager = True  # a task's own sends run in it, counted in its time
         try:
-            built = self.build(opts)
-            result = {**built, **self.measure(opts["rounds"])}
+            with throwaway_database("bench_sweeps"):
+                result = {**self.build(opts), **self.measure(opts["rounds"])}
         finally:
             app.conf.task_always_eager = eager
-            connection.creation.destroy_test_db(original, verbosity=0)
         if opts["json"]:
             self.stdout.write(json.dumps(result))
         else:
