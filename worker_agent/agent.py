@@ -45,6 +45,13 @@ STRAY_LOOK_S = 60.0
 STRAY_GRACE_S = 10  # the stop grace of a run no longer assigned (as at start)
 
 
+def _stop_and_remove(runtime: Runtime, run) -> None:
+    """A run found here and no longer assigned: stopped (its grace) and removed."""
+    if run.running:
+        runtime.stop(run.handle, STRAY_GRACE_S)
+    runtime.remove(run.handle)
+
+
 class AgentError(Exception):
     """The agent cannot go on (no credential and no enrollment token, credential refused)."""
 
@@ -542,9 +549,7 @@ class Agent:
                 run.lease,
             )
             try:
-                if run.running:
-                    runtime.stop(run.handle, STRAY_GRACE_S)
-                runtime.remove(run.handle)
+                _stop_and_remove(runtime, run)
                 self.work.remove_attempt(run.job, run.attempt)
             except Exception:  # one refused removal never stops the others
                 log.exception("job %s: its run could not be removed (tried again)", run.job)
@@ -590,9 +595,7 @@ class Agent:
                     log.info(
                         "job %s (lease %s) no longer assigned: removing", found.job, found.lease
                     )
-                    if found.running:
-                        runtime.stop(found.handle, STRAY_GRACE_S)
-                    runtime.remove(found.handle)
+                    _stop_and_remove(runtime, found)
                     continue
                 adopted.append((assignment, found))
         # the directories (and filesystems) of every attempt not adopted are leftovers

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -201,8 +200,7 @@ def run_once(assignment: Assignment, *, runtime: Runtime, workdir: Path) -> tupl
     finally:
         if handle is not None:
             runtime.remove(handle)
-        disks.release(workdir)
-        shutil.rmtree(workdir, ignore_errors=True)
+        disks.delete(workdir)
 
 
 def run_challenge(probe_id: int, challenge: dict, *, runtime: Runtime, workdir: Path) -> dict:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import tarfile
 import threading
@@ -637,8 +636,7 @@ class Runner(threading.Thread):
         return outputs.report()
 
     def _clean_workdir(self) -> None:
-        disks.release(self.workdir)  # its filesystems first: never delete through a mount
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        disks.delete(self.workdir)
 
     @property
     def job(self) -> int:

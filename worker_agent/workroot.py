@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from worker_agent.runtime import disks
@@ -63,7 +62,7 @@ class WorkRoot:
             for path in sorted(folder.iterdir()) if folder.is_dir() else ():
                 if path in keep or not path.is_dir() or path.is_symlink():
                     continue
-                _delete(path)
+                disks.delete(path)
                 removed.append(path)
         if removed:
             log.info("removed %d leftover attempt directories", len(removed))
@@ -73,7 +72,7 @@ class WorkRoot:
         """One attempt's directory deleted (its run removed by the agent's loop)."""
         path = self.attempt_path(job, attempt)
         if path.is_dir() and not path.is_symlink():
-            _delete(path)
+            disks.delete(path)
 
     def probe_dir(self, probe: int) -> Path:
         return self.dir / "probes" / str(int(probe))
@@ -81,8 +80,3 @@ class WorkRoot:
     @property
     def attempts(self) -> Path:
         return self.dir / "attempts"
-
-
-def _delete(path: Path) -> None:
-    disks.release(path)  # its filesystems first: never delete through a mount
-    shutil.rmtree(path, ignore_errors=True)

@@ -126,3 +126,10 @@ def release(root: Path) -> None:
             with contextlib.suppress(RuntimeFailure):
                 _run("umount", "-l", str(point))
         image_of(point).unlink(missing_ok=True)
+
+
+def delete(root: Path) -> None:
+    """`root` deleted with all below it, its filesystems released first: never deleting
+    through a mount."""
+    release(root)
+    shutil.rmtree(root, ignore_errors=True)
