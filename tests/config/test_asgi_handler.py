@@ -17,7 +17,7 @@ from config.builders import build_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-VARYING = {b"date", b"set-cookie"}
+VARYING = {b"date", b"expires", b"set-cookie"}  # the clock, a new CSRF cookie
 CSRF_TOKEN = re.compile(rb'(?<=csrfmiddlewaretoken" value=")[^"]+|(?<="X-CSRFToken": ")[^"]+')
 
 
